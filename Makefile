@@ -1,0 +1,40 @@
+# ftune — the two commands a fresh machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+TORCH_VERSION ?= 2.13.0
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+
+.PHONY: setup demo test test-fast schemas bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The pinned CPU torch first: an unpinned torch would pull several GB of CUDA packages.
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e ".[test,quant]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m ftune.demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not distributed" tests
+
+schemas: setup
+	$(PY) -m ftune.recipe.export schemas/recipe.schema.json
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf runs .cache $(VENV)

@@ -1,0 +1,1 @@
+"""Command-line interface: one module per command, looked up lazily from `ftune.cli.main.COMMANDS`."""

@@ -1,0 +1,95 @@
+"""`ftune` entry point: a table of commands as import strings, so `--help` imports nothing heavy.
+
+Each command module defines `add_arguments(parser)` and `run(args) -> int`; only the module of the
+command being run is imported. User errors (`FtuneError`) are rendered as message + hint and mapped
+to exit codes; a traceback appears only with `--debug`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ftune import __version__
+from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, FtuneError
+
+# name -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("ftune.cli.run", "compile a recipe into a plan and train it through accelerate launch"),
+    "validate": ("ftune.cli.validate", "check recipe files: every problem at once, with file:line:column"),
+    "show": ("ftune.cli.show", "print the fully resolved recipe (--origin: where each value came from)"),
+    "plan": ("ftune.cli.plan", "what a recipe will do and cost: parameters, memory, steps, launch command"),
+    "data": ("ftune.cli.data", "inspect the training data as the model will see it"),
+    "eval": ("ftune.cli.eval", "evaluate a trained model on the recipe's eval data"),
+}
+
+EPILOG = """exit codes: 0 ok · 1 invalid recipe or input · 2 usage or I/O error · 3 run failed · 130 interrupted
+docs: README.md · recipes/ has shipped recipes · schemas/recipe.schema.json for editors"""
+
+
+def _base_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ftune",
+        description="Declarative fine-tuning for LLMs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ftune {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The full parser; only `command`'s module is imported to add its arguments."""
+    parser = _base_parser()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, summary) in COMMANDS.items():
+        p = sub.add_parser(name, help=summary, description=summary)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _find_command(argv: list[str]) -> str | None:
+    for arg in argv:
+        if arg in COMMANDS:
+            return arg
+        if not arg.startswith("-"):
+            return None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _find_command(argv)
+    debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except FtuneError as err:
+        if debug:
+            raise
+        from ftune.cli._console import print_error
+
+        print_error(err)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("ftune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a bug or an unexpected library failure: short message unless --debug
+        if debug:
+            raise
+        print(f"ftune: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+        print("    hint: rerun with --debug for the traceback, and report it", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

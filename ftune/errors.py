@@ -1,0 +1,120 @@
+"""User-facing errors: a message, a hint, and where the problem is.
+
+Every error a user can cause by what they wrote (a recipe, an override, a data file) is an
+`FtuneError`. The CLI renders it without a traceback (unless `--debug`) and maps it to an exit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Documented exit codes (README "Exit codes").
+EXIT_OK = 0
+EXIT_INVALID = 1  # a recipe (or its data / model) is invalid
+EXIT_USAGE = 2  # bad command-line usage or an I/O problem
+EXIT_RUNTIME = 3  # the run itself failed (training crashed, a save check failed)
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a problem is: a file position, an override on the command line, or a default."""
+
+    file: str | None = None
+    line: int | None = None  # 1-based
+    column: int | None = None  # 1-based
+    origin: str | None = None  # "override", "default", "env", ... when there is no file position
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return f"<{self.origin}>" if self.origin else "<recipe>"
+        if self.line is None:
+            return self.file
+        return f"{self.file}:{self.line}:{self.column or 1}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One located problem in a recipe: `file:line:col: error: path: message` plus a hint."""
+
+    message: str
+    path: str = ""  # dotted key path as the user wrote it, e.g. "peft.r"
+    hint: str | None = None
+    location: Location = field(default_factory=Location)
+    severity: str = "error"  # error | warning
+
+    def render(self) -> str:
+        head = f"{self.location}: {self.severity}: "
+        body = f"{self.path}: {self.message}" if self.path else self.message
+        text = head + body
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+    def as_json(self) -> dict:
+        loc = asdict(self.location)
+        return {
+            "file": loc["file"],
+            "line": loc["line"],
+            "column": loc["column"],
+            "path": self.path,
+            "message": self.message,
+            "hint": self.hint,
+            "severity": self.severity,
+        }
+
+
+class FtuneError(Exception):
+    """An error the user can fix. Rendered as message + hint, never as a traceback."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        location: Location | None = None,
+        *,
+        exit_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.location = location
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def render(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        text = f"{where}error: {self.message}"
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+
+class RecipeError(FtuneError):
+    """A recipe with one or more problems; all of them are reported at once."""
+
+    def __init__(self, problems: list[Problem], file: str | None = None) -> None:
+        self.problems = problems
+        self.file = file
+        n = len(problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''} in recipe{f' {file}' if file else ''}")
+
+    def render(self) -> str:
+        lines = [p.render() for p in self.problems]
+        errors = sum(p.severity == "error" for p in self.problems)
+        lines.append(f"{errors} error{'s' if errors != 1 else ''}")
+        return "\n".join(lines)
+
+
+class UsageError(FtuneError):
+    """Bad command-line usage or an unreadable input file."""
+
+    exit_code = EXIT_USAGE
+
+
+class RunError(FtuneError):
+    """The run failed after launch (a crashed worker, a failed save check)."""
+
+    exit_code = EXIT_RUNTIME

@@ -1,0 +1,16 @@
+"""Shared base for method configs (kept apart so method modules don't import each other)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class MethodConfig(BaseModel):
+    """Base of every `peft:` section: strict keys, frozen, documented fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    @property
+    def uses_peft_library(self) -> bool:
+        """True when the method is a peft adapter (saved as an adapter, not a full model)."""
+        return True

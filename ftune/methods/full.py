@@ -1,0 +1,22 @@
+"""Full fine-tuning: every parameter trains; the output is a whole model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ftune.methods._base import MethodConfig
+
+
+class Config(MethodConfig):
+    method: Literal["full"] = "full"
+    """Full fine-tuning: all parameters are trained."""
+
+    @property
+    def uses_peft_library(self) -> bool:
+        return False
+
+
+def inject(model, cfg: Config, task: str):
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model

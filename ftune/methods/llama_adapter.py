@@ -1,0 +1,26 @@
+"""LLaMA-Adapter: zero-init gated adaption prompts on the top layers (peft.AdaptionPromptConfig)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ftune.methods._base import MethodConfig
+
+
+class Config(MethodConfig):
+    method: Literal["llama-adapter"] = "llama-adapter"
+    """LLaMA-Adapter (adaption prompts)."""
+    adapter_len: int = Field(10, gt=0)
+    """Number of adaption prompt tokens per adapted layer."""
+    adapter_layers: int | None = Field(None, gt=0)
+    """How many of the top layers get adaption prompts; default: all layers."""
+
+
+def inject(model, cfg: Config, task: str):
+    from peft import AdaptionPromptConfig, get_peft_model
+
+    layers = cfg.adapter_layers or model.config.num_hidden_layers
+    config = AdaptionPromptConfig(adapter_len=cfg.adapter_len, adapter_layers=layers, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)

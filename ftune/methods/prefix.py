@@ -1,0 +1,30 @@
+"""Prefix tuning: trained virtual key/value tokens prepended at every layer (peft.PrefixTuningConfig)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ftune.methods._base import MethodConfig
+
+
+class Config(MethodConfig):
+    method: Literal["prefix"] = "prefix"
+    """Prefix tuning."""
+    num_virtual_tokens: int = Field(20, gt=0)
+    """Number of virtual prefix tokens per layer."""
+    prefix_projection: bool = False
+    """Reparameterise the prefix through a small MLP (more parameters, often more stable)."""
+
+
+def inject(model, cfg: Config, task: str):
+    from peft import PrefixTuningConfig, get_peft_model
+
+    task_type = "SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM"
+    config = PrefixTuningConfig(
+        num_virtual_tokens=cfg.num_virtual_tokens,
+        prefix_projection=cfg.prefix_projection,
+        task_type=task_type,
+    )
+    return get_peft_model(model, config)

@@ -1,0 +1,84 @@
+"""The frozen Plan: every decision made before launch, the contract between launcher and worker.
+
+`ftune run` compiles a validated Recipe into a Plan, writes it as `<run>/plan.json`, and launches
+`accelerate launch ... -m ftune.launch.worker <run>/plan.json`. The worker reads the Plan back
+(typed, via `Plan.load`) and carries it out; it decides nothing the Plan already says.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ftune.recipe.schema import Recipe
+
+MASK = "***"
+
+
+class LaunchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerate_config: dict[str, Any]
+    """Contents of `<run>/accelerate.yaml`."""
+    command: list[str]
+    """The exact `accelerate launch ...` argv."""
+    env: dict[str, str] = {}
+    """Environment variables the launcher sets for the workers (never secrets)."""
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ftune_version: str
+    recipe_file: str
+    """The recipe file the plan was compiled from (absolute)."""
+    recipe: Recipe
+    """The validated recipe; values interpolated from secret environment variables are masked."""
+    secrets: dict[str, str] = {}
+    """Dotted recipe path -> environment variable that holds its (masked) value; read by the worker."""
+    run_dir: str
+    """Absolute run directory."""
+    device: Literal["cpu", "cuda"]
+    num_processes: int
+    """Processes on this machine."""
+    num_machines: int
+    machine_rank: int
+    world_size: int
+    torch_dtype: Literal["float32", "bfloat16", "float16", "auto"]
+    mixed_precision: Literal["no", "fp16", "bf16"]
+    effective_batch_size: int
+    """per_device_batch_size x gradient_accumulation_steps x world_size."""
+    tokenizer_path: str
+    resume_from: str | None = None
+    """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
+    launch: LaunchSpec
+    notes: list[str] = []
+    """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
+
+    # ---------------------------------------------------------------- helpers for the worker
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_path / "checkpoints"
+
+    @property
+    def final_dir(self) -> Path:
+        return self.run_path / "final"
+
+    def secret(self, path: str) -> str | None:
+        """The real value of a masked field, read from its environment variable at run time."""
+        env = self.secrets.get(path)
+        return os.environ.get(env) if env else None
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.model_validate_json(Path(path).read_text())

@@ -1,0 +1,341 @@
+"""The recipe schema: one typed model per section, the single source of truth.
+
+Each field's documentation sits under it; it becomes the JSON Schema description (`make schemas`)
+and the text `ftune show` and the docs use. The validated `Recipe` is what the rest of ftune
+reads: it is never dumped back to an untyped dict before use.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ftune.methods import config_classes
+
+SCHEMA_VERSION = 1
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are frozen after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------------------------- model
+class ModelSection(Section):
+    path: str
+    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable."""
+    task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
+    """What the model is trained to do."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
+    """Dtype the weights are loaded in; `auto` takes the checkpoint's own (float32 when unset)."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] | None = None
+    """Attention kernel; default: transformers' choice (sdpa where available)."""
+    trust_remote_code: bool = False
+    """Run modelling code shipped with the checkpoint. Off unless the recipe sets it."""
+    init: Literal["pretrained", "random"] = "pretrained"
+    """`pretrained` loads the weights; `random` builds the model from the folder's config (from-scratch runs)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) when `path` is a hub id."""
+    tokenizer: str | None = None
+    """Tokenizer folder or hub id; default: `path`."""
+    num_labels: int | None = Field(None, ge=2)
+    """Number of classes for `task: sequence-classification`; default: len(labels)."""
+    labels: list[str] | None = None
+    """Class names for `task: sequence-classification`, in id order."""
+    hub_token: str | None = None
+    """Hub access token; write `${env:HF_TOKEN}` so it is read from the environment and masked in outputs."""
+
+
+# ---------------------------------------------------------------------------------------------- data
+class Fields(Section):
+    """Column names in the source, per format. Defaults follow the common conventions."""
+
+    text: str = "text"
+    """`text` and `classification`: the text column."""
+    instruction: str = "instruction"
+    """`instruction`: the instruction column."""
+    input: str = "input"
+    """`instruction`: the optional input/context column."""
+    output: str = "output"
+    """`instruction`: the response column."""
+    messages: str = "messages"
+    """`chat`: the list of messages (sharegpt data often uses `conversations`)."""
+    role: str = "role"
+    """`chat`: the role key inside a message (sharegpt: `from`)."""
+    content: str = "content"
+    """`chat`: the content key inside a message (sharegpt: `value`)."""
+    input_ids: str = "input_ids"
+    """`pretokenized`: token ids."""
+    labels: str = "labels"
+    """`pretokenized`: optional labels (-100 = not trained)."""
+    label: str = "label"
+    """`classification`: the label column (a name from model.labels, or an integer id)."""
+
+
+class DataSource(Section):
+    path: str
+    """A local file (.jsonl/.json/.csv/.parquet/.txt), a `save_to_disk` folder, or a hub dataset name."""
+    format: Literal["text", "instruction", "chat", "pretokenized", "classification"] = "text"
+    """How rows become tokens and labels."""
+    type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
+    """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
+    split: str = "train"
+    """Split to read when the source holds several."""
+    fields: Fields = Field(default_factory=Fields)
+    """Column names, when they differ from the defaults."""
+    template: str | None = None
+    """`instruction`: prompt template with {instruction} and {input}; the output follows it."""
+    roles: dict[str, str] | None = None
+    """`chat`: map source role names to user/assistant/system, e.g. {human: user, gpt: assistant}."""
+    weight: float | None = Field(None, gt=0)
+    """Relative sampling weight when several sources are mixed."""
+    limit: int | None = Field(None, gt=0)
+    """Use at most this many rows of the source."""
+
+
+class EvalSplit(Section):
+    split: float = Field(gt=0.0, lt=1.0)
+    """Fraction of the training rows held out for evaluation."""
+
+
+class DataSection(Section):
+    train: list[DataSource] = Field(min_length=1)
+    """Training sources, mixed."""
+    eval: EvalSplit | list[DataSource] | None = None
+    """Eval data: `{split: 0.05}` of train, or a list of sources like `train`."""
+    max_seq_length: int | None = Field(None, gt=0)
+    """Truncate (and pack) to this many tokens."""
+    packing: bool = False
+    """Pack several samples into each row; attention never crosses a sample boundary."""
+    train_on: Literal["completion", "all"] = "completion"
+    """Which tokens carry loss: only responses (every assistant turn for chat) or everything."""
+    shuffle: bool = True
+    """Shuffle the training rows (seeded by train.seed)."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's; a default is used when the tokenizer has none."""
+    max_dropped_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    """Error when more than this fraction of samples has no trainable token after truncation."""
+    num_proc: int | None = Field(None, gt=0)
+    """Processes for preprocessing; default: one."""
+    cache_dir: str | None = None
+    """Where preprocessed data is cached; default: ~/.cache/ftune/data (FTUNE_CACHE overrides)."""
+
+
+# --------------------------------------------------------------------------------------- quantization
+class QuantizationSection(Section):
+    bits: Literal[4, 8]
+    """Load the base model in 4-bit (QLoRA) or 8-bit."""
+    type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type."""
+    double_quant: bool = False
+    """Quantize the quantization constants too (4-bit only)."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Dtype of the matmuls on dequantized weights."""
+    quant_storage: Literal["uint8", "float32", "bfloat16", "float16"] = "uint8"
+    """Storage dtype of packed 4-bit weights; for FSDP+QLoRA it must equal model.dtype."""
+    skip_modules: list[str] | None = None
+    """Modules left unquantized (e.g. lm_head)."""
+
+
+# ---------------------------------------------------------------------------------------- distributed
+class FsdpSection(Section):
+    version: Literal[1, 2] = 2
+    """FSDP implementation: 2 (fully_shard, DTensor) or 1 (FullyShardedDataParallel)."""
+    sharding_strategy: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = "full_shard"
+    """What is sharded across ranks."""
+    auto_wrap_policy: Literal["transformer", "size", "none"] = "transformer"
+    """How modules become FSDP units: per transformer layer class, by parameter count, or the whole model."""
+    transformer_layer_cls: list[str] | None = None
+    """Layer class names to wrap; default: the model's `_no_split_modules`."""
+    min_num_params: int = Field(100_000_000, gt=0)
+    """`size` policy: wrap a module once it holds this many parameters."""
+    cpu_offload: bool = False
+    """Offload parameters and gradients to CPU."""
+    state_dict_type: Literal["full", "sharded"] = "sharded"
+    """Checkpoint layout; `final/` is always a full, normal HF/PEFT folder."""
+    cpu_ram_efficient_loading: bool = False
+    """Load weights on rank 0 only and broadcast (GPU only)."""
+    sync_module_states: bool | None = None
+    """Broadcast rank 0's weights at wrap time; default: with cpu_ram_efficient_loading. Must be false on CPU."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3 like); false keeps them (ZeRO-2 like)."""
+    forward_prefetch: bool = False
+    """FSDP v1: prefetch the next unit's all-gather in forward."""
+    backward_prefetch: Literal["backward_pre", "backward_post", "none"] = "backward_pre"
+    """FSDP v1: when to prefetch in backward."""
+    activation_checkpointing: bool = False
+    """FSDP-native activation checkpointing, applied after wrapping (instead of train.gradient_checkpointing)."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """FSDP mixed-precision policy; `auto` follows train.mixed_precision."""
+
+
+class DeepSpeedSection(Section):
+    stage: Literal[1, 2, 3] = 2
+    """ZeRO stage."""
+    offload_optimizer: bool = False
+    """Offload optimizer states to CPU."""
+    offload_params: bool = False
+    """Offload parameters to CPU (stage 3)."""
+    config: str | None = None
+    """Path to a DeepSpeed JSON config, used as is (relative to the recipe)."""
+
+
+class DistributedSection(Section):
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
+    """How processes share the work."""
+    num_processes: int | Literal["auto"] = 1
+    """Processes per machine; `auto` means the visible GPUs, else 1."""
+    num_machines: int = Field(1, ge=1)
+    """Machines (nodes) in the job."""
+    machine_rank: int = Field(0, ge=0)
+    """This machine's rank, 0..num_machines-1 (usually an override per node)."""
+    main_process_ip: str | None = None
+    """Address of machine 0 (multi-node)."""
+    main_process_port: int | None = Field(None, ge=1, le=65535)
+    """Port on machine 0 (multi-node)."""
+    rdzv_backend: Literal["static", "c10d"] = "static"
+    """Rendezvous backend."""
+    same_network: bool = True
+    """Whether all machines share a local network."""
+    accelerate_config: str | None = None
+    """An existing accelerate config file to start from; the recipe's explicit keys win."""
+    fsdp: FsdpSection | None = None
+    """FSDP options (strategy: fsdp)."""
+    deepspeed: DeepSpeedSection | None = None
+    """DeepSpeed options (strategy: deepspeed)."""
+
+
+# ----------------------------------------------------------------------------------------------- train
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+
+
+class EarlyStopping(Section):
+    patience: int = Field(3, ge=1)
+    """Evaluations without improvement before stopping."""
+    metric: str = "eval_loss"
+    """Metric watched (lower is better for *loss/perplexity, higher otherwise)."""
+    threshold: float = Field(0.0, ge=0.0)
+    """Minimum improvement that counts."""
+
+
+class TrainSection(Section):
+    epochs: float | None = Field(None, gt=0)
+    """Passes over the training data (or set max_steps)."""
+    max_steps: int | None = Field(None, gt=0)
+    """Optimizer steps; overrides epochs."""
+    learning_rate: float = Field(2e-4, gt=0)
+    """Peak learning rate."""
+    lr_scheduler: Literal[LR_SCHEDULERS] = "linear"  # type: ignore[valid-type]
+    """Learning-rate schedule (transformers' SchedulerType)."""
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    """Warmup as a fraction of total steps (or set warmup_steps)."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Warmup in steps (or set warmup_ratio)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    per_device_batch_size: int = Field(1, ge=1)
+    """Samples (rows) per device per forward."""
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    """Forwards accumulated per optimizer step."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    """Autocast precision (bf16 works on CPU)."""
+    optimizer: str = "adamw_torch"
+    """Any transformers `optim` name (adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, adalomo, ...)."""
+    max_grad_norm: float = Field(1.0, ge=0.0)
+    """Gradient clipping norm; 0 disables it."""
+    seed: int = 42
+    """Seed for data order, initialisation and dropout."""
+    logging_steps: int = Field(10, ge=1)
+    """Log loss and learning rate every N steps."""
+    neftune_alpha: float | None = Field(None, gt=0)
+    """NEFTune noise scale on embeddings."""
+    early_stopping: EarlyStopping | None = None
+    """Stop when the eval metric stops improving (needs eval)."""
+    log_level: Literal["debug", "info", "warning", "error", "critical", "passive"] = "warning"
+    """transformers log level on the main process."""
+    log_level_replica: Literal["debug", "info", "warning", "error", "critical", "passive"] = "error"
+    """transformers log level on the other processes."""
+
+
+class EvalSection(Section):
+    strategy: Literal["no", "steps", "epoch"] = "no"
+    """When to evaluate."""
+    steps: int | None = Field(None, gt=0)
+    """Evaluate every N steps (strategy: steps)."""
+    batch_size: int | None = Field(None, gt=0)
+    """Eval batch size per device; default: train.per_device_batch_size."""
+
+
+class CheckpointSection(Section):
+    strategy: Literal["no", "steps", "epoch"] = "steps"
+    """When to save checkpoints."""
+    steps: int = Field(500, gt=0)
+    """Save every N steps (strategy: steps)."""
+    keep: int | None = Field(3, ge=1)
+    """Keep at most N checkpoints (null keeps all)."""
+    resume: Literal["auto"] | bool | str = "auto"
+    """`auto`: continue from the latest complete checkpoint in the run dir; a checkpoint path; or false."""
+    load_best: bool = False
+    """Load the best checkpoint (by early_stopping.metric or eval_loss) at the end."""
+
+
+class OutputSection(Section):
+    dir: str | None = None
+    """Run directory, relative to the working directory; default: runs/<name>."""
+    report_to: list[Literal["none", "tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = Field(
+        default_factory=lambda: ["tensorboard"]
+    )
+    """Experiment trackers; metrics.jsonl is always written."""
+    overwrite: bool = False
+    """Allow starting over in a run dir that holds a finished run."""
+    loss_curve: bool = True
+    """Write loss_curve.png at the end."""
+
+
+PeftSection = Annotated[Union[tuple(config_classes())], Field(discriminator="method")]  # noqa: UP007
+
+
+class Recipe(Section):
+    """A fine-tuning recipe."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Recipe format version; this ftune reads version 1."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Run name; letters, digits, '.', '_' and '-'."""
+    description: str | None = None
+    """Free text."""
+    extends: str | list[str] | None = None
+    """Base recipe(s) to start from, relative to this file; deep-merged in order, lists replaced."""
+    model: ModelSection
+    """What is fine-tuned."""
+    data: DataSection
+    """What it is trained on."""
+    peft: PeftSection = Field(default_factory=lambda: config_classes()[0]())  # type: ignore[valid-type]
+    """Fine-tuning method: lora | prefix | llama-adapter | full | freeze."""
+    quantization: QuantizationSection | None = None
+    """Load the base quantized with bitsandbytes (QLoRA)."""
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+    """Processes, machines and sharding."""
+    train: TrainSection = Field(default_factory=TrainSection)
+    """Optimisation."""
+    eval: EvalSection = Field(default_factory=EvalSection)
+    """Evaluation during training."""
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    """Checkpoints and resume."""
+    output: OutputSection = Field(default_factory=OutputSection)
+    """Where results go."""

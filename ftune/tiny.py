@@ -1,0 +1,87 @@
+"""Tiny models and tokenizers built offline, for the demo, the tests and the benchmarks.
+
+Nothing here downloads anything: the tokenizer is trained on the given texts and the model is
+built from a config, then both are saved as a normal HF folder that `from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def train_tokenizer(texts: Iterable[str], folder: str | Path, vocab_size: int = 512):
+    """Train a byte-level BPE tokenizer on `texts` and save it (tokenizer.json + config) in `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def build_tiny_llama(
+    folder: str | Path,
+    tokenizer,
+    *,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_positions: int = 512,
+    task: str = "causal-lm",
+    labels: list[str] | None = None,
+    seed: int = 0,
+):
+    """Build a randomly initialised Llama of the given shape and save it (with the tokenizer) in `folder`.
+
+    Keep linear dimensions multiples of 32: bitsandbytes' 4-bit CPU kernels need that.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    if task == "sequence-classification":
+        labels = labels or ["negative", "positive"]
+        config.num_labels = len(labels)
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {name: i for i, name in enumerate(labels)}
+        model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return model
