@@ -1,0 +1,109 @@
+"""Shared fixtures: offline environment, isolated HF caches, tiny models built from configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="ftune-tests-"))
+
+# Set before anything imports transformers/datasets (collection imports test modules).
+os.environ.update(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(_SESSION_TMP / "hf_home"),
+        "FTUNE_CACHE": str(_SESSION_TMP / "ftune_cache"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TMPDIR": str(_SESSION_TMP / "tmp"),
+        "WANDB_DISABLED": "true",
+        "DISABLE_MLFLOW_INTEGRATION": "TRUE",
+    }
+)
+(_SESSION_TMP / "tmp").mkdir(exist_ok=True)
+tempfile.tempdir = None  # re-read TMPDIR: torchelastic_* folders land in our temp dir and are removed
+
+REPO = Path(__file__).resolve().parent.parent
+
+WORDS = (
+    "the cat sat on a mat and the dog ran in the park while birds sang songs about rain sun wind "
+    "people read books write code train models fine tune small networks learn fast answer questions"
+).split()
+
+
+def corpus(n: int = 400, seed: int = 0) -> list[str]:
+    """A deterministic toy corpus (also used to train the tiny tokenizer)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        k = rng.randint(5, 20)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)) + f" {i % 10} {rng.randint(0, 99)}.")
+    return lines
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir() -> Path:
+    from ftune.tiny import train_tokenizer
+
+    folder = _SESSION_TMP / "tiny-tokenizer"
+    train_tokenizer(corpus() + ["User: Assistant: System: ### Instruction: ### Response:"], folder, vocab_size=384)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Llama (hidden 64, dims multiples of 32) with its tokenizer, as a local HF folder."""
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_llama
+
+    folder = _SESSION_TMP / "tiny-llama"
+    build_tiny_llama(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_cls_model_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Llama for sequence classification with labels negative/positive."""
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_llama
+
+    folder = _SESSION_TMP / "tiny-llama-cls"
+    build_tiny_llama(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir), task="sequence-classification")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def text_data_file() -> Path:
+    path = _SESSION_TMP / "data" / "text.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus(200, seed=1)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def instruction_data_file() -> Path:
+    import random
+
+    rng = random.Random(3)
+    path = _SESSION_TMP / "data" / "instruction.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for _ in range(200):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        rows.append({"instruction": f"add {a} and {b}", "input": "", "output": f"{a + b}"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
