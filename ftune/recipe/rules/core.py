@@ -1,0 +1,200 @@
+"""Core cross-field rules: combinations of valid values that can't work together.
+
+Each rule reads the typed Recipe and yields `Violation`s whose path is the key the user should
+change, written as in the recipe (`peft.r`, `data.train.0.format`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ftune.recipe.rules import Rule, Violation
+from ftune.recipe.schema import SCHEMA_VERSION, Recipe
+
+
+def schema_version_supported(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.schema_version != SCHEMA_VERSION:
+        yield Violation(
+            "schema_version",
+            f"unsupported schema_version {recipe.schema_version}; this ftune reads version {SCHEMA_VERSION}",
+            f"set `schema_version: {SCHEMA_VERSION}`, or use the ftune release that wrote this recipe",
+        )
+
+
+def fsdp_options_need_fsdp(recipe: Recipe) -> Iterator[Violation]:
+    d = recipe.distributed
+    if d.fsdp is not None and d.strategy != "fsdp":
+        yield Violation(
+            "distributed.fsdp",
+            f"`distributed.fsdp` options are set but distributed.strategy is '{d.strategy}'",
+            "set `distributed.strategy: fsdp`, or remove the `fsdp:` block",
+        )
+
+
+def deepspeed_options_need_deepspeed(recipe: Recipe) -> Iterator[Violation]:
+    d = recipe.distributed
+    if d.deepspeed is not None and d.strategy != "deepspeed":
+        yield Violation(
+            "distributed.deepspeed",
+            f"`distributed.deepspeed` options are set but distributed.strategy is '{d.strategy}'",
+            "set `distributed.strategy: deepspeed`, or remove the `deepspeed:` block",
+        )
+
+
+def packing_needs_max_seq_length(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.data.packing and recipe.data.max_seq_length is None:
+        yield Violation(
+            "data.packing",
+            "packing needs `data.max_seq_length` (the length rows are packed to)",
+            "set `data.max_seq_length`, e.g. 2048, or `data.packing: false`",
+        )
+
+
+def eval_needs_eval_data(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.eval.strategy != "no" and recipe.data.eval is None:
+        yield Violation(
+            "eval.strategy",
+            f"eval.strategy is '{recipe.eval.strategy}' but there is no eval data",
+            "set `data.eval: {split: 0.05}` (or a list of sources), or `eval.strategy: no`",
+        )
+
+
+def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.eval.strategy == "steps" and recipe.eval.steps is None:
+        yield Violation(
+            "eval.steps",
+            "eval.strategy is 'steps' but `eval.steps` is not set",
+            "set `eval.steps`, e.g. 200, or `eval.strategy: epoch`",
+        )
+
+
+def warmup_once(recipe: Recipe) -> Iterator[Violation]:
+    t = recipe.train
+    if t.warmup_ratio is not None and t.warmup_steps is not None:
+        yield Violation(
+            "train.warmup_steps",
+            "can't set both `train.warmup_ratio` and `train.warmup_steps`",
+            "keep one of them",
+        )
+
+
+def training_length(recipe: Recipe) -> Iterator[Violation]:
+    t = recipe.train
+    if t.epochs is None and t.max_steps is None:
+        yield Violation(
+            "train",
+            "set how long to train: neither `train.epochs` nor `train.max_steps` is set",
+            "add `epochs: 3` or `max_steps: 1000` under `train:`",
+        )
+
+
+def lora_rank_positive(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.peft.method == "lora" and recipe.peft.r <= 0:
+        yield Violation(
+            "peft.r",
+            f"LoRA rank must be > 0, got {recipe.peft.r}",
+            "use a rank such as 8, 16 or 64",
+        )
+
+
+def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.train.early_stopping is not None and recipe.eval.strategy == "no":
+        yield Violation(
+            "train.early_stopping",
+            "early stopping needs evaluation, but eval.strategy is 'no'",
+            "set `eval.strategy: steps` (with `eval.steps`) or `epoch`, and `data.eval`",
+        )
+
+
+def load_best_needs_eval(recipe: Recipe) -> Iterator[Violation]:
+    c, e = recipe.checkpoint, recipe.eval
+    if not c.load_best:
+        return
+    if e.strategy == "no":
+        yield Violation(
+            "checkpoint.load_best",
+            "load_best needs evaluation to know which checkpoint is best, but eval.strategy is 'no'",
+            "set `eval.strategy` (and `data.eval`), or `checkpoint.load_best: false`",
+        )
+    elif c.strategy != e.strategy:
+        yield Violation(
+            "checkpoint.load_best",
+            f"load_best needs checkpoints saved when evaluating: checkpoint.strategy is '{c.strategy}', "
+            f"eval.strategy is '{e.strategy}'",
+            f"set `checkpoint.strategy: {e.strategy}`",
+        )
+    elif e.strategy == "steps" and e.steps and c.steps % e.steps:
+        yield Violation(
+            "checkpoint.steps",
+            f"load_best needs checkpoint.steps ({c.steps}) to be a multiple of eval.steps ({e.steps})",
+            f"set `checkpoint.steps: {e.steps * max(1, c.steps // e.steps)}`",
+        )
+
+
+def task_matches_format(recipe: Recipe) -> Iterator[Violation]:
+    task = recipe.model.task
+    sources = [("train", s) for s in recipe.data.train]
+    if isinstance(recipe.data.eval, list):
+        sources += [("eval", s) for s in recipe.data.eval]
+    counts: dict[str, int] = {}
+    for split, source in sources:
+        i = counts[split] = counts.get(split, -1) + 1
+        path = f"data.{split}.{i}.format"
+        if task == "causal-lm" and source.format == "classification":
+            yield Violation(
+                path,
+                "format 'classification' needs model.task 'sequence-classification', but it is 'causal-lm'",
+                "set `model.task: sequence-classification` (with model.labels), or another data format",
+            )
+        elif task == "sequence-classification" and source.format not in ("classification", "pretokenized"):
+            yield Violation(
+                path,
+                f"model.task is 'sequence-classification' but this source has format '{source.format}'",
+                "use `format: classification` (a text column and a label column)",
+            )
+
+
+def classification_labels(recipe: Recipe) -> Iterator[Violation]:
+    m = recipe.model
+    if m.num_labels is not None and m.labels is not None and m.num_labels != len(m.labels):
+        yield Violation(
+            "model.num_labels",
+            f"num_labels is {m.num_labels} but model.labels names {len(m.labels)} classes",
+            "drop `num_labels` (it defaults to len(labels)) or make them agree",
+        )
+    if m.task == "sequence-classification" and m.num_labels is None and m.labels is None:
+        yield Violation(
+            "model.task",
+            "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",
+            "e.g. `labels: [negative, positive]`",
+        )
+    if m.labels is not None and len(set(m.labels)) != len(m.labels):
+        yield Violation("model.labels", "model.labels has duplicate names", "each class name must be unique")
+
+
+def quantized_needs_adapter(recipe: Recipe) -> Iterator[Violation]:
+    q, method = recipe.quantization, recipe.peft.method
+    if q is not None and method in ("full", "freeze"):
+        yield Violation(
+            "quantization.bits",
+            f"{q.bits}-bit quantized weights can't be trained directly with peft.method '{method}'",
+            "use `peft.method: lora` on a quantized base (QLoRA), or remove `quantization`",
+        )
+
+
+RULES: list[Rule] = [
+    schema_version_supported,
+    fsdp_options_need_fsdp,
+    deepspeed_options_need_deepspeed,
+    packing_needs_max_seq_length,
+    eval_needs_eval_data,
+    eval_steps_needs_steps,
+    warmup_once,
+    training_length,
+    lora_rank_positive,
+    early_stopping_needs_eval,
+    load_best_needs_eval,
+    task_matches_format,
+    classification_labels,
+    quantized_needs_adapter,
+]
