@@ -1,0 +1,129 @@
+"""The data stage: recipe + tokenizer -> train/eval datasets, a collator and a report.
+
+`build` is what the worker calls; `check_fields` is what `ftune validate --check-paths` calls (light:
+no tokenizer, no `datasets`). Rooms: sources (loading), formats (rows -> tokens), masking (labels),
+packing (rows + collators), cache (keyed, atomic), report (numbers), pipeline (the order of steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ftune.recipe.schema import Recipe
+from ftune.stages.data.check import check_fields
+from ftune.stages.data.errors import DataError
+from ftune.stages.data.report import DataReport
+
+__all__ = ["DataBundle", "DataError", "DataReport", "build", "check_fields", "chat_template_of"]
+
+
+@dataclass
+class DataBundle:
+    """What the data stage hands to training.
+
+    Losses are token means over labels != -100 for train and eval alike (packed or not), so
+    `eval_loss` is a per-token loss with the same semantics as the training loss.
+    """
+
+    train: object  # datasets.Dataset
+    eval: object | None  # datasets.Dataset | None
+    collator: Callable[[list[dict]], dict]
+    report: DataReport
+    label_names: list[str] | None = None
+    mechanism: str = "padding"  # padding | position_ids | block_mask (how packed samples stay apart)
+
+
+def chat_template_of(recipe: Recipe, tokenizer) -> str:
+    """data.chat_template, else the tokenizer's, else ftune's default."""
+    from ftune.stages.data.formats import DEFAULT_CHAT_TEMPLATE
+
+    if recipe.data.chat_template:
+        return recipe.data.chat_template
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):
+        own = own.get("default") or next(iter(own.values()), None)
+    return own or DEFAULT_CHAT_TEMPLATE
+
+
+def _check_recipe(recipe: Recipe) -> None:
+    data = recipe.data
+    if data.packing and not data.max_seq_length:
+        raise DataError("data.packing needs data.max_seq_length", hint="set data.max_seq_length, e.g. 2048")
+    if data.packing and recipe.model.task == "sequence-classification":
+        raise DataError(
+            "data.packing: classification samples can't be packed (one label per row)",
+            hint="set data.packing: false",
+        )
+    formats = [s.format for s in data.train + (data.eval if isinstance(data.eval, list) else [])]
+    is_cls = recipe.model.task == "sequence-classification"
+    for i, fmt in enumerate(formats):
+        if (fmt == "classification") != is_cls:
+            want = "classification" if is_cls else "text, instruction, chat or pretokenized"
+            raise DataError(
+                f"data source {i}: format `{fmt}` does not fit model.task `{recipe.model.task}`",
+                hint=f"use format {want}",
+            )
+
+
+def build(
+    recipe: Recipe,
+    tokenizer,
+    *,
+    main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    log: Callable[[str], None] = print,
+) -> DataBundle:
+    """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`."""
+    import datasets
+
+    from ftune.stages.data import packing
+    from ftune.stages.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
+    from ftune.stages.data.pipeline import preprocess
+    from ftune.stages.data.sources import content_hash, resolve
+
+    _check_recipe(recipe)
+    data = recipe.data
+    train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
+    eval_srcs = [resolve(s, f"data.eval[{i}]") for i, s in enumerate(data.eval)] if isinstance(data.eval, list) else []
+    template = chat_template_of(recipe, tokenizer)
+    key = make_key(
+        data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
+        extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,
+               "seed": recipe.train.seed},
+        files={s.path: content_hash(s) for s in train_srcs + eval_srcs},
+        tokenizer=tokenizer_fingerprint(tokenizer),
+        template=template,
+    )
+    cache = Cache(default_root(data.cache_dir))
+    with main_process_first():
+        entry = cache.lookup(key)
+        if entry is not None:
+            report = DataReport.from_dict(json.loads((entry / "report.json").read_text()))
+            report.cache_hit, report.cache_reason = True, "same data files, tokenizer, template and recipe"
+        else:
+            reason = cache.why_miss(key)
+            scratch = cache.scratch()
+            try:
+                report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                entry = cache.commit(scratch, key)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            report.cache_hit, report.cache_reason = False, reason
+    report.cache_path = str(entry)
+    train = datasets.load_from_disk(str(entry / "train"))
+    evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+    for line in report.lines():
+        log(line)
+
+    pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
+    if recipe.model.task == "sequence-classification":
+        collator, how = packing.ClassificationCollator(pad), "padding"
+    elif data.packing:
+        how = packing.mechanism(recipe.model.attn_implementation, recipe.model.trust_remote_code)
+        collator = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
+    else:
+        collator, how = packing.PaddingCollator(pad), "padding"
+    return DataBundle(train, evals, collator, report, report.label_names, how)

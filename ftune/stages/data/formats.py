@@ -1,0 +1,288 @@
+"""Formats: how a row becomes `input_ids` and `labels` (text, instruction, chat, pretokenized, classification).
+
+Each format is a batched encoder for `datasets.map`. Encoders add two bookkeeping columns, `_len`
+(tokens before truncation) and `_trainable` (loss-bearing tokens), that the pipeline reads for its
+report and drops. A row the recipe can't read raises `DataError` naming the file and row.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ftune.stages.data.errors import DataError, field_hint, row_location
+from ftune.stages.data.masking import (
+    IGNORE,
+    labels_from_spans,
+    prompt_completion_labels,
+    trainable,
+    truncate,
+)
+from ftune.stages.data.sources import Source
+
+ALPACA_TEMPLATE = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_TEMPLATE_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+# Used when neither the recipe nor the tokenizer has a chat template. Every turn ends with eos_token,
+# so a model trained on it learns to stop after its answer.
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+)
+ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_ROLE_MAP = {"human": "user", "gpt": "assistant", **{r: r for r in ROLES}}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every encoder needs besides the rows."""
+
+    tokenizer: object
+    max_len: int | None
+    train_on: str
+    chat_template: str
+    label_names: list[str] | None = None
+    num_labels: int | None = None
+
+
+def required_fields(src: Source) -> dict[str, str]:
+    """Recipe key under `fields` -> column name the format needs in every row."""
+    f = src.spec.fields
+    return {
+        "text": {"text": f.text},
+        "instruction": {"instruction": f.instruction, "output": f.output},
+        "chat": {"messages": f.messages},
+        "pretokenized": {"input_ids": f.input_ids},
+        "classification": {"text": f.text, "label": f.label},
+    }[src.spec.format]
+
+
+def check_columns(src: Source, columns: list[str]) -> None:
+    """Raise for the first field the format needs that is not a column of the source."""
+    for key, col in required_fields(src).items():
+        if col not in columns:
+            raise DataError(
+                f"{src.where}: {src.spec.format} data needs field `{col}` (fields.{key}), "
+                f"but row 1 of {src.spec.path} has: {', '.join(columns) or 'no fields'}",
+                hint=field_hint(src.spec.format, columns),
+                location=row_location(src.path, src.kind, 0) if src.local else None,
+            )
+
+
+def check_template(src: Source) -> None:
+    if src.spec.template is None:
+        return
+    names = {name for _, name, _, _ in string.Formatter().parse(src.spec.template) if name is not None}
+    unknown = names - {"instruction", "input"}
+    if unknown:
+        raise DataError(
+            f"{src.where}.template: unknown placeholder(s) {', '.join(sorted(unknown))}",
+            hint="the template may use {instruction} and {input}; write literal braces as {{ and }}",
+        )
+
+
+def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[int]], dict]:
+    """The batched `map` function for `src`; `rows[i]` is the source row of the i-th mapped row."""
+    fmt = src.spec.format
+
+    def fail(i: int, message: str, hint: str | None = None) -> DataError:
+        row = rows[i]
+        return DataError(
+            f"{src.where}: row {row + 1} of {src.spec.path}: {message}",
+            hint=hint,
+            location=row_location(src.path, src.kind, row) if src.local else None,
+        )
+
+    def encode(batch: dict, idx: list[int]) -> dict:
+        if fmt == "classification":
+            return _classification(batch, idx, src, ctx, fail)
+        if fmt == "text":
+            pairs = _text(batch, idx, src, ctx, fail)
+        elif fmt == "instruction":
+            pairs = _instruction(batch, idx, src, ctx, fail)
+        elif fmt == "chat":
+            pairs = _chat(batch, idx, src, ctx, fail)
+        else:
+            pairs = _pretokenized(batch, idx, src, ctx, fail)
+        out: dict[str, list] = {"input_ids": [], "labels": [], "_len": [], "_trainable": []}
+        for ids, labels in pairs:
+            out["_len"].append(len(ids))
+            ids, labels = truncate(ids, labels, ctx.max_len)
+            out["input_ids"].append(ids)
+            out["labels"].append(labels)
+            out["_trainable"].append(trainable(labels))
+        return out
+
+    return encode
+
+
+def _strings(batch: dict, col: str, idx: list[int], fail, *, optional: bool = False) -> list[str]:
+    values = batch[col] if col in batch else [None] * len(idx)
+    out = []
+    for i, v in zip(idx, values):
+        if v is None:
+            if optional:
+                v = ""
+            else:
+                raise fail(i, f"field `{col}` is empty (null)")
+        out.append(v if isinstance(v, str) else str(v))
+    return out
+
+
+def _eos(ctx: Context) -> list[int]:
+    eos = ctx.tokenizer.eos_token_id
+    return [eos] if eos is not None else []
+
+
+def _text(batch, idx, src, ctx, fail):
+    texts = _strings(batch, src.spec.fields.text, idx, fail)
+    eos = _eos(ctx)
+    for ids in ctx.tokenizer(texts, add_special_tokens=True)["input_ids"]:
+        if eos and (not ids or ids[-1] != eos[0]):
+            ids = ids + eos
+        yield ids, list(ids)
+
+
+def _instruction(batch, idx, src, ctx, fail):
+    f = src.spec.fields
+    instructions = _strings(batch, f.instruction, idx, fail)
+    inputs = _strings(batch, f.input, idx, fail, optional=True)
+    outputs = _strings(batch, f.output, idx, fail)
+    prompts = []
+    for ins, inp in zip(instructions, inputs):
+        template = src.spec.template or (ALPACA_TEMPLATE if inp.strip() else ALPACA_TEMPLATE_NO_INPUT)
+        prompts.append(template.format(instruction=ins, input=inp))
+    tok = ctx.tokenizer
+    # The prompt is tokenized alone, as it will be at inference; the answer follows it.
+    prompt_ids = tok(prompts, add_special_tokens=True)["input_ids"]
+    answer_ids = tok(outputs, add_special_tokens=False)["input_ids"]
+    eos = _eos(ctx)
+    for p, a in zip(prompt_ids, answer_ids):
+        labels = prompt_completion_labels(p, a + eos, ctx.train_on)
+        yield p + a + eos, labels
+
+
+def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
+    """Messages as [{role, content}] with roles mapped to system/user/assistant/tool."""
+    f = src.spec.fields
+    mapping = {**DEFAULT_ROLE_MAP, **(src.spec.roles or {})}
+    if not isinstance(messages, list):
+        raise fail(i, f"field `{f.messages}` must be a list of messages, got {type(messages).__name__}")
+    out = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or f.role not in m or f.content not in m:
+            keys = ", ".join(m) if isinstance(m, dict) else type(m).__name__
+            raise fail(
+                i,
+                f"message {k + 1} needs keys `{f.role}` and `{f.content}`, has: {keys}",
+                hint="set `fields: {role: ..., content: ...}` (sharegpt data: `{role: from, content: value}`)",
+            )
+        role = mapping.get(m[f.role])
+        if role not in ROLES:
+            raise fail(
+                i,
+                f"message {k + 1} has unknown role {m[f.role]!r} (known: {', '.join(sorted(mapping))})",
+                hint=f"map it in the source, e.g. `roles: {{{m[f.role]}: assistant}}`",
+            )
+        out.append({"role": role, "content": "" if m[f.content] is None else str(m[f.content])})
+    return out
+
+
+def render_with_spans(tok, messages: list[dict], template: str) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation rendered with `template`, and the character span of every assistant turn.
+
+    A turn's span runs from the end of the prompt rendered up to it (with the generation prompt) to the
+    end of the conversation rendered through it, so end-of-turn tokens are trained too. Templates that
+    rewrite earlier turns (not prefix-stable) fall back to the turn's content.
+    """
+
+    def render(msgs, gen):
+        return tok.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen)
+
+    full = render(messages, False)
+    spans, cursor = [], 0
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(messages[:k], True) if k else None
+        through = render(messages[: k + 1], False)
+        if before is not None and full.startswith(before) and full.startswith(through) and len(through) > len(before):
+            start, end = len(before), len(through.rstrip())
+        else:
+            start = full.find(m["content"], cursor)
+            if start < 0:
+                continue
+            end = start + len(m["content"])
+        spans.append((start, max(start, end)))
+        cursor = end
+    return full, spans
+
+
+def _chat(batch, idx, src, ctx, fail):
+    tok = ctx.tokenizer
+    texts, spans = [], []
+    for i, messages in zip(idx, batch[src.spec.fields.messages]):
+        conv = normalize_messages(messages, src, i, fail)
+        try:
+            text, sp = render_with_spans(tok, conv, ctx.chat_template)
+        except Exception as err:  # jinja raise_exception(), bad role order, ...
+            raise fail(i, f"the chat template rejected the conversation: {err}") from err
+        texts.append(text)
+        spans.append(sp)
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    for ids, offsets, sp in zip(enc["input_ids"], enc["offset_mapping"], spans):
+        labels = list(ids) if ctx.train_on == "all" else labels_from_spans(ids, offsets, sp)
+        yield ids, labels
+
+
+def _pretokenized(batch, idx, src, ctx, fail):
+    f = src.spec.fields
+    all_labels = batch.get(f.labels) or [None] * len(idx)
+    for i, ids, labels in zip(idx, batch[f.input_ids], all_labels):
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
+        if labels is None or ctx.train_on == "all":
+            labels = list(ids)
+        elif len(labels) != len(ids):
+            raise fail(i, f"`{f.labels}` has {len(labels)} values but `{f.input_ids}` has {len(ids)}")
+        yield list(ids), [IGNORE if x is None else int(x) for x in labels]
+
+
+def _classification(batch, idx, src, ctx, fail):
+    f = src.spec.fields
+    texts = _strings(batch, f.text, idx, fail)
+    enc = ctx.tokenizer(texts, add_special_tokens=True)["input_ids"]
+    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "_len": [], "_trainable": []}
+    names = ctx.label_names
+    for i, ids, label in zip(idx, enc, batch[f.label]):
+        out["labels"].append(_label_id(label, names, ctx.num_labels, f.label, i, fail))
+        out["_len"].append(len(ids))
+        ids = ids[: ctx.max_len] if ctx.max_len else ids
+        out["input_ids"].append(ids)
+        out["attention_mask"].append([1] * len(ids))
+        out["_trainable"].append(1)
+    return out
+
+
+def _label_id(label, names: list[str] | None, num_labels: int | None, col: str, i: int, fail) -> int:
+    if isinstance(label, str) and names and label in names:
+        return names.index(label)
+    if isinstance(label, int) and not isinstance(label, bool):
+        n = len(names) if names else num_labels
+        if n is None or 0 <= label < n:
+            return label
+    known = ", ".join(names) if names else f"ids 0..{(num_labels or 0) - 1}"
+    raise fail(
+        i,
+        f"label {label!r} (field `{col}`) is not one of the label names: {known}",
+        hint="add it to `model.labels` (in id order), or fix the row",
+    )

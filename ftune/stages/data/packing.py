@@ -1,0 +1,201 @@
+"""Packing: first-fit-decreasing into `max_seq_length` rows, and the collators that keep samples apart.
+
+A packed row stores `input_ids`, `labels` and `position_ids` that restart at 0 for each sample; the
+first label of every sample is -100 so no token is predicted across a boundary. Attention is kept
+inside a sample by one of two mechanisms, chosen per attention implementation (`mechanism`):
+
+- `position_ids`: no attention mask; transformers 5 finds the sample boundaries from the position
+  restarts (`masking_utils.find_packed_sequence_indices` for eager/sdpa/flex, cu_seqlens for flash).
+- `block_mask`: an explicit 4D block-diagonal causal mask, for modelling code that may not do that
+  (`trust_remote_code`). Not possible with flash attention, which takes no 4D mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftune.stages.data.masking import IGNORE
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bins of item indices: items by decreasing length, each into the first bin with room.
+
+    A segment tree over bins' free space finds the first fitting bin in O(log n), so this is
+    O(n log n) for any number of items.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    size = 1
+    while size < max(1, len(lengths)):
+        size *= 2
+    free = [0] * (2 * size)  # max free space per subtree; leaves are bins (unopened bins: capacity)
+    for k in range(size):
+        free[size + k] = capacity
+    for k in range(size - 1, 0, -1):
+        free[k] = max(free[2 * k], free[2 * k + 1])
+    bins: list[list[int]] = []
+    for i in order:
+        need = min(lengths[i], capacity)
+        k = 1
+        while k < size:  # descend to the leftmost leaf with room
+            k = 2 * k if free[2 * k] >= need else 2 * k + 1
+        b = k - size
+        if b == len(bins):
+            bins.append([])
+        bins[b].append(i)
+        free[k] -= need
+        k //= 2
+        while k:
+            free[k] = max(free[2 * k], free[2 * k + 1])
+            k //= 2
+    return bins
+
+
+def pack(ds, capacity: int):
+    """Pack a tokenized dataset (input_ids, labels) into rows of at most `capacity` tokens.
+
+    Returns (packed dataset with input_ids/labels/position_ids, fill ratio = tokens / (rows x capacity)).
+    The gather is done on flat Arrow buffers with numpy, not row by row.
+    """
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = ds.with_format("arrow")[:]
+    ids_col = table.column("input_ids").combine_chunks()
+    lab_col = table.column("labels").combine_chunks()
+    lengths = pc.list_value_length(ids_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    ids = ids_col.flatten().to_numpy(zero_copy_only=False)
+    labels = lab_col.flatten().to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+    bins = first_fit_decreasing(lengths.tolist(), capacity)
+    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(lengths))
+    seg_len = lengths[order]
+    total = int(seg_len.sum())
+    seg_new_start = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
+    gather = np.repeat(starts[order] - seg_new_start, seg_len) + np.arange(total, dtype=np.int64)
+    new_ids = ids[gather]
+    new_labels = labels[gather].copy()
+    new_labels[seg_new_start[seg_len > 0]] = IGNORE  # never predict a sample's first token from the previous one
+    positions = (np.arange(total, dtype=np.int64) - np.repeat(seg_new_start, seg_len)).astype(np.int32)
+
+    row_tokens = np.fromiter((int(lengths[b].sum()) for b in bins), dtype=np.int64, count=len(bins))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(row_tokens)]).astype(np.int32))
+
+    def lists(values):
+        return pa.ListArray.from_arrays(offsets, pa.array(values))
+
+    packed = pa.table(
+        {
+            "input_ids": lists(new_ids.astype(np.int32)),
+            "labels": lists(new_labels.astype(np.int32)),
+            "position_ids": lists(positions),
+        }
+    )
+    fill = total / (len(bins) * capacity) if bins else 0.0
+    return datasets.Dataset(packed), fill
+
+
+def mechanism(attn_implementation: str | None, trust_remote_code: bool) -> str:
+    """How packed rows keep attention inside each sample: `position_ids` or `block_mask`."""
+    if attn_implementation in ("flash_attention_2", "flex_attention"):
+        return "position_ids"  # flash can't take a 4D mask; both find boundaries from position_ids
+    if trust_remote_code:
+        return "block_mask"  # custom modelling code may ignore position-id packing
+    return "position_ids"  # eager / sdpa (and the default): transformers' packed-sequence detection
+
+
+@dataclass
+class PaddingCollator:
+    """Pads unpacked causal-LM samples: input_ids with pad, labels with -100, attention_mask 0."""
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        width = _width(features, self.pad_to_multiple_of)
+        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for r, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[r, :n] = torch.as_tensor(f["input_ids"])
+            labels[r, :n] = torch.as_tensor(f["labels"])
+            mask[r, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+@dataclass
+class PackedCollator:
+    """Stacks packed rows. Padding at a row's end becomes its own segment (positions restart, labels -100).
+
+    `mode="position_ids"` returns no attention_mask (transformers finds the segments from the
+    positions); `mode="block_mask"` adds a 4D block-diagonal causal mask: bool for sdpa, additive
+    float for eager (which adds the mask to the scores).
+    """
+
+    pad_token_id: int
+    mode: str = "position_ids"
+    attn_implementation: str | None = None
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        width = _width(features, self.pad_to_multiple_of)
+        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        pos = torch.arange(width, dtype=torch.long).repeat(len(features), 1)
+        for r, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[r, :n] = torch.as_tensor(f["input_ids"])
+            labels[r, :n] = torch.as_tensor(f["labels"])
+            pos[r, :n] = torch.as_tensor(f["position_ids"])
+            pos[r, n:] = torch.arange(width - n)
+        batch = {"input_ids": ids, "labels": labels, "position_ids": pos}
+        if self.mode == "block_mask":
+            batch["attention_mask"] = self.block_mask(pos)
+        return batch
+
+    def block_mask(self, pos):
+        """[batch, 1, L, L] causal mask that only lets a token see earlier tokens of its own segment."""
+        import torch
+
+        seg = (torch.diff(pos, dim=-1, prepend=pos[:, :1] - 1) != 1).cumsum(-1)
+        same = seg[:, :, None] == seg[:, None, :]
+        causal = torch.ones(pos.shape[1], pos.shape[1], dtype=torch.bool).tril()
+        allowed = (same & causal)[:, None]
+        if self.attn_implementation == "eager":
+            mask = torch.zeros(allowed.shape, dtype=torch.float32)
+            return mask.masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return allowed
+
+
+@dataclass
+class ClassificationCollator:
+    """Pads classification samples; labels are one class id per sample."""
+
+    pad_token_id: int
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        width = _width(features, None)
+        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for r, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[r, :n] = torch.as_tensor(f["input_ids"])
+            mask[r, :n] = 1
+        labels = torch.tensor([int(f["labels"]) for f in features], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _width(features: list[dict], multiple: int | None) -> int:
+    width = max(len(f["input_ids"]) for f in features)
+    if multiple:
+        width = -(-width // multiple) * multiple
+    return width

@@ -1,0 +1,186 @@
+"""Preprocessing, start to end: load → encode (format + masking) → drop → split → mix → shuffle → pack → save.
+
+Runs once per cache key, inside a scratch folder that becomes the cache entry. Every random choice
+is seeded by `train.seed`, so the same recipe and files always give the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ftune.recipe.schema import EvalSplit, Recipe
+from ftune.stages.data import packing
+from ftune.stages.data.errors import DataError, row_location
+from ftune.stages.data.formats import Context, check_columns, check_template, encoder, required_fields
+from ftune.stages.data.report import DataReport, SourceReport, length_stats
+from ftune.stages.data.sources import Source, load
+
+BOOKKEEPING = ["_len", "_trainable"]
+
+
+def features(task: str):
+    import datasets
+
+    ints = datasets.List(datasets.Value("int32"))
+    cols = {"input_ids": ints, "labels": ints}
+    if task == "sequence-classification":
+        cols = {"input_ids": ints, "attention_mask": datasets.List(datasets.Value("int8")),
+                "labels": datasets.Value("int64")}
+    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32")})
+
+
+def infer_label_names(recipe: Recipe, loaded: list[tuple[Source, object]]) -> list[str] | None:
+    """`model.labels`, else the sorted string labels found in the training sources, else None (integer ids)."""
+    if recipe.model.labels:
+        return list(recipe.model.labels)
+    values: set = set()
+    for src, ds in loaded:
+        values |= set(ds.unique(src.spec.fields.label))
+    if values and all(isinstance(v, str) for v in values):
+        return sorted(values)
+    return None
+
+
+def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, seed: int):
+    """Encode one source; returns (dataset with bookkeeping columns, its SourceReport)."""
+    import numpy as np
+
+    check_columns(src, ds.column_names)
+    check_template(src)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(ds)) if recipe.data.shuffle else np.arange(len(ds))
+    if src.spec.limit:
+        order = order[: src.spec.limit]
+    if not (len(order) == len(ds) and (order == np.arange(len(ds))).all()):
+        ds = ds.select(order, keep_in_memory=True)
+    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
+    enc = ds.map(
+        encoder(src, ctx, order.tolist()),
+        batched=True,
+        with_indices=True,
+        remove_columns=ds.column_names,
+        features=features(recipe.model.task),
+        num_proc=recipe.data.num_proc,
+        cache_file_name=str(scratch / f"enc-{tag}.arrow"),
+        load_from_cache_file=False,
+        desc=f"ftune: {src.where} ({src.spec.format})",
+    )
+    cols = enc.with_format("numpy", columns=BOOKKEEPING)[:]
+    keep = cols["_trainable"] > 0
+    truncated = int((cols["_len"] > ctx.max_len).sum()) if ctx.max_len else 0
+    report = SourceReport(src.where, src.spec.path, src.spec.format, len(enc), int(keep.sum()),
+                          int((~keep).sum()), truncated)
+    _check_dropped(src, report, np.flatnonzero(~keep), order, recipe.data.max_dropped_fraction)
+    if report.dropped:
+        enc = enc.select(np.flatnonzero(keep), keep_in_memory=True)
+    return enc, report
+
+
+def _check_dropped(src: Source, rep: SourceReport, dropped_idx, order, limit: float) -> None:
+    if rep.rows == 0 or rep.dropped / rep.rows <= limit:
+        return
+    first = int(order[dropped_idx[0]])
+    loc = row_location(src.path, src.kind, first) if src.local else None
+    where = f" (e.g. row {first + 1}{f', line {loc.line}' if loc and loc.line else ''})"
+    fields = ", ".join(f"`{c}`" for c in required_fields(src).values())
+    raise DataError(
+        f"{src.where}: {rep.dropped} of {rep.rows} samples ({rep.dropped / rep.rows:.0%}) have no trainable token "
+        f"after masking and truncation{where}; the limit is data.max_dropped_fraction = {limit}",
+        hint=f"check that the response field exists and is not empty ({fields}), that data.max_seq_length "
+        "leaves room after the prompt, and data.train_on",
+        location=loc,
+    )
+
+
+def split_eval(enc, fraction: float, seed: int):
+    """Hold out `fraction` of a source's samples (seeded), keeping the order of both parts."""
+    import numpy as np
+
+    n = len(enc)
+    k = min(n - 1, max(1, round(fraction * n))) if n > 1 else 0
+    held = np.sort(np.random.default_rng(seed).permutation(n)[:k])
+    rest = np.setdiff1d(np.arange(n), held)
+    return enc.select(rest, keep_in_memory=True), enc.select(held, keep_in_memory=True)
+
+
+def mix(parts: list, weights: list[float | None], seed: int):
+    """Concatenate sources; with weights, resample each to weight/Σweights of the total (repeating rows)."""
+    import datasets
+    import numpy as np
+
+    if all(w is None for w in weights):
+        return datasets.concatenate_datasets(parts)
+    w = np.array([1.0 if x is None else x for x in weights])
+    total = sum(len(p) for p in parts)
+    rng = np.random.default_rng(seed)
+    out = []
+    for part, wi in zip(parts, w):
+        n, target = len(part), int(round(total * wi / w.sum()))
+        if n == 0 or target == 0:
+            continue
+        idx = np.concatenate([np.tile(np.arange(n), target // n), np.sort(rng.permutation(n)[: target % n])])
+        out.append(part.select(idx, keep_in_memory=True))
+    return datasets.concatenate_datasets(out)
+
+
+def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
+               template: str, scratch: Path) -> tuple[DataReport, list[str] | None]:
+    """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report."""
+    import datasets
+    import numpy as np
+
+    data, seed = recipe.data, recipe.train.seed
+    loaded = [(s, load(s, scratch)) for s in train_srcs]
+    names = infer_label_names(recipe, loaded) if recipe.model.task == "sequence-classification" else None
+    ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, names, recipe.model.num_labels)
+    report = DataReport(max_seq_length=data.max_seq_length, packing=data.packing, label_names=names)
+
+    train_parts, eval_parts = [], []
+    for i, (src, ds) in enumerate(loaded):
+        enc, rep = encode_source(src, ds, ctx, recipe, scratch, seed + i)
+        if isinstance(data.eval, EvalSplit):
+            enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
+            eval_parts.append(held)
+        report.sources.append(rep)
+        train_parts.append(enc)
+    for i, src in enumerate(eval_srcs):
+        enc, rep = encode_source(src, load(src, scratch), ctx, recipe, scratch, seed + 2000 + i)
+        report.sources.append(rep)
+        eval_parts.append(enc)
+
+    train = mix(train_parts, [s.spec.weight for s in train_srcs], seed)
+    for rep, part in zip(report.sources, train_parts + eval_parts):
+        rep.used = len(part)
+    if data.shuffle:
+        train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
+    if len(train) == 0:
+        raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
+    evals = datasets.concatenate_datasets(eval_parts) if eval_parts else None
+
+    cols = train.with_format("numpy", columns=BOOKKEEPING)[:]
+    lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
+    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
+    report.tokens, report.trainable_tokens = int(lengths.sum()), int(cols["_trainable"].sum())
+    for k, v in length_stats(cols["_len"]).items():
+        setattr(report, k, v)
+    train = train.remove_columns(BOOKKEEPING)
+    evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
+
+    if data.packing:
+        train, report.fill = packing.pack(train, data.max_seq_length)
+        report.packed_rows = len(train)
+        if data.shuffle:
+            train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
+        if evals is not None:
+            evals, _ = packing.pack(evals, data.max_seq_length)
+            report.eval_packed_rows = len(evals)
+
+    train.save_to_disk(str(scratch / "train"))
+    if evals is not None:
+        evals.save_to_disk(str(scratch / "eval"))
+    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    return report, names

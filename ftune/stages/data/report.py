@@ -1,0 +1,111 @@
+"""What preprocessing did, in numbers: rows, kept/dropped/truncated samples, tokens, lengths, packing, cache.
+
+Stored beside each cache entry (report.json) so a cache hit reports the same numbers as the run that
+built it; printed by the worker and by `ftune data`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SourceReport:
+    where: str  # recipe key, e.g. data.train[0]
+    path: str
+    format: str
+    rows: int  # rows read (after limit)
+    samples: int  # rows kept (trainable)
+    dropped: int  # rows without a trainable token after truncation
+    truncated: int  # rows longer than max_seq_length
+    used: int = 0  # samples in the mix (after weight and eval split)
+
+
+@dataclass
+class DataReport:
+    sources: list[SourceReport] = field(default_factory=list)
+    train_samples: int = 0
+    eval_samples: int = 0
+    tokens: int = 0  # train tokens after truncation
+    trainable_tokens: int = 0  # train tokens that carry loss
+    length_min: int = 0  # token lengths of train samples before truncation
+    length_mean: float = 0.0
+    length_p95: int = 0
+    length_max: int = 0
+    histogram: list[tuple[int, int, int]] = field(default_factory=list)  # (lo, hi, count), hi exclusive
+    max_seq_length: int | None = None
+    packing: bool = False
+    packed_rows: int | None = None
+    fill: float | None = None  # tokens / (packed rows x max_seq_length)
+    eval_packed_rows: int | None = None
+    label_names: list[str] | None = None
+    cache_hit: bool = False
+    cache_reason: str = ""
+    cache_path: str = ""
+
+    # The totals the issue names, across sources.
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.sources)
+
+    @property
+    def dropped(self) -> int:
+        return sum(s.dropped for s in self.sources)
+
+    @property
+    def truncated(self) -> int:
+        return sum(s.truncated for s in self.sources)
+
+    @property
+    def kept(self) -> int:
+        return sum(s.samples for s in self.sources)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(rows=self.rows, kept=self.kept, dropped=self.dropped, truncated=self.truncated)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DataReport:
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        d["sources"] = [SourceReport(**s) for s in d.get("sources", [])]
+        d["histogram"] = [tuple(b) for b in d.get("histogram", [])]
+        return cls(**d)
+
+    def lines(self) -> list[str]:
+        """A short human summary (what the worker logs)."""
+        out = [
+            f"data: {self.rows} rows -> {self.kept} samples ({self.dropped} dropped without a trainable token, "
+            f"{self.truncated} truncated at {self.max_seq_length})",
+            f"data: train {self.train_samples} samples, eval {self.eval_samples}; {self.tokens} tokens, "
+            f"{self.trainable_tokens} trained ({_pct(self.trainable_tokens, self.tokens)})",
+            f"data: lengths min {self.length_min} · mean {self.length_mean:.1f} · p95 {self.length_p95} "
+            f"· max {self.length_max}",
+        ]
+        if self.packing:
+            out.append(f"data: packed into {self.packed_rows} rows of {self.max_seq_length}, fill {self.fill:.3f}")
+        state = "hit" if self.cache_hit else f"miss ({self.cache_reason})"
+        out.append(f"data: cache {state}: {self.cache_path}")
+        return out
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.1f}%" if b else "0%"
+
+
+def length_stats(lengths, bins: int = 10) -> dict:
+    """min/mean/p95/max and an equal-width histogram of `lengths` (a numpy array)."""
+    import numpy as np
+
+    if len(lengths) == 0:
+        return {}
+    lo, hi = int(lengths.min()), int(lengths.max())
+    edges = np.linspace(lo, hi + 1, num=min(bins, hi + 1 - lo) + 1).round().astype(int)
+    counts, _ = np.histogram(lengths, bins=edges)
+    return {
+        "length_min": lo,
+        "length_mean": float(lengths.mean()),
+        "length_p95": int(np.percentile(lengths, 95)),
+        "length_max": hi,
+        "histogram": [(int(a), int(b), int(c)) for a, b, c in zip(edges[:-1], edges[1:], counts)],
+    }
