@@ -1,0 +1,78 @@
+"""`ftune eval RECIPE [key=value ...] [--model DIR] [--format json]`: evaluate a trained model, no training.
+
+By default the model is the run's `final/` (an adapter is loaded on the recipe's base model). Runs in
+this process on the recipe's eval data, with the same Trainer evaluation as `ftune run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ftune.errors import FtuneError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys")
+    p.add_argument("--model", help="model or adapter folder (default: <output.dir>/final)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def load_trained(plan, model_dir: Path, tokenizer):
+    """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base."""
+    from ftune.stages.model import load_model
+
+    if (model_dir / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        quant_config = None
+        if plan.recipe.quantization is not None:
+            from ftune.stages import quantize
+
+            quant_config = quantize.quantization_config(plan.recipe)
+        base = load_model(plan, tokenizer, quant_config)
+        return PeftModel.from_pretrained(base, str(model_dir))
+    if (model_dir / "config.json").is_file():
+        full = plan.model_copy(update={"recipe": plan.recipe.model_copy(
+            update={"model": plan.recipe.model.model_copy(update={"path": str(model_dir), "init": "pretrained"})})})
+        return load_model(full, tokenizer)
+    raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
+                     hint="pass --model pointing at a run's final/ folder or a checkpoint")
+
+
+def evaluate(plan, model_dir: Path) -> dict:
+    from ftune.stages import data, tokenizer, train
+
+    tok = tokenizer.load_tokenizer(plan)
+    bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
+    if bundle.eval is None:
+        raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
+    model = load_trained(plan, model_dir, tok)
+    args = train.training_arguments(plan, {"output_dir": str(Path(plan.run_dir) / "eval-tmp"), "report_to": "none",
+                                           "eval_strategy": "no", "save_strategy": "no"})
+    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
+    return trainer.evaluate(eval_dataset=bundle.eval)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+
+    loaded = load_recipe(args.recipe, args.overrides)
+    plan = compile_plan(loaded, check_inputs=False)
+    model_dir = Path(args.model) if args.model else Path(plan.run_dir) / "final"
+    if not model_dir.is_dir():
+        raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
+    metrics = evaluate(plan, model_dir)
+    if args.format == "json":
+        print(json.dumps({"model": str(model_dir), "metrics": metrics}, indent=2))
+    else:
+        console = Console(highlight=False)
+        console.print(f"[bold]eval[/bold] {model_dir}")
+        for key, value in metrics.items():
+            console.print(f"  {key:24s} {value:.6g}" if isinstance(value, float) else f"  {key:24s} {value}")
+    return 0

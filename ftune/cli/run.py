@@ -1,0 +1,34 @@
+"""`ftune run RECIPE [key=value ...] [--dry-run]`: validate, compile a plan, and train through accelerate launch."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys, e.g. train.max_steps=10")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the launch command; train nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ftune.plan.compile import compile_plan
+    from ftune.plan.preflight import preflight
+    from ftune.recipe import load_recipe
+
+    console = Console(highlight=False)
+    loaded = load_recipe(args.recipe, args.overrides)
+    plan = compile_plan(loaded)
+    preflight(loaded, plan)
+    command = shlex.join(plan.launch.command)
+    if args.dry_run:
+        console.print_json(plan.model_dump_json())
+        console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
+        return 0
+    from ftune.launch.launcher import launch
+
+    console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
+    return launch(plan, loaded.resolved_yaml(), debug=getattr(args, "debug", False))

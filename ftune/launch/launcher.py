@@ -1,0 +1,74 @@
+"""Launch a compiled Plan: write the run dir, then `accelerate launch` the worker (one path for 1..N processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from ftune.errors import EXIT_INTERRUPTED, FtuneError, RunError
+from ftune.launch.rundir import write_inputs
+
+# Inherited by the workers; never carries secrets (those stay in the user's environment).
+WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_DISABLE_RICH": "1"}
+
+
+def _prepare_run_dir(plan) -> bool:
+    """Create or reuse the run dir; returns True when this call created it (so a failed start can remove it)."""
+    run_dir = Path(plan.run_dir)
+    fresh = not run_dir.exists()
+    if plan.recipe.output.overwrite and not plan.resume_from:
+        for name in ("final", "checkpoints", "metrics.jsonl", "summary.json", "loss_curve.png", "tensorboard"):
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return fresh
+
+
+def _worker_error(run_dir: Path) -> FtuneError | None:
+    path = run_dir / "error.json"
+    if not path.is_file():
+        return None
+    info = json.loads(path.read_text())
+    if info.get("kind") == "user":
+        return FtuneError(info["message"], hint=info.get("hint"), exit_code=info.get("exit_code"))
+    return RunError(f"the run failed: {info['message']}",
+                    hint=f"traceback in {path}; rerun with --debug to see it live")
+
+
+def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
+    run_dir = Path(plan.run_dir)
+    fresh = _prepare_run_dir(plan)
+    write_inputs(plan, resolved_yaml)
+    env = dict(os.environ, **WORKER_ENV, **plan.launch.env)
+    if debug:
+        env["FTUNE_DEBUG"] = "1"
+    proc = subprocess.Popen(plan.launch.command, env=env, start_new_session=False)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise FtuneError(
+            "interrupted; the run dir keeps every complete checkpoint",
+            hint="rerun the same command to continue (checkpoint.resume: auto)",
+            exit_code=EXIT_INTERRUPTED,
+        ) from None
+    if code == 0:
+        return 0
+    err = _worker_error(run_dir) or RunError(
+        f"accelerate launch exited with code {code}", hint=f"see the output above; the run dir is {run_dir}"
+    )
+    started = any((run_dir / "checkpoints").glob("checkpoint-*")) or (run_dir / "metrics.jsonl").exists()
+    if fresh and not started:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing half-written behind
+    raise err

@@ -1,0 +1,64 @@
+"""Write the run directory's inputs: recipe.resolved.yaml, plan.json, accelerate.yaml, env.json.
+
+Each file is written to a temporary name and renamed, so a crash never leaves a half-written file.
+env.json records versions, the git commit and the host — never environment variable values.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
+            "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _git_commit(cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment(recipe_file: str) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "host": platform.node(),
+        "packages": versions,
+        "git_commit": _git_commit(Path(recipe_file).parent),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "argv": [a for a in sys.argv[1:] if "=" not in a or not any(s in a.upper() for s in ("TOKEN", "KEY", "SECRET", "PASSWORD"))],
+    }
+
+
+def write_inputs(plan, resolved_yaml: str) -> None:
+    run_dir = Path(plan.run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    _atomic_write(run_dir / "recipe.resolved.yaml", resolved_yaml)
+    _atomic_write(run_dir / "plan.json", plan.model_dump_json(indent=2) + "\n")
+    _atomic_write(run_dir / "accelerate.yaml", yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
+    _atomic_write(run_dir / "env.json", json.dumps(environment(plan.recipe_file), indent=2) + "\n")
+    stale = run_dir / "error.json"
+    if stale.exists():
+        stale.unlink()

@@ -1,0 +1,99 @@
+"""The worker: `accelerate launch ... -m ftune.launch.worker <run>/plan.json` runs the stages in order.
+
+It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
+launcher can report them without a traceback; the traceback is kept there for --debug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError
+from ftune.plan.model import Plan
+
+
+def run_stages(plan: Plan) -> dict:
+    from rich.console import Console
+
+    from ftune.stages import data, distributed, report, save, tokenizer, train
+    from ftune.stages.callbacks import make_callbacks
+    from ftune.stages.model import load_model
+    from ftune.stages.peft import apply_method
+
+    recipe = plan.recipe
+    run_dir = Path(plan.run_dir)
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir / "tensorboard"))
+
+    distributed.prepare(plan)
+    args = train.training_arguments(plan, distributed.trainer_overrides(plan))  # sets up the process group
+    main = args.process_index == 0
+    console = Console(stderr=False, highlight=False) if main else None
+
+    tok = tokenizer.load_tokenizer(plan)
+    bundle = data.build(recipe, tok, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
+                        log=console.print if console else (lambda *a, **k: None))
+    quant_config = None
+    if recipe.quantization is not None:
+        from ftune.stages import quantize
+
+        quant_config = quantize.quantization_config(recipe)
+    model = load_model(plan, tok, quant_config)
+    if recipe.quantization is not None:
+        model = quantize.prepare(model, recipe)
+    model, counts = apply_method(model, plan)
+    if console:
+        report.header(console, plan, counts, bundle)
+        (run_dir / "params.json").write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
+
+    trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console))
+    facts = distributed.describe(trainer.model, trainer)
+    facts["rank"] = args.process_index
+    (run_dir / f"distributed.rank{args.process_index}.json").write_text(json.dumps(facts, default=str) + "\n")
+
+    trainer.train(resume_from_checkpoint=plan.resume_from)
+    final_metrics = trainer.evaluate() if trainer.eval_dataset is not None else {}
+    saved = save.save_final(trainer, plan, tok)
+    result = {}
+    if console:
+        result = report.summary(console, plan, final_metrics, saved)
+        if recipe.output.loss_curve:
+            report.loss_curve(run_dir)
+    return result
+
+
+def _write_error(run_dir: Path, payload: dict) -> None:
+    if int(os.environ.get("RANK", "0")) != 0 and (run_dir / "error.json").exists():
+        return
+    (run_dir / "error.json").write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    plan = Plan.load(argv[0])
+    run_dir = Path(plan.run_dir)
+    debug = os.environ.get("FTUNE_DEBUG") == "1"
+    try:
+        run_stages(plan)
+        return 0
+    except FtuneError as err:
+        _write_error(run_dir, {"kind": "user", "message": err.message, "hint": err.hint,
+                               "exit_code": err.exit_code, "traceback": traceback.format_exc()})
+        if debug:
+            traceback.print_exc()
+        return err.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - reported by the launcher, traceback kept in error.json
+        _write_error(run_dir, {"kind": "internal", "message": f"{type(err).__name__}: {err}",
+                               "hint": None, "exit_code": EXIT_RUNTIME, "traceback": traceback.format_exc()})
+        if debug:
+            traceback.print_exc()
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Trainer callbacks: metrics.jsonl, checkpoint completion markers, and the rich progress bar.
+
+They are factories returning TrainerCallback subclasses so this module imports transformers only
+when a worker actually builds a trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from ftune.plan.compile import COMPLETE_MARKER
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def make_callbacks(plan, console=None) -> list:
+    from transformers import TrainerCallback
+
+    run_dir = Path(plan.run_dir)
+
+    class MetricsJsonl(TrainerCallback):
+        """One JSON object per logged event (rank 0): step, epoch, and the metrics."""
+
+        def __init__(self) -> None:
+            self.path = run_dir / "metrics.jsonl"
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3)}
+            record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    class CheckpointMarker(TrainerCallback):
+        """Mark a checkpoint complete once the Trainer has written all of it (resume trusts only these)."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                write_json_atomic(folder / COMPLETE_MARKER, {"step": state.global_step, "time": time.time()})
+
+    callbacks = [MetricsJsonl(), CheckpointMarker()]
+    if console is not None:
+        callbacks.append(_rich_progress(TrainerCallback, console))
+    return callbacks
+
+
+def _rich_progress(base, console):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    class RichProgress(base):
+        """Progress bar on rank 0 with loss, learning rate and tokens/s."""
+
+        def __init__(self) -> None:
+            self.progress = None
+            self.task = None
+            self.t0 = 0.0
+            self.tokens0 = 0
+            self.fields = {"loss": "-", "lr": "-", "tps": "-"}
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            self.progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step,
+                                               **self.fields)
+            self.t0 = time.time()
+            self.tokens0 = getattr(state, "num_input_tokens_seen", 0) or 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                tokens = (getattr(state, "num_input_tokens_seen", 0) or 0) - self.tokens0
+                elapsed = max(time.time() - self.t0, 1e-6)
+                self.fields["tps"] = f"{tokens / elapsed:,.0f}"
+                self.progress.update(self.task, completed=state.global_step, **self.fields)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.progress is None or not logs:
+                return
+            if "loss" in logs:
+                self.fields["loss"] = f"{logs['loss']:.4f}"
+            if "learning_rate" in logs:
+                self.fields["lr"] = f"{logs['learning_rate']:.2e}"
+            if "eval_loss" in logs:
+                ppl = math.exp(min(logs["eval_loss"], 50))
+                self.progress.console.print(
+                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}  perplexity {ppl:.2f}"
+                    + "".join(f"  {k} {v:.4f}" for k, v in logs.items()
+                              if k.startswith("eval_") and k in ("eval_accuracy", "eval_f1"))
+                )
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.update(self.task, completed=state.global_step, **self.fields)
+                self.progress.stop()
+                self.progress = None
+
+    return RichProgress()

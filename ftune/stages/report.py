@@ -1,0 +1,92 @@
+"""What the worker shows and leaves behind on rank 0: header table, final summary, loss-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def header(console, plan, counts, bundle) -> None:
+    from rich.table import Table
+
+    r = plan.recipe
+    table = Table(title=f"ftune run · {r.name}", show_header=False, title_justify="left")
+    table.add_column(style="bold cyan")
+    table.add_column()
+    table.add_row("model", f"{r.model.path} ({r.model.task}, {plan.torch_dtype})")
+    table.add_row("method", r.peft.method + (f" · {r.quantization.bits}-bit" if r.quantization else ""))
+    table.add_row("parameters", f"{counts.trainable:,} trainable / {counts.total:,} total ({counts.percent:.4f}%)")
+    table.add_row("data", f"{len(bundle.train):,} train rows" + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
+    table.add_row("batch", f"{plan.effective_batch_size} effective = {r.train.per_device_batch_size} per device "
+                  f"× {r.train.gradient_accumulation_steps} accumulation × {plan.world_size} processes")
+    steps = f"{r.train.max_steps} max steps" if r.train.max_steps else f"{r.train.epochs} epochs"
+    table.add_row("schedule", f"{steps}, lr {r.train.learning_rate:g} ({r.train.lr_scheduler}), seed {r.train.seed}")
+    table.add_row("devices", f"{plan.world_size} × {plan.device} ({r.distributed.strategy}), precision {plan.mixed_precision}")
+    table.add_row("run dir", plan.run_dir)
+    if plan.resume_from:
+        table.add_row("resume", plan.resume_from)
+    console.print(table)
+    for note in plan.notes:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summary(console, plan, final_metrics: dict, saved: dict) -> dict:
+    run_dir = Path(plan.run_dir)
+    records = read_metrics(run_dir)
+    losses = [r["loss"] for r in records if "loss" in r]
+    evals = [r["eval_loss"] for r in records if "eval_loss" in r]
+    result = {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "best_eval_loss": min(evals) if evals else None,
+        **{k: v for k, v in final_metrics.items() if isinstance(v, (int, float))},
+    }
+    lines = ["[bold green]done[/bold green]"]
+    if losses:
+        lines.append(f"train loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    if "eval_loss" in final_metrics:
+        ppl = math.exp(min(final_metrics["eval_loss"], 50))
+        lines.append(f"eval loss {final_metrics['eval_loss']:.4f} (perplexity {ppl:.2f}), best {min(evals):.4f}")
+    for key in ("eval_accuracy", "eval_f1"):
+        if key in final_metrics:
+            lines.append(f"{key[5:]} {final_metrics[key]:.4f}")
+    lines.append(f"final/  {run_dir / 'final'}  ({'adapter' if saved.get('adapter') else 'model'}, "
+                 f"{saved.get('tensors', 0)} tensors, verified)")
+    lines.append(f"metrics {run_dir / 'metrics.jsonl'}")
+    console.print("\n".join(lines))
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def loss_curve(run_dir: Path) -> Path | None:
+    records = read_metrics(run_dir)
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    if not train:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(*zip(*train), label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), "o-", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = run_dir / "loss_curve.png"
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,90 @@
+"""Stage 7: save `final/` — a normal HF model or PEFT adapter folder plus the tokenizer — and verify it.
+
+After writing, the saved tensors are read back and their names and shapes compared with the model's;
+a mismatch (or an adapter with zero tensors) is an error, never a silent success. Only then is the
+completion marker written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ftune.errors import RunError
+from ftune.plan.compile import COMPLETE_MARKER
+
+
+def saved_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every tensor in the folder's safetensors files (no data read)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
+    """Names and shapes a correct save of `model` must contain."""
+    if is_adapter:
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model)
+    else:
+        state = model.state_dict()
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bool) -> None:
+    found = saved_tensors(folder)
+    if not found:
+        raise RunError(
+            f"save check failed: {folder} holds no tensors",
+            hint="the saved adapter/model is empty; with FSDP v1 + LoRA use distributed.fsdp.version=2",
+        )
+    if is_adapter:
+        # peft strips the adapter name ("default") when saving.
+        expected = {k.replace(".default", ""): v for k, v in expected.items()}
+    missing = sorted(set(expected) - set(found))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if is_adapter:
+        extra = []
+    else:  # tied weights may be saved once; anything else unexpected is a mismatch
+        extra = sorted(set(found) - set(expected))
+    if missing or wrong or extra:
+        detail = "; ".join(
+            part for part in (
+                f"missing {missing[:5]}" if missing else "",
+                f"wrong shapes {[(k, found[k], expected[k]) for k in wrong[:3]]}" if wrong else "",
+                f"unexpected {extra[:5]}" if extra else "",
+            ) if part
+        )
+        raise RunError(f"save check failed for {folder}: {detail}",
+                       hint="the written files do not match the trained model; the run dir keeps the checkpoints")
+
+
+def save_final(trainer, plan, tokenizer) -> dict:
+    """Write final/ (adapter or model + tokenizer), verify it, then mark it complete. Returns a summary."""
+    final = Path(plan.run_dir) / "final"
+    is_adapter = plan.recipe.peft.uses_peft_library
+    model = trainer.model
+    expected = expected_tensors(model, is_adapter) if trainer.is_world_process_zero() else {}
+    trainer.save_model(str(final))
+    if not trainer.is_world_process_zero():
+        return {}
+    tokenizer.save_pretrained(str(final))
+    verify(final, expected, is_adapter=is_adapter)
+    meta = {
+        "recipe": plan.recipe.name,
+        "method": plan.recipe.peft.method,
+        "task": plan.recipe.model.task,
+        "base_model": plan.recipe.model.path,
+        "adapter": is_adapter,
+        "quantization": plan.recipe.quantization.model_dump() if plan.recipe.quantization else None,
+        "tensors": len(expected),
+    }
+    (final / "ftune.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (final / COMPLETE_MARKER).write_text(json.dumps({"tensors": len(expected)}) + "\n")
+    return meta

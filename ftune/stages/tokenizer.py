@@ -1,0 +1,28 @@
+"""Stage 1: the tokenizer, from `model.tokenizer` or the model folder."""
+
+from __future__ import annotations
+
+from ftune.errors import FtuneError
+
+
+def load_tokenizer(plan):
+    from transformers import AutoTokenizer
+
+    recipe = plan.recipe
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            plan.tokenizer_path,
+            trust_remote_code=recipe.model.trust_remote_code,
+            revision=recipe.model.revision,
+            token=plan.secret("model.hub_token"),
+        )
+    except (OSError, ValueError) as err:
+        raise FtuneError(
+            f"cannot load the tokenizer from {plan.tokenizer_path}: {str(err).splitlines()[0]}",
+            hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
+        ) from err
+    if tok.pad_token is None:
+        # Causal LMs often ship without a pad token; padding positions carry no loss, so EOS is safe.
+        tok.pad_token = tok.eos_token or tok.unk_token
+    tok.padding_side = "right"
+    return tok
