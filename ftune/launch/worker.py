@@ -16,6 +16,19 @@ from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError
 from ftune.plan.model import Plan
 
 
+def _quiet_libraries() -> None:
+    """ftune prints its own progress; library progress bars and advisory warnings would drown it."""
+    import warnings
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*use_reentrant.*")
+
+
 def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
@@ -28,6 +41,7 @@ def run_stages(plan: Plan) -> dict:
     run_dir = Path(plan.run_dir)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir / "tensorboard"))
 
+    _quiet_libraries()
     distributed.prepare(plan)
     args = train.training_arguments(plan, distributed.trainer_overrides(plan))  # sets up the process group
     main = args.process_index == 0

@@ -1,0 +1,131 @@
+"""`ftune run` under stress: SIGKILL + resume is bit-identical, secrets never land on disk, bad input is
+refused before anything is written, `--dry-run` trains nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._util import base_recipe, ftune, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def _tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def _resume_recipe(tiny_model_dir, text_data_file, out: str) -> dict:
+    return base_recipe(
+        tiny_model_dir, text_data_file, name="resume",
+        peft={"method": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
+        train={"max_steps": 16, "learning_rate": 1e-2, "per_device_batch_size": 4, "logging_steps": 2},
+        eval={"strategy": "no"},
+        data={"train": [{"path": str(text_data_file), "format": "text"}], "eval": None, "max_seq_length": 48},
+        checkpoint={"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"},
+        output={"dir": out, "report_to": ["none"]},
+    )
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path, tiny_model_dir, text_data_file):
+    ref = write_recipe(tmp_path, _resume_recipe(tiny_model_dir, text_data_file, "runs/ref"), "ref.yaml")
+    assert ftune("run", str(ref), cwd=tmp_path).code == 0
+
+    killed = write_recipe(tmp_path, _resume_recipe(tiny_model_dir, text_data_file, "runs/killed"), "killed.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(killed)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = tmp_path / "runs/killed/checkpoints/checkpoint-8/ftune_complete.json"
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the run never reached checkpoint-8"
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker, mid-training
+    proc.wait()
+    assert not (tmp_path / "runs/killed/final").exists()
+
+    res = ftune("run", str(killed), cwd=tmp_path)  # same command: checkpoint.resume=auto continues
+    assert res.code == 0, res.text
+    plan = json.loads((tmp_path / "runs/killed/plan.json").read_text())
+    assert plan["resume_from"] is not None and "checkpoint-" in plan["resume_from"]
+    a, b = _tensors(tmp_path / "runs/ref/final"), _tensors(tmp_path / "runs/killed/final")
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        assert bool((a[name] == b[name]).all()), f"{name} differs after resume"
+
+
+def test_secrets_are_masked_everywhere(tmp_path, tiny_model_dir, text_data_file):
+    secret = "hf_SuperSecretValue_12345"
+    recipe = base_recipe(tiny_model_dir, text_data_file, name="secret",
+                         train={"max_steps": 2, "logging_steps": 1}, eval={"strategy": "no"},
+                         checkpoint={"strategy": "no"}, output={"dir": "runs/secret", "report_to": ["tensorboard"]})
+    recipe["model"]["hub_token"] = "${env:HF_TOKEN}"
+    recipe["description"] = "key ${env:MY_API_KEY,none}"
+    path = write_recipe(tmp_path, recipe)
+    env = {"HF_TOKEN": secret, "MY_API_KEY": secret}
+    dry = ftune("run", str(path), "--dry-run", cwd=tmp_path, env=env)
+    assert dry.code == 0, dry.text
+    assert secret not in dry.text
+    res = ftune("run", str(path), cwd=tmp_path, env=env)
+    assert res.code == 0, res.text
+    assert secret not in res.text
+    run_dir = tmp_path / "runs" / "secret"
+    leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaked == []
+    assert "***" in (run_dir / "recipe.resolved.yaml").read_text()
+    assert json.loads((run_dir / "plan.json").read_text())["secrets"]["model.hub_token"] == "HF_TOKEN"
+    show = ftune("show", str(path), cwd=tmp_path, env=env)
+    assert secret not in show.text
+
+
+def test_dry_run_prints_plan_and_command_and_writes_nothing(tmp_path, tiny_model_dir, text_data_file):
+    path = write_recipe(tmp_path, base_recipe(tiny_model_dir, text_data_file))
+    res = ftune("run", str(path), "--dry-run", "train.max_steps=7", cwd=tmp_path)
+    assert res.code == 0, res.text
+    assert "accelerate" in res.out and "--config_file" in res.out and "ftune.launch.worker" in res.out
+    assert str(tmp_path / "runs" / "e2e" / "plan.json") in res.out
+    assert '"max_steps": 7' in res.out
+    assert not (tmp_path / "runs").exists()
+
+
+def _assert_clean_error(res, *needles):
+    assert res.code == 1, res.text
+    assert "Traceback" not in res.text
+    for needle in needles:
+        assert needle in res.err, res.err
+
+
+def test_bad_inputs_are_refused_before_anything_is_written(tmp_path, tiny_model_dir, text_data_file):
+    path = write_recipe(tmp_path, base_recipe(tiny_model_dir, text_data_file))
+
+    res = ftune("run", str(path), "model.path=./no-such-model", cwd=tmp_path)
+    _assert_clean_error(res, "model folder not found: ./no-such-model", "model.path", "hint:")
+
+    res = ftune("run", str(path), f"data.train=[{{path: missing.jsonl, format: text}}]", cwd=tmp_path)
+    _assert_clean_error(res, "data file not found: missing.jsonl", "data.train.0.path")
+
+    (tmp_path / "afile").write_text("x")
+    res = ftune("run", str(path), "output.dir=afile/run", cwd=tmp_path)
+    _assert_clean_error(res, "cannot write the run directory", "output.dir")
+
+    res = ftune("run", str(path), "peft.target_modules=[qq_proj]", cwd=tmp_path)
+    _assert_clean_error(res, "peft.target_modules", "q_proj", "k_proj")  # lists the available names
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = ftune("run", str(path), f"data.train=[{{path: {empty}, format: text}}]", cwd=tmp_path)
+    assert res.code != 0 and "Traceback" not in res.text, res.text
+    assert "empty" in res.err.lower()
+
+    assert not (tmp_path / "runs").exists()  # nothing half-written by any refused run
