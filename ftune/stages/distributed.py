@@ -182,3 +182,44 @@ def describe(model, trainer) -> dict:
     }
     facts.update(_first_batch_fingerprint(trainer))
     return facts
+
+
+# ------------------------------------------------------------------------------ before launch
+def check_wrap_classes(recipe, model=None) -> list[tuple[str, str, str]]:
+    """(path, message, hint) when FSDP's transformer wrap classes are not in the model.
+
+    `model` is the recipe's model on the meta device (built here from its config when not given):
+    a class name that matches no module would silently wrap nothing but the root.
+    """
+    d = recipe.distributed
+    if d.strategy != "fsdp":
+        return []
+    from ftune.recipe.schema import FsdpSection
+
+    fsdp = d.fsdp or FsdpSection()
+    if fsdp.auto_wrap_policy != "transformer":
+        return []
+    if model is None:
+        from ftune.stages.model import build_meta_model
+
+        model = build_meta_model(recipe)
+    present = {type(m).__name__ for m in model.modules()}
+    layers = sorted(n for n in present if n.endswith(("DecoderLayer", "EncoderLayer", "Block", "Layer")))
+    if fsdp.transformer_layer_cls:
+        missing = [c for c in fsdp.transformer_layer_cls if c not in present]
+        if missing:
+            return [("distributed.fsdp.transformer_layer_cls",
+                     f"wrap class{'es' if len(missing) > 1 else ''} {', '.join(missing)} not found in "
+                     f"{type(model).__name__}",
+                     f"layer classes in this model: {', '.join(layers) or 'none'}; "
+                     f"or leave transformer_layer_cls unset to use the model's _no_split_modules")]
+        return []
+    declared = list(getattr(model, "_no_split_modules", None) or [])
+    usable = [c for c in declared if c in present]
+    if not usable:
+        return [("distributed.fsdp.auto_wrap_policy",
+                 f"{type(model).__name__} declares no usable _no_split_modules "
+                 f"({', '.join(declared) or 'none'}), so the transformer policy would wrap only the root",
+                 f"set `distributed.fsdp.transformer_layer_cls` (classes in this model: {', '.join(layers) or 'none'})"
+                 " or `auto_wrap_policy: size`")]
+    return []
