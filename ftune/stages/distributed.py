@@ -156,8 +156,32 @@ def _first_batch_fingerprint(trainer) -> dict[str, Any]:
 def describe(model, trainer) -> dict:
     """Facts about the run as it really is: world size, rank, wrapping, sharding, data seen.
 
-    Wrapping facts are meaningful once the Trainer has prepared the model (after `trainer.train()`).
+    The Trainer wraps the model only inside `train()`. Called before that, this also registers a
+    callback that rewrites `<run>/distributed.rank<N>.json` with the wrapped facts at train begin.
     """
+    _facts_after_wrapping(trainer)
+    return _facts(model, trainer)
+
+
+def _facts_after_wrapping(trainer) -> None:
+    import json
+    from pathlib import Path
+
+    from transformers import TrainerCallback
+
+    if any(type(c).__name__ == "DistributedFacts" for c in trainer.callback_handler.callbacks):
+        return
+
+    class DistributedFacts(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            facts = _facts(trainer.model, trainer)
+            path = Path(args.output_dir).parent / f"distributed.rank{facts['rank']}.json"
+            path.write_text(json.dumps(facts, default=str) + "\n")
+
+    trainer.add_callback(DistributedFacts())
+
+
+def _facts(model, trainer) -> dict:
     import torch.distributed as dist
 
     wrapped = getattr(trainer, "model_wrapped", None) or model

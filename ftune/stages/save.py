@@ -65,14 +65,56 @@ def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bo
                        hint="the written files do not match the trained model; the run dir keeps the checkpoints")
 
 
+FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _clean(name: str) -> str:
+    for prefix in FSDP_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, tuple[int, ...]]:
+    """Expected names/shapes for a sharded model, from its gathered full state dict.
+
+    For an adapter the names are the model's own trainable parameters (not peft's filtering, which
+    is what goes wrong under FSDP v1), so an empty or partial adapter fails the check.
+    """
+    if not is_adapter:
+        return {k: tuple(v.shape) for k, v in state.items()}
+    from peft import get_peft_model_state_dict
+
+    trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
+    chosen = get_peft_model_state_dict(model, state_dict=state)
+    if len(chosen) >= len(trainable):
+        return {k: tuple(v.shape) for k, v in chosen.items()}
+    # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
+    return {n: tuple(state[n].shape) if n in state else (-1,) for n in trainable}
+
+
 def save_final(trainer, plan, tokenizer) -> dict:
-    """Write final/ (adapter or model + tokenizer), verify it, then mark it complete. Returns a summary."""
+    """Write final/ (adapter or model + tokenizer), verify it, then mark it complete. Returns a summary.
+
+    Under FSDP the Trainer's save_model writes nothing with a sharded state-dict type, so every rank
+    joins in gathering the full state dict and rank 0 writes a normal HF/PEFT folder from it.
+    """
     final = Path(plan.run_dir) / "final"
     is_adapter = plan.recipe.peft.uses_peft_library
     model = trainer.model
-    expected = expected_tensors(model, is_adapter) if trainer.is_world_process_zero() else {}
-    trainer.save_model(str(final))
-    if not trainer.is_world_process_zero():
+    main = trainer.is_world_process_zero()
+    if getattr(trainer, "is_fsdp_enabled", False):
+        acc = trainer.accelerator
+        state = acc.get_state_dict(trainer.model_wrapped)  # collective: every rank must call it
+        expected = {}
+        if main:
+            unwrapped = acc.unwrap_model(trainer.model_wrapped)
+            expected = expected_from_full_state(unwrapped, state, is_adapter)
+            unwrapped.save_pretrained(str(final), state_dict=state, safe_serialization=True)
+        acc.wait_for_everyone()
+    else:
+        expected = expected_tensors(model, is_adapter) if main else {}
+        trainer.save_model(str(final))
+    if not main:
         return {}
     tokenizer.save_pretrained(str(final))
     verify(final, expected, is_adapter=is_adapter)
