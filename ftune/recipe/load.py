@@ -1,66 +1,412 @@
-"""Load a recipe: YAML → extends → overrides → typed, validated Recipe (minimal first version)."""
+"""Load a recipe: YAML with positions → extends → overrides → `${}` → typed Recipe → rules.
+
+Every problem is collected and raised at once as `RecipeError`, each located at the key as the
+user wrote it (in a base file when the key came from one, or the override that set it).
+"""
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
 from ftune.errors import Location, Problem, RecipeError, UsageError
+from ftune.recipe import _yaml
+from ftune.recipe._interp import MASK, interpolate
+from ftune.recipe._schema import Issue, check_key, did_you_mean, translate
+from ftune.recipe._yaml import Marks
 from ftune.recipe.schema import Recipe
 
-MASK = "***"
+__all__ = ["MASK", "LoadedRecipe", "load_recipe", "recipe_bases"]
+
+KeyPath = tuple[str | int, ...]
+DEFAULT = Location(origin="default")
+OVERRIDE = Location(origin="override")
+_OVERRIDE_MARKS = Marks(OVERRIDE, OVERRIDE)
 
 
 @dataclass(frozen=True)
 class LoadedRecipe:
+    """A validated recipe and where each of its values came from."""
+
     recipe: Recipe
     file: str
+    """The recipe file, absolute."""
     files: list[str] = field(default_factory=list)
+    """The recipe and every base it extends (absolute)."""
     origins: dict[str, Location] = field(default_factory=dict)
+    """Dotted path → file:line:col, Location(origin="override") or Location(origin="default")."""
     secrets: dict[str, str] = field(default_factory=dict)
+    """Dotted path → environment variable whose (masked) value belongs there."""
 
     def resolved_yaml(self) -> str:
-        return yaml.safe_dump(self.recipe.model_dump(mode="json"), sort_keys=False)
+        """The full resolved recipe as YAML, keys in schema order, secrets masked."""
+        import yaml
+
+        data = self.recipe.model_dump(mode="json", exclude={"extends"})
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
 
 
-def _merge(base: dict, top: dict) -> dict:
+def display(path: str | Path) -> str:
+    """A file path as shown in messages: relative to the working directory when below it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def dotted(path: KeyPath) -> str:
+    return ".".join(map(str, path))
+
+
+# --------------------------------------------------------------------------------------- context
+@dataclass
+class _Load:
+    root: Path
+    files: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    override_args: dict[KeyPath, str] = field(default_factory=dict)
+
+    def add(self, message: str, path: KeyPath | str = "", hint: str | None = None, where: Location | None = None):
+        loc = where or Location(str(self.root), 1, 1)
+        self.problems.append(Problem(message, path if isinstance(path, str) else dotted(path), hint, loc))
+
+
+# ------------------------------------------------------------------------------------ extends/merge
+def _method_changes(path: KeyPath, base: dict, top: dict) -> bool:
+    """A `peft:` section naming another method replaces the base's instead of merging into it."""
+    return path == ("peft",) and "method" in top and base.get("method", top["method"]) != top["method"]
+
+
+def _merge(base: dict, top: dict, path: KeyPath, replaced: set[KeyPath]) -> dict:
     out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    for key, value in top.items():
+        p = (*path, key)
+        below = out.get(key)
+        if isinstance(value, dict) and isinstance(below, dict) and not _method_changes(p, below, value):
+            out[key] = _merge(below, value, p, replaced)
+        else:
+            out[key] = value
+            replaced.add(p)
     return out
 
 
-def _read(path: Path, seen: tuple[Path, ...]) -> dict:
-    data = yaml.safe_load(path.read_text()) or {}
-    bases = data.get("extends") or []
-    merged: dict = {}
-    for b in [bases] if isinstance(bases, str) else bases:
-        merged = _merge(merged, _read((path.parent / b).resolve(), (*seen, path)))
-    return _merge(merged, data)
+def _drop_below(marks: dict[KeyPath, Marks], roots: set[KeyPath]) -> dict[KeyPath, Marks]:
+    return {p: m for p, m in marks.items() if not any(p[:k] in roots for k in range(len(p)))}
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
-    p = Path(path).resolve()
-    if not p.is_file():
-        raise UsageError(f"recipe file not found: {path}")
-    data = _read(p, ())
-    for ov in overrides:
-        key, _, value = ov.partition("=")
-        node = data
-        *parents, last = key.split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[last] = yaml.safe_load(value)
+def _layer(base: tuple[dict, dict], top: tuple[dict, dict]) -> tuple[dict, dict]:
+    """Deep-merge (data, marks) `top` over `base`: mappings merge, everything else (lists too) is replaced."""
+    replaced: set[KeyPath] = set()
+    data = _merge(base[0], top[0], (), replaced)
+    return data, {**_drop_below(base[1], replaced), **top[1]}
+
+
+def _extends_entries(doc: _yaml.Document, ctx: _Load, file: Path) -> list[tuple[str, Location]]:
+    value = doc.data.get("extends")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [(value, doc.marks[("extends",)].value)]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [(v, doc.marks[("extends", i)].value) for i, v in enumerate(value)]
+    where = doc.marks[("extends",)].value
+    ctx.add("expected a path or a list of paths", "extends", "e.g. `extends: bases/llama2-7b.yaml`", where)
+    return []
+
+
+def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dict] | None:
+    """The file's data and marks with its bases merged under it; problems go to ctx."""
+    if str(file) not in ctx.files:
+        ctx.files.append(str(file))
     try:
-        recipe = Recipe.model_validate(data)
-    except ValidationError as e:
-        problems = [
-            Problem(err["msg"], ".".join(map(str, err["loc"])), location=Location(str(p)))
-            for err in e.errors()
-        ]
-        raise RecipeError(problems, str(p)) from None
-    return LoadedRecipe(recipe, str(p), [str(p)])
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        ctx.add(f"can't read {display(file)}: {err}", where=Location(str(file)))
+        return None
+    doc = _yaml.parse(text, str(file))
+    ctx.problems.extend(doc.problems)
+    if doc.data is None:
+        return None
+    if not isinstance(doc.data, dict):
+        ctx.add(
+            "a recipe is a mapping of sections (name:, model:, data:, ...)",
+            hint="start each top-level key at column 1: `name: my-run`",
+            where=Location(str(file), 1, 1),
+        )
+        return None
+    merged: tuple[dict, dict] = ({}, {})
+    for rel, where in _extends_entries(doc, ctx, file):
+        base = (file.parent / rel).resolve()
+        if base == file or base in stack:
+            loop = stack[stack.index(base) :] if base in stack else ()
+            chain = " → ".join(display(p) for p in (*loop, file, base))
+            ctx.add(f"extends cycle: {chain}", "extends", "a base can't extend the recipes built on it", where)
+            continue
+        if not base.is_file():
+            near = [p.name for p in base.parent.glob("*.y*ml")] if base.parent.is_dir() else []
+            guess = did_you_mean(base.name, near)
+            hint = f"did you mean '{guess}'?" if guess else "paths in `extends` are relative to the recipe file"
+            ctx.add(f"base recipe not found: {rel} (looked for {display(base)})", "extends", hint, where)
+            continue
+        sub = _compose(base, (*stack, file), ctx)
+        if sub is not None:
+            merged = _layer(merged, sub)
+    own, marks = dict(doc.data), doc.marks
+    if stack:  # a base's own `extends` is resolved; only the top recipe's stays visible
+        own.pop("extends", None)
+        marks = _drop_below(marks, {("extends",)})
+        marks.pop(("extends",), None)
+    return _layer(merged, (own, marks))
+
+
+def recipe_bases(path: str | Path) -> list[str]:
+    """The files a recipe names in `extends` (absolute), read leniently; [] when unreadable."""
+    file = Path(path).resolve()
+    try:
+        doc = _yaml.parse(file.read_text(encoding="utf-8"), str(file))
+    except (OSError, UnicodeDecodeError):
+        return []
+    if not isinstance(doc.data, dict):
+        return []
+    value = doc.data.get("extends")
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return [str((file.parent / n).resolve()) for n in names if isinstance(n, str)]
+
+
+# --------------------------------------------------------------------------------------- overrides
+@dataclass(frozen=True)
+class _Override:
+    arg: str
+    parts: KeyPath
+    value: object = None
+    delete: bool = False
+
+
+def _parse_overrides(args: Sequence[str]) -> list[_Override]:
+    out, bad = [], []
+    for arg in args:
+        delete = arg.startswith("~")
+        key, eq, text = arg[1 if delete else 0 :].partition("=")
+        if not key or (delete and eq) or (not delete and not eq) or any(not p for p in key.split(".")):
+            bad.append(arg)
+            continue
+        parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+        out.append(_Override(arg, parts, _override_value(text), delete))
+    if bad:
+        raise UsageError(
+            "invalid override" + ("s" if len(bad) > 1 else "") + ": " + ", ".join(repr(b) for b in bad),
+            hint="write key.path=value (e.g. train.max_steps=5) or ~key.path to delete a key",
+        )
+    return out
+
+
+def _override_value(text: str) -> object:
+    """The value parsed as YAML (5 → int, [a, b] → list, null → None); plain text if it isn't YAML."""
+    if not text.strip():
+        return None
+    doc = _yaml.parse(text, "<override>")
+    if doc.problems:
+        if any("tag" in p.message for p in doc.problems):
+            return _Refused(doc.problems[0].message)
+        return text
+    return doc.data
+
+
+@dataclass(frozen=True)
+class _Refused:
+    reason: str
+
+
+def _apply_overrides(data: dict, marks: dict, overrides: list[_Override], ctx: _Load) -> None:
+    last_method = next((o.value for o in reversed(overrides) if o.parts == ("peft", "method")), None)
+    peft = data.get("peft")
+    method = last_method or (peft.get("method") if isinstance(peft, dict) else None) or "lora"
+    for o in overrides:
+        if isinstance(o.value, _Refused):
+            ctx.add(f"{o.value.reason} (override '{o.arg}')", o.parts, "recipes are data, never code", OVERRIDE)
+            continue
+        if o.parts[0] == "extends":
+            ctx.add(f"`extends` can't be overridden (override '{o.arg}')", "extends",
+                    "write a small recipe that extends the one you want", OVERRIDE)
+            continue
+        issue = None if o.delete and _exists(data, o.parts) else check_key(o.parts, str(method), data)
+        if issue is not None:
+            ctx.add(f"{issue.message} (override '{o.arg}')", issue.path, issue.hint, OVERRIDE)
+            continue
+        node = data
+        for part in o.parts[:-1]:
+            if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
+                if o.delete:
+                    break
+                node[part] = {}
+            node = node[part]
+        else:
+            last = o.parts[-1]
+            gone = {o.parts}
+            if o.delete:
+                if isinstance(node, dict):
+                    node.pop(last, None)
+            elif o.parts == ("peft", "method") and isinstance(node.get(last), str) and node[last] != o.value:
+                data["peft"] = {"method": o.value}  # another method: the old method's keys don't apply
+                gone = {("peft",)}
+            else:
+                node[last] = copy.deepcopy(o.value)
+            for p in [p for p in marks if any(p[:k] in gone for k in range(len(p)))]:
+                del marks[p]  # what was below the replaced or deleted key
+            if o.delete:
+                marks.pop(o.parts, None)
+                continue
+            for p in [o.parts, *(o.parts + sub for sub in _subpaths(o.value))]:
+                marks[p] = _OVERRIDE_MARKS
+                ctx.override_args[p] = o.arg
+
+
+def _exists(data: object, parts: KeyPath) -> bool:
+    for part in parts:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return False
+    return True
+
+
+def _subpaths(value: object, path: KeyPath = ()) -> list[KeyPath]:
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [q for k, v in items for q in [(*path, k), *_subpaths(v, (*path, k))]]
+
+
+# ------------------------------------------------------------------------------------- locating
+def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: _Load) -> tuple[Location, str]:
+    """Where to point for a problem at `path`, and a suffix quoting the override that set it."""
+    p = path[:-1] if anchor == "parent" else path
+    exact = p in marks
+    while p and p not in marks:
+        p = p[:-1]
+    if not p:
+        return Location(str(ctx.root), 1, 1), ""
+    where = marks[p].value if exact and anchor == "value" else marks[p].key
+    if where.origin == "override":
+        arg = ctx.override_args.get(p) or next((a for q, a in ctx.override_args.items() if q == p[: len(q)]), "")
+        return where, f" (override '{arg}')" if arg else ""
+    return where, ""
+
+
+def _problem(issue: Issue, marks: dict[KeyPath, Marks], ctx: _Load) -> Problem:
+    where, suffix = _locate(issue.path, issue.anchor, marks, ctx)
+    return Problem(issue.message + suffix, dotted(issue.path), issue.hint, where)
+
+
+def _related(a: KeyPath, b: KeyPath) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def _validate(data: dict) -> tuple[Recipe | None, list[Issue]]:
+    from pydantic import ValidationError
+
+    try:
+        return Recipe.model_validate(data), []
+    except ValidationError as err:
+        return None, translate(err.errors(include_url=False))
+
+
+def _without(data: dict, paths: list[KeyPath]) -> dict:
+    """A copy of data with the keys at `paths` removed (the bad values), so the rest can be checked."""
+    out = copy.deepcopy(data)
+    for path in paths:
+        node = out
+        for part in path[:-1]:
+            node = node[part] if isinstance(node, dict) and part in node else None
+            if node is None:
+                break
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def _rule_issues(data: dict, bad: list[KeyPath]) -> list[Issue]:
+    """Cross-field rules, also when some keys are invalid: checked on the recipe without them."""
+    from ftune.recipe import rules
+
+    recipe, issues = _validate(data)
+    for _ in range(3):
+        if recipe is not None:
+            break
+        bad = bad + [i.path for i in issues]
+        recipe, issues = _validate(_without(data, bad))
+    if recipe is None:
+        return []
+    found = []
+    for v in rules.check(recipe):
+        path = tuple(int(p) if p.isdigit() else p for p in v.path.split(".")) if v.path else ()
+        if not any(_related(path, b) for b in bad):
+            found.append(Issue(path, v.message, v.hint, "key"))
+    return found
+
+
+def _origins(recipe: Recipe, marks: dict[KeyPath, Marks]) -> dict[str, Location]:
+    dump = recipe.model_dump(mode="python")
+    paths: list[KeyPath] = []
+
+    def walk(value: object, path: KeyPath) -> None:
+        if path:
+            paths.append(path)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, (*path, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, (*path, i))
+
+    walk(dump, ())
+    return {dotted(p): marks[p].key if p in marks else DEFAULT for p in paths}
+
+
+# ------------------------------------------------------------------------------------------ load
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
+    """Load, compose and validate a recipe; raises RecipeError listing every problem at once.
+
+    Raises UsageError when `path` isn't a readable file or an override is malformed.
+    """
+    file = Path(path).resolve()
+    if file.is_dir():
+        raise UsageError(f"{path} is a directory", hint="give a recipe file (ftune validate takes directories)")
+    if not file.is_file():
+        raise UsageError(f"recipe file not found: {path}", hint="check the path (it is relative to the working directory)")
+    parsed = _parse_overrides(overrides)
+    ctx = _Load(root=file)
+    composed = _compose(file, (), ctx)
+    if composed is None:
+        raise RecipeError(_sorted(ctx), display(file))
+    data, marks = copy.deepcopy(composed[0]), dict(composed[1])
+    _apply_overrides(data, marks, parsed, ctx)
+    if isinstance(data.get("peft"), dict) and "method" not in data["peft"]:
+        data["peft"] = {"method": "lora", **data["peft"]}  # a peft section without a method is LoRA
+    data, issues, secrets = interpolate(data)
+    bad = [i.path for i in issues]
+    recipe, schema_issues = _validate(data)
+    issues += [i for i in schema_issues if i.path not in bad]
+    issues += _rule_issues(data, [i.path for i in issues])
+    ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
+    if ctx.problems or recipe is None:
+        raise RecipeError(_sorted(ctx), display(file))
+    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), secrets)
+
+
+def _sorted(ctx: _Load) -> list[Problem]:
+    order = {display(f): i for i, f in enumerate(ctx.files)}
+
+    def key(p: Problem) -> tuple:
+        loc = p.location
+        return (loc.file is None, order.get(loc.file or "", len(order)), loc.line or 0, loc.column or 0)
+
+    shown = [
+        Problem(p.message, p.path, p.hint, Location(display(p.location.file), p.location.line, p.location.column), p.severity)
+        if p.location.file and os.path.isabs(p.location.file)
+        else p
+        for p in ctx.problems
+    ]
+    return sorted(dict.fromkeys(shown), key=key)

@@ -1,0 +1,152 @@
+"""`${...}` interpolation with omegaconf, and secret masking.
+
+`${name}`, `${model.path}` refer to other keys (by dotted path from the top); `${env:VAR}` and
+`${env:VAR,default}` (or omegaconf's `${oc.env:...}`) read the environment. Each reference is
+resolved on its own so that every bad one is reported, at its own key. A value read from an
+environment variable whose name marks a secret (TOKEN, KEY, ...) is replaced by MASK: the worker
+reads it from the environment again (`Plan.secret(path)`), so it never lands in a file.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ftune.recipe._schema import Issue, did_you_mean
+
+Path = tuple[str | int, ...]
+
+MASK = "***"
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASS", "CREDENTIAL", "AUTH")
+_ENV_REF = re.compile(r"\$\{\s*(?:oc\.)?env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
+_UNSET = re.compile(r"[Ee]nvironment variable '?([A-Za-z_][A-Za-z0-9_]*)'? (?:is not set|not found)")
+_MISSING_KEY = re.compile(r"Interpolation key '([^']*)' not found")
+_NO_DEFAULT = object()
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def _env(name: str, default: Any = _NO_DEFAULT) -> Any:
+    value = os.environ.get(name)
+    if value is None:
+        if default is _NO_DEFAULT:
+            raise ValueError(f"environment variable {name} is not set")
+        return default
+    return value
+
+
+def leaves(data: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """Every scalar leaf with its path."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from leaves(v, (*path, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from leaves(v, (*path, i))
+    else:
+        yield path, data
+
+
+def _set(data: Any, path: Path, value: Any) -> None:
+    for part in path[:-1]:
+        data = data[part]
+    data[path[-1]] = value
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(map(str, path))
+
+
+def _message(err: Exception, raw: str, data: Any) -> tuple[str, str]:
+    text = str(err).splitlines()[0]
+    if unset := _UNSET.search(text):
+        name = unset.group(1)
+        return (
+            f"environment variable {name} is not set (in {raw!r})",
+            f"export {name}=..., or give a default: ${{env:{name},default}}",
+        )
+    if missing := _MISSING_KEY.search(text):
+        ref = missing.group(1)
+        guess = did_you_mean(ref, [_dotted(p) for p, _ in leaves(data)])
+        return (
+            f"unknown reference '${{{ref}}}'" + (f" (did you mean '${{{guess}}}'?)" if guess else ""),
+            "a reference names another key by its dotted path from the top, e.g. ${name} or ${model.path}",
+        )
+    if "Recursive interpolation" in text:
+        return f"recursive interpolation in {raw!r}", "a value can't refer to itself, directly or through others"
+    if "GrammarParseError" in type(err).__name__ or "no viable alternative" in text or "mismatched input" in text:
+        return f"invalid interpolation {raw!r}", "write ${key.path} or ${env:VAR,default}; escape a literal $ as \\${"
+    return f"can't resolve {raw!r}: {text}", "write ${key.path} or ${env:VAR,default}"
+
+
+def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
+    """Resolve every `${...}` in `data`; returns (resolved copy, issues, secrets: dotted path → env var)."""
+    refs = [(p, v) for p, v in leaves(data) if isinstance(v, str) and "${" in v]
+    if not refs:
+        return data, [], {}
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not OmegaConf.has_resolver("env"):
+        OmegaConf.register_resolver("env", _env, annotation_validation="off")
+    issues: list[Issue] = []
+    staged = copy.deepcopy(data)
+    good: list[tuple[Path, str]] = []
+    for path, raw in refs:  # check each string's syntax alone: one bad string must not hide the others
+        try:
+            OmegaConf.create({"v": raw})
+            good.append((path, raw))
+        except OmegaConfBaseException as err:
+            issues.append(Issue(path, *_message(err, raw, data)))
+            _set(staged, path, None)
+    cfg = OmegaConf.create(staged)
+    out = copy.deepcopy(staged)
+    for path, raw in good:
+        node: Any = cfg
+        try:
+            for part in path[:-1]:
+                node = node[part]
+            value = node[path[-1]]
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+            _set(out, path, value)
+        except OmegaConfBaseException as err:
+            issues.append(Issue(path, *_message(err, raw, data)))
+            _set(out, path, None)
+    secrets = _mask_secrets(out, refs, issues)
+    return out, issues, secrets
+
+
+def _mask_secrets(out: dict, refs: list[tuple[Path, str]], issues: list[Issue]) -> dict[str, str]:
+    """Replace secret values by MASK wherever they ended up; record path → env var."""
+    values: dict[str, str] = {}  # secret value → env var
+    for _, raw in refs:
+        for name in _ENV_REF.findall(raw):
+            if is_secret_name(name) and os.environ.get(name):
+                values[os.environ[name]] = name
+    secrets: dict[str, str] = {}
+    if not values:
+        return secrets
+    for path, value in list(leaves(out)):
+        if not isinstance(value, str):
+            continue
+        if value in values:
+            _set(out, path, MASK)
+            secrets[_dotted(path)] = values[value]
+        elif any(secret in value for secret in values):
+            name = next(n for s, n in values.items() if s in value)
+            _set(out, path, MASK)
+            issues.append(
+                Issue(
+                    path,
+                    f"the secret from {name} must be the whole value, not part of a string",
+                    f"write `{path[-1]}: ${{env:{name}}}`; ftune masks it and the worker reads it from the env",
+                )
+            )
+    return secrets
