@@ -1,12 +1,69 @@
-"""Shared console helpers for commands: rich on a terminal, plain text otherwise."""
+"""Shared console helpers for commands: rich colours on a terminal, plain text otherwise.
+
+rich is imported only when the stream is a terminal, so piped and CI output stays plain and fast.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
-from ftune.errors import FtuneError
+from ftune.errors import FtuneError, Problem
+
+
+def _rich_console(stream: TextIO):
+    if not stream.isatty():
+        return None
+    from rich.console import Console
+
+    return Console(file=stream, highlight=False, soft_wrap=True)
 
 
 def print_error(err: FtuneError) -> None:
     """Render a user error on stderr: `file:line:col: error: message` and an indented hint."""
-    print(err.render(), file=sys.stderr)
+    console = _rich_console(sys.stderr)
+    if console is None:
+        print(err.render(), file=sys.stderr)
+        return
+    from rich.markup import escape
+
+    for line in err.render().splitlines():
+        styled = escape(line)
+        if ": error: " in line:
+            where, _, rest = line.partition(": error: ")
+            styled = f"[bold]{escape(where)}[/]: [bold red]error[/]: {escape(rest)}"
+        elif line.lstrip().startswith("hint:"):
+            styled = f"[cyan]{escape(line)}[/]"
+        elif line.startswith("error:"):
+            styled = f"[bold red]error[/]:{escape(line[6:])}"
+        console.print(styled)
+
+
+def print_problems(problems: list[Problem], stream: TextIO | None = None) -> None:
+    """Problems in compiler style, one per entry, with their hints."""
+    stream = stream or sys.stdout
+    console = _rich_console(stream)
+    if console is None:
+        for p in problems:
+            print(p.render(), file=stream)
+        return
+    from rich.markup import escape
+
+    for p in problems:
+        colour = "red" if p.severity == "error" else "yellow"
+        body = f"{p.path}: {p.message}" if p.path else p.message
+        console.print(f"[bold]{escape(str(p.location))}[/]: [bold {colour}]{p.severity}[/]: {escape(body)}")
+        if p.hint:
+            console.print(f"    [cyan]hint: {escape(p.hint)}[/]")
+
+
+def print_line(text: str, stream: TextIO | None = None, style: str | None = None) -> None:
+    """One line of plain output; styled only on a terminal."""
+    stream = stream or sys.stdout
+    console = _rich_console(stream) if style else None
+    if console is None:
+        print(text, file=stream)
+        return
+    from rich.markup import escape
+
+    console.print(f"[{style}]{escape(text)}[/]")

@@ -1,0 +1,199 @@
+"""`ftune validate PATH...`: check recipes without the model or the data, every problem at once.
+
+Directories are walked for *.yaml / *.yml; a file that only serves as a base (another recipe in the
+walk extends it) is checked through the recipes that extend it, not alone. Exit codes: 0 all valid,
+1 any invalid, 2 usage or I/O error. Nothing heavy is imported: this is a CI gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftune.errors import EXIT_INVALID, EXIT_OK, Location, Problem, RecipeError, UsageError
+
+_HIDDEN = re.compile(r"(^|/)\.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="recipe files, or directories to walk for *.yaml")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json", "github"),
+        default="text",
+        help="text (compiler style), json (one object), github (workflow annotations)",
+    )
+    parser.add_argument(
+        "--check-paths",
+        action="store_true",
+        help="also check that local model, tokenizer, data and config paths exist",
+    )
+
+
+@dataclass
+class Report:
+    file: str
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+    def as_json(self) -> dict:
+        keys = ("file", "line", "column", "path", "message", "hint")
+        errors = [{k: v for k, v in p.as_json().items() if k in keys} for p in self.problems]
+        return {"file": self.file, "valid": self.valid, "errors": errors}
+
+
+def _walk(folder: Path) -> list[Path]:
+    return sorted(
+        f
+        for f in folder.rglob("*")
+        if f.suffix in (".yaml", ".yml") and f.is_file() and not _HIDDEN.search(f.relative_to(folder).as_posix())
+    )
+
+
+def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
+    """(recipe files to check, base-only files left out): bases of walked directories are checked through
+    the recipes that extend them; a file named on the command line is always checked."""
+    from ftune.recipe.load import recipe_bases
+
+    explicit: list[Path] = []
+    walked: list[Path] = []
+    for arg in paths:
+        p = Path(arg)
+        if p.is_dir():
+            found = _walk(p)
+            if not found:
+                raise UsageError(f"no recipe files (*.yaml, *.yml) under {arg}")
+            walked.extend(found)
+        elif p.is_file():
+            explicit.append(p)
+        elif "=" in arg:
+            raise UsageError(
+                f"validate takes no overrides ({arg!r})",
+                hint="validate checks files as written; see an override's effect with `ftune show RECIPE key=value`",
+            )
+        else:
+            raise UsageError(f"no such file or directory: {arg}")
+    bases = {b for f in [*walked, *explicit] for b in recipe_bases(f)}
+    skipped = [f for f in walked if str(f.resolve()) in bases and f not in explicit]
+    files = [f for f in dict.fromkeys([*explicit, *walked]) if f not in skipped]
+    return files, list(dict.fromkeys(skipped))
+
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _looks_local(value: str) -> bool:
+    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name)."""
+    return (
+        value.startswith(("/", ".", "~"))
+        or value.endswith(_DATA_SUFFIXES)
+        or not _HUB_ID.match(value)
+    )
+
+
+def missing_paths(loaded) -> list[Problem]:
+    """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
+    from ftune.recipe.load import display
+
+    r = loaded.recipe
+    here = Path(loaded.file).parent
+    checks: list[tuple[str, str, Path]] = [("model.path", r.model.path, Path(r.model.path).expanduser())]
+    if r.model.tokenizer:
+        checks.append(("model.tokenizer", r.model.tokenizer, Path(r.model.tokenizer).expanduser()))
+    sources = [("train", s) for s in r.data.train]
+    if isinstance(r.data.eval, list):
+        sources += [("eval", s) for s in r.data.eval]
+    counts: dict[str, int] = {}
+    for split, s in sources:
+        i = counts[split] = counts.get(split, -1) + 1
+        if s.type != "hub":
+            checks.append((f"data.{split}.{i}.path", s.path, Path(s.path).expanduser()))
+    d = r.distributed
+    if d.accelerate_config:
+        checks.append(("distributed.accelerate_config", d.accelerate_config, here / d.accelerate_config))
+    if d.deepspeed and d.deepspeed.config:
+        checks.append(("distributed.deepspeed.config", d.deepspeed.config, here / d.deepspeed.config))
+    problems = []
+    for path, value, target in checks:
+        is_config = path.startswith("distributed.")
+        if target.exists() or (not is_config and not _looks_local(value)):
+            continue
+        where = loaded.origins.get(path, Location(loaded.file, 1, 1))
+        if where.file:
+            where = Location(display(where.file), where.line, where.column)
+        base = "the recipe file" if is_config else "the working directory"
+        problems.append(
+            Problem(f"{value!r} does not exist", path, f"the path is relative to {base}; --check-paths checks local paths", where)
+        )
+    return problems
+
+
+def check_file(file: Path, check_paths: bool) -> Report:
+    from ftune.recipe.load import display, load_recipe
+
+    report = Report(display(file.resolve()))
+    try:
+        loaded = load_recipe(file)
+    except RecipeError as err:
+        report.problems = list(err.problems)
+        return report
+    except UsageError as err:
+        report.problems = [Problem(err.message, hint=err.hint, location=Location(report.file))]
+        return report
+    if check_paths:
+        report.problems = missing_paths(loaded)
+    return report
+
+
+def _github(value: str, prop: bool = False) -> str:
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
+
+
+def render(reports: list[Report], fmt: str, skipped: int) -> None:
+    if fmt == "json":
+        print(json.dumps({"files": [r.as_json() for r in reports]}, indent=2))
+        return
+    if fmt == "github":
+        for r in reports:
+            for p in r.problems:
+                loc = p.location
+                props = [f"file={_github(loc.file or r.file, True)}"]
+                if loc.line:
+                    props += [f"line={loc.line}", f"col={loc.column or 1}"]
+                props.append("title=ftune")
+                text = f"{p.path}: {p.message}" if p.path else p.message
+                if p.hint:
+                    text += f" ({p.hint})"
+                print(f"::{p.severity} {','.join(props)}::{_github(text)}")
+        return
+    from ftune.cli._console import print_line, print_problems
+
+    for r in reports:
+        if r.valid:
+            print_line(f"{r.file}: ok", style="green")
+        else:
+            print_problems(r.problems)
+    bad = [r for r in reports if not r.valid]
+    errors = sum(len(r.problems) for r in bad)
+    summary = f"{len(reports)} recipe{'s' if len(reports) != 1 else ''} checked"
+    summary += f", {len(bad)} invalid ({errors} error{'s' if errors != 1 else ''})" if bad else ", all valid"
+    if skipped:
+        summary += f"; {skipped} base file{'s' if skipped != 1 else ''} checked through the recipes extending them"
+    print_line(summary, style="bold red" if bad else "bold green")
+
+
+def run(args: argparse.Namespace) -> int:
+    files, skipped = collect(args.paths)
+    reports = [check_file(f, args.check_paths) for f in files]
+    render(reports, args.format, len(skipped))
+    sys.stdout.flush()
+    return EXIT_OK if all(r.valid for r in reports) else EXIT_INVALID
