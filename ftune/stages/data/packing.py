@@ -6,6 +6,8 @@ inside a sample by one of two mechanisms, chosen per attention implementation (`
 
 - `position_ids`: no attention mask; transformers 5 finds the sample boundaries from the position
   restarts (`masking_utils.find_packed_sequence_indices` for eager/sdpa/flex, cu_seqlens for flash).
+  It does so only when no KV cache is passed, and Llama-style models create one whenever `use_cache`
+  is on (the config default, in train mode too), so the batch carries `use_cache=False`.
 - `block_mask`: an explicit 4D block-diagonal causal mask, for modelling code that may not do that
   (`trust_remote_code`). Not possible with flash attention, which takes no 4D mask.
 """
@@ -158,6 +160,8 @@ class PackedCollator:
         batch = {"input_ids": ids, "labels": labels, "position_ids": pos}
         if self.mode == "block_mask":
             batch["attention_mask"] = self.block_mask(pos)
+        else:
+            batch["use_cache"] = False  # with a cache, transformers skips packed-sequence detection
         return batch
 
     def block_mask(self, pos):
