@@ -1,10 +1,74 @@
-"""Quantization rules (bitsandbytes 4/8-bit loading vs. method, dtypes, strategy).
+"""Quantization rules: bitsandbytes 4/8-bit options that can't work together, refused before any weight loads.
 
-Owned by the quantization engineer: add `rule(recipe) -> Iterable[Violation]` functions to RULES.
+Elsewhere: quantization with `full`/`freeze` is refused in `core.py`, 8-bit with FSDP in `distributed.py`;
+checks that need the installed packages, the device or the model's shapes live in `ftune.stages.quantize`.
 """
 
 from __future__ import annotations
 
-from ftune.recipe.rules import Rule
+from collections.abc import Iterator
 
-RULES: list[Rule] = []
+from ftune.recipe.rules import Rule, Violation
+from ftune.recipe.schema import Recipe
+
+
+def _shards_4bit(recipe: Recipe) -> str | None:
+    """'FSDP' / 'DeepSpeed ZeRO-3' when the run shards a 4-bit base (flat params need one dtype), else None."""
+    d = recipe.distributed
+    if d.strategy == "fsdp":
+        return "FSDP"
+    if d.strategy == "deepspeed" and d.deepspeed is not None and d.deepspeed.stage == 3:
+        return "DeepSpeed ZeRO-3"
+    return None
+
+
+def sharded_qlora_quant_storage(recipe: Recipe) -> Iterator[Violation]:
+    q = recipe.quantization
+    how = _shards_4bit(recipe)
+    if q is None or q.bits != 4 or how is None:
+        return
+    dtype = recipe.model.dtype
+    if dtype == "auto":
+        yield Violation(
+            "model.dtype",
+            f"{how} + QLoRA needs an explicit model.dtype that quantization.quant_storage matches "
+            f"(model.dtype is '{dtype}')",
+            "set `model.dtype: bfloat16` and `quantization.quant_storage: bfloat16`",
+        )
+    elif q.quant_storage != dtype:
+        yield Violation(
+            "quantization.quant_storage",
+            f"{how} + QLoRA needs quant_storage equal to model.dtype so packed 4-bit weights shard with the "
+            f"rest; got quant_storage '{q.quant_storage}', model.dtype '{dtype}'",
+            f"set `quantization.quant_storage: {dtype}`",
+        )
+
+
+def four_bit_only_options(recipe: Recipe) -> Iterator[Violation]:
+    q = recipe.quantization
+    if q is None or q.bits != 8:
+        return
+    fields = q.model_fields_set
+    for key, default in (("type", "nf4"), ("double_quant", False), ("quant_storage", "uint8"),
+                         ("compute_dtype", "bfloat16")):
+        value = getattr(q, key)
+        if key in fields and value != default:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            yield Violation(
+                f"quantization.{key}",
+                f"`{key}: {shown}` applies to 4-bit quantization only; with bits 8 it would be ignored",
+                f"remove `quantization.{key}`, or set `quantization.bits: 4`",
+            )
+
+
+def quantized_needs_pretrained(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.quantization is not None and recipe.model.init == "random":
+        yield Violation(
+            "quantization",
+            "a quantized base is frozen, so quantizing a randomly initialised model (model.init: random) "
+            "trains adapters on noise",
+            "remove `quantization` to train from scratch, or use `model.init: pretrained`",
+        )
+
+
+RULES: list[Rule] = [sharded_qlora_quant_storage, four_bit_only_options, quantized_needs_pretrained]
