@@ -58,6 +58,12 @@ def _check_recipe(recipe: Recipe) -> None:
             "data.packing: classification samples can't be packed (one label per row)",
             hint="set data.packing: false",
         )
+    if data.packing and recipe.peft.method == "prefix":
+        raise DataError(
+            "data.packing can't be used with peft.method: prefix",
+            hint="prefix tuning feeds its prefix as a KV cache, which turns off transformers' packed-sequence "
+            "masking; set data.packing: false",
+        )
     formats = [s.format for s in data.train + (data.eval if isinstance(data.eval, list) else [])]
     is_cls = recipe.model.task == "sequence-classification"
     for i, fmt in enumerate(formats):
