@@ -52,7 +52,7 @@ class LoadedRecipe:
 def display(path: str | Path) -> str:
     """A file path as shown in messages: relative to the working directory when below it."""
     rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
+    return str(path) if rel.startswith("..") else rel
 
 
 def dotted(path: KeyPath) -> str:
@@ -66,6 +66,7 @@ class _Load:
     files: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     override_args: dict[KeyPath, str] = field(default_factory=dict)
+    incomplete: bool = False  # a file couldn't be read or parsed: what's missing from it isn't reported
 
     def add(self, message: str, path: KeyPath | str = "", hint: str | None = None, where: Location | None = None):
         loc = where or Location(str(self.root), 1, 1)
@@ -123,10 +124,12 @@ def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dic
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         ctx.add(f"can't read {display(file)}: {err}", where=Location(str(file)))
+        ctx.incomplete = True
         return None
     doc = _yaml.parse(text, str(file))
     ctx.problems.extend(doc.problems)
     if doc.data is None:
+        ctx.incomplete = True
         return None
     if not isinstance(doc.data, dict):
         ctx.add(
@@ -134,13 +137,14 @@ def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dic
             hint="start each top-level key at column 1: `name: my-run`",
             where=Location(str(file), 1, 1),
         )
+        ctx.incomplete = True
         return None
     merged: tuple[dict, dict] = ({}, {})
     for rel, where in _extends_entries(doc, ctx, file):
         base = (file.parent / rel).resolve()
         if base == file or base in stack:
             loop = stack[stack.index(base) :] if base in stack else ()
-            chain = " → ".join(display(p) for p in (*loop, file, base))
+            chain = " → ".join(os.path.relpath(p, ctx.root.parent) for p in (*loop, file, base))
             ctx.add(f"extends cycle: {chain}", "extends", "a base can't extend the recipes built on it", where)
             continue
         if not base.is_file():
@@ -327,23 +331,32 @@ def _without(data: dict, paths: list[KeyPath]) -> dict:
     return out
 
 
-def _rule_issues(data: dict, bad: list[KeyPath]) -> list[Issue]:
-    """Cross-field rules, also when some keys are invalid: checked on the recipe without them."""
+def _rule_issues(data: dict, known: list[Issue]) -> list[Issue]:
+    """Cross-field rules, also when some keys are invalid: checked on the recipe without them.
+
+    A violation is dropped when it concerns a bad value (its path and the value's are related): it
+    may only be a consequence of the value's removal. Unknown keys change nothing, so they hide only
+    what is below them.
+    """
     from ftune.recipe import rules
 
+    values = [i.path for i in known if i.anchor != "key"]
+    keys = [i.path for i in known if i.anchor == "key"]
     recipe, issues = _validate(data)
     for _ in range(3):
         if recipe is not None:
             break
-        bad = bad + [i.path for i in issues]
-        recipe, issues = _validate(_without(data, bad))
+        values += [i.path for i in issues if i.anchor != "key"]
+        keys += [i.path for i in issues if i.anchor == "key"]
+        recipe, issues = _validate(_without(data, values + keys))
     if recipe is None:
         return []
     found = []
     for v in rules.check(recipe):
         path = tuple(int(p) if p.isdigit() else p for p in v.path.split(".")) if v.path else ()
-        if not any(_related(path, b) for b in bad):
-            found.append(Issue(path, v.message, v.hint, "key"))
+        if any(_related(path, b) for b in values) or any(path[: len(k)] == k for k in keys):
+            continue
+        found.append(Issue(path, v.message, v.hint, "key"))
     return found
 
 
@@ -379,7 +392,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     parsed = _parse_overrides(overrides)
     ctx = _Load(root=file)
     composed = _compose(file, (), ctx)
-    if composed is None:
+    if composed is None or ctx.incomplete:
         raise RecipeError(_sorted(ctx), display(file))
     data, marks = copy.deepcopy(composed[0]), dict(composed[1])
     _apply_overrides(data, marks, parsed, ctx)
@@ -389,7 +402,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
     issues += [i for i in schema_issues if i.path not in bad]
-    issues += _rule_issues(data, [i.path for i in issues])
+    issues += _rule_issues(data, issues)
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
     if ctx.problems or recipe is None:
         raise RecipeError(_sorted(ctx), display(file))
