@@ -54,7 +54,7 @@ def test_every_problem_at_once_in_file_order(tmp_path):
     ]
     assert "did you mean 'bfloat16'?" in found[0].message
     assert found[0].hint == "allowed values: float32, bfloat16, float16, auto"
-    assert "did you mean 'learning_rate'?" in found[1].message
+    assert "did you mean 'learning_rate'?" in found[2].message
 
 
 def test_wrong_type_points_at_value_with_quote_hint(tmp_path):
