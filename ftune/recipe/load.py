@@ -15,7 +15,8 @@ from pathlib import Path
 from ftune.errors import Location, Problem, RecipeError, UsageError
 from ftune.recipe import _yaml
 from ftune.recipe._interp import MASK, interpolate
-from ftune.recipe._schema import Issue, check_key, did_you_mean, translate
+from ftune.recipe._overrides import apply_overrides, parse_overrides
+from ftune.recipe._schema import Issue, did_you_mean, translate
 from ftune.recipe._yaml import Marks
 from ftune.recipe.schema import Recipe
 
@@ -23,8 +24,6 @@ __all__ = ["MASK", "LoadedRecipe", "load_recipe", "recipe_bases"]
 
 KeyPath = tuple[str | int, ...]
 DEFAULT = Location(origin="default")
-OVERRIDE = Location(origin="override")
-_OVERRIDE_MARKS = Marks(OVERRIDE, OVERRIDE)
 
 
 @dataclass(frozen=True)
@@ -178,110 +177,6 @@ def recipe_bases(path: str | Path) -> list[str]:
     return [str((file.parent / n).resolve()) for n in names if isinstance(n, str)]
 
 
-# --------------------------------------------------------------------------------------- overrides
-@dataclass(frozen=True)
-class _Override:
-    arg: str
-    parts: KeyPath
-    value: object = None
-    delete: bool = False
-
-
-def _parse_overrides(args: Sequence[str]) -> list[_Override]:
-    out, bad = [], []
-    for arg in args:
-        delete = arg.startswith("~")
-        key, eq, text = arg[1 if delete else 0 :].partition("=")
-        if not key or (delete and eq) or (not delete and not eq) or any(not p for p in key.split(".")):
-            bad.append(arg)
-            continue
-        parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
-        out.append(_Override(arg, parts, _override_value(text), delete))
-    if bad:
-        raise UsageError(
-            "invalid override" + ("s" if len(bad) > 1 else "") + ": " + ", ".join(repr(b) for b in bad),
-            hint="write key.path=value (e.g. train.max_steps=5) or ~key.path to delete a key",
-        )
-    return out
-
-
-def _override_value(text: str) -> object:
-    """The value parsed as YAML (5 → int, [a, b] → list, null → None); plain text if it isn't YAML."""
-    if not text.strip():
-        return None
-    doc = _yaml.parse(text, "<override>")
-    if doc.problems:
-        if any("tag" in p.message for p in doc.problems):
-            return _Refused(doc.problems[0].message)
-        return text
-    return doc.data
-
-
-@dataclass(frozen=True)
-class _Refused:
-    reason: str
-
-
-def _apply_overrides(data: dict, marks: dict, overrides: list[_Override], ctx: _Load) -> None:
-    last_method = next((o.value for o in reversed(overrides) if o.parts == ("peft", "method")), None)
-    peft = data.get("peft")
-    method = last_method or (peft.get("method") if isinstance(peft, dict) else None) or "lora"
-    for o in overrides:
-        if isinstance(o.value, _Refused):
-            ctx.add(f"{o.value.reason} (override '{o.arg}')", o.parts, "recipes are data, never code", OVERRIDE)
-            continue
-        if o.parts[0] == "extends":
-            ctx.add(f"`extends` can't be overridden (override '{o.arg}')", "extends",
-                    "write a small recipe that extends the one you want", OVERRIDE)
-            continue
-        issue = None if o.delete and _exists(data, o.parts) else check_key(o.parts, str(method), data)
-        if issue is not None:
-            ctx.add(f"{issue.message} (override '{o.arg}')", issue.path, issue.hint, OVERRIDE)
-            continue
-        node = data
-        for part in o.parts[:-1]:
-            if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
-                if o.delete:
-                    break
-                node[part] = {}
-            node = node[part]
-        else:
-            last = o.parts[-1]
-            gone = {o.parts}
-            if o.delete:
-                if isinstance(node, dict):
-                    node.pop(last, None)
-            elif o.parts == ("peft", "method") and isinstance(node.get(last), str) and node[last] != o.value:
-                data["peft"] = {"method": o.value}  # another method: the old method's keys don't apply
-                gone = {("peft",)}
-            else:
-                node[last] = copy.deepcopy(o.value)
-            for p in [p for p in marks if any(p[:k] in gone for k in range(len(p)))]:
-                del marks[p]  # what was below the replaced or deleted key
-            if o.delete:
-                marks.pop(o.parts, None)
-                continue
-            for p in [o.parts, *(o.parts + sub for sub in _subpaths(o.value))]:
-                marks[p] = _OVERRIDE_MARKS
-                ctx.override_args[p] = o.arg
-
-
-def _exists(data: object, parts: KeyPath) -> bool:
-    for part in parts:
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
-            data = data[part]
-        else:
-            return False
-    return True
-
-
-def _subpaths(value: object, path: KeyPath = ()) -> list[KeyPath]:
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    return [q for k, v in items for q in [(*path, k), *_subpaths(v, (*path, k))]]
-
-
 # ------------------------------------------------------------------------------------- locating
 def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: _Load) -> tuple[Location, str]:
     """Where to point for a problem at `path`, and a suffix quoting the override that set it."""
@@ -389,13 +284,13 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         raise UsageError(f"{path} is a directory", hint="give a recipe file (ftune validate takes directories)")
     if not file.is_file():
         raise UsageError(f"recipe file not found: {path}", hint="check the path (it is relative to the working directory)")
-    parsed = _parse_overrides(overrides)
+    parsed = parse_overrides(overrides)
     ctx = _Load(root=file)
     composed = _compose(file, (), ctx)
     if composed is None or ctx.incomplete:
         raise RecipeError(_sorted(ctx), display(file))
     data, marks = copy.deepcopy(composed[0]), dict(composed[1])
-    _apply_overrides(data, marks, parsed, ctx)
+    apply_overrides(data, marks, parsed, ctx)
     if isinstance(data.get("peft"), dict) and "method" not in data["peft"]:
         data["peft"] = {"method": "lora", **data["peft"]}  # a peft section without a method is LoRA
     data, issues, secrets = interpolate(data)
