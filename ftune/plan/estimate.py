@@ -1,0 +1,459 @@
+"""What a recipe will do and cost, from the model's config alone: `ftune plan`'s engine.
+
+The model is built on the meta device (shapes, no data), the recipe's PEFT method is applied with
+the same `ftune.methods.<m>.inject` the worker uses, and the quantization layout is applied as
+bitsandbytes would store it. Parameter counts are then peft's own; memory comes from
+`ftune.plan.memory`. No weights are read and nothing is allocated per parameter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ftune.errors import FtuneError, Location
+from ftune.plan.memory import (
+    GiB,
+    ActivationProfile,
+    DeviceMemory,
+    Layout,
+    MemoryItem,
+    ParamFact,
+    optimizer_spec,
+    per_device,
+)
+from ftune.recipe.schema import Recipe
+
+CATALOG = Path(__file__).resolve().parent.parent / "catalog"
+# Fine-tuned variants that share their base's architecture.
+CATALOG_ALIASES = {
+    "meta-llama/Llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-hf",
+    "meta-llama/Llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
+    "meta-llama/Llama-2-70b-chat-hf": "meta-llama/Llama-2-70b-hf",
+    "meta-llama/Meta-Llama-3-8B-Instruct": "meta-llama/Meta-Llama-3-8B",
+    "meta-llama/Meta-Llama-3-70B-Instruct": "meta-llama/Meta-Llama-3-70B",
+    "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B",
+}
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class FsdpLayout:
+    units: int
+    """FSDP units the wrap policy creates, the root included."""
+    unit_classes: dict[str, int]
+    shard_ranks: int
+    """Ranks one shard spans (world size; processes per node for hybrid_shard)."""
+    shard_bytes_per_rank: int
+    largest_unit_bytes: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    config_source: str
+    """Where the config came from: `local <dir>`, `hf-cache <file>` or `catalog <file>`."""
+    dtype: str
+    params_total: int
+    params_trainable: int
+    matched_modules: list[str]
+    """Modules the method changed (LoRA targets, adapted layers) or, for `freeze`, trained parameters."""
+    world_size: int
+    num_processes: int
+    device: str
+    fsdp: FsdpLayout | None
+    memory: list[MemoryItem]
+    peak_phase: str
+    total_bytes: int
+    offloaded_bytes: int
+    device_memory: int | None
+    fits: bool | None
+    largest: list[str]
+    suggestions: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trainable_percent(self) -> float:
+        return 100.0 * self.params_trainable / self.params_total if self.params_total else 0.0
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["trainable_percent"] = round(self.trainable_percent, 4)
+        for item in out["memory"]:
+            item["at_peak"] = item["phase"] in ("always", self.peak_phase)
+        return out
+
+
+# ------------------------------------------------------------------------------------------ config
+def resolve_config(recipe: Recipe) -> tuple[Path, str]:
+    """The config.json to build from: a local folder, the offline HF cache, or the bundled catalog."""
+    path = recipe.model.path
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FtuneError(f"model folder {path} has no config.json", hint="point model.path at a HF model folder")
+        return local / "config.json", f"local {local}"
+    if local.is_file() and local.name.endswith(".json"):
+        return local, f"local {local}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json", revision=recipe.model.revision)
+    except Exception:  # not a valid repo id: fall through to the catalog and its error
+        cached = None
+    if isinstance(cached, str):
+        return Path(cached), f"hf-cache {cached}"
+    wanted = CATALOG_ALIASES.get(path, path).replace("/", "--").lower()
+    for file in sorted(CATALOG.glob("*.json")):
+        if file.stem.lower() == wanted:
+            return file, f"catalog {file.name}"
+    known = ", ".join(sorted(f.stem.replace("--", "/") for f in CATALOG.glob("*.json")))
+    raise FtuneError(
+        f"no config found for model.path {path!r}: not a local folder, not in the HF cache, not in the catalog",
+        hint=f"use a local folder with config.json, fetch the config once (`hf download {path} config.json`), "
+        f"or a catalog id: {known}",
+        location=Location(origin="model.path"),
+    )
+
+
+def resolve_dtype(recipe: Recipe, config) -> str:
+    if recipe.model.dtype != "auto":
+        return recipe.model.dtype
+    own = getattr(config, "dtype", None)
+    name = str(own).removeprefix("torch.") if own is not None else "float32"
+    return name if name in DTYPES else "float32"
+
+
+def _build(recipe: Recipe, config_file: Path):
+    """The recipe's model on the meta device, with its method applied. Returns (model, config, dtype)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    remote = recipe.model.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=remote)
+    except (ValueError, KeyError, OSError) as e:
+        raise FtuneError(f"cannot read model config {config_file}: {e}", hint="set model.trust_remote_code "
+                         "if the model ships its own code") from None
+    dtype = resolve_dtype(recipe, config)
+    auto = AutoModelForCausalLM
+    if recipe.model.task == "sequence-classification":
+        auto = AutoModelForSequenceClassification
+        config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
+    attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
+    with torch.device("meta"):
+        model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
+                                 trust_remote_code=remote)
+    return model, config, dtype
+
+
+def _linear_names(model) -> list[str]:
+    import torch
+
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return sorted(names)
+
+
+def _apply_method(model, recipe: Recipe):
+    from ftune.methods import method_module
+
+    cfg = recipe.peft
+    linear = _linear_names(model)
+    try:
+        return method_module(cfg.method).inject(model, cfg, recipe.model.task)
+    except ValueError as e:
+        if "target" not in str(e).lower() and "not found" not in str(e).lower():
+            raise
+        wanted = cfg.target_modules if isinstance(cfg.target_modules, str) else ", ".join(cfg.target_modules)
+        raise FtuneError(
+            f"peft.target_modules ({wanted}) matches no module of the model",
+            hint=f"the model's linear layers are: {', '.join(linear)}",
+            location=Location(origin="peft.target_modules"),
+        ) from None
+
+
+def _quantizable(model, recipe: Recipe) -> set[int]:
+    """Ids of the weights bitsandbytes would quantize: every Linear but the output head and skip_modules."""
+    import torch
+
+    q = recipe.quantization
+    if q is None:
+        return set()
+    skip = set(q.skip_modules or [])
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skip |= {"lm_head", "score", "classifier"}
+    out = set()
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear) or m is head:
+            continue
+        if any(name == s or name.endswith("." + s) or name.split(".")[-1] == s for s in skip):
+            continue
+        out.add(id(m.weight))
+    return out
+
+
+def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
+    q = recipe.quantization
+    kind = None if q is None else ("int8" if q.bits == 8 else q.type)
+    seen: set[int] = set()
+    facts = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:  # tied weights are stored once
+            continue
+        seen.add(id(p))
+        facts.append(
+            ParamFact(
+                name=name,
+                shape=tuple(p.shape),
+                dtype=str(p.dtype).removeprefix("torch."),
+                itemsize=p.element_size(),
+                trainable=p.requires_grad,
+                quant=kind if id(p) in quantized else None,
+            )
+        )
+    return facts
+
+
+def _matched(model, recipe: Recipe) -> list[str]:
+    method = recipe.peft.method
+    if method == "lora":
+        names = getattr(model.base_model, "targeted_module_names", None) or [
+            n for n, m in model.named_modules() if hasattr(m, "lora_A")
+        ]
+        return [n.removeprefix("base_model.model.") for n in names]
+    if method == "freeze":
+        return [n for n, p in model.named_parameters() if p.requires_grad]
+    if method == "llama-adapter":
+        return [n.removeprefix("base_model.model.") for n, m in model.named_modules() if type(m).__name__ ==
+                "AdaptedAttention"]
+    if method == "prefix":
+        c = recipe.peft
+        return [f"{c.num_virtual_tokens} virtual tokens x {model.config.num_hidden_layers} layers (keys, values)"]
+    return ["all parameters"]
+
+
+# ----------------------------------------------------------------------------------------- layout
+def _layer_classes(model, recipe: Recipe) -> set[str]:
+    fsdp = recipe.distributed.fsdp
+    if fsdp is not None and fsdp.transformer_layer_cls:
+        return set(fsdp.transformer_layer_cls)
+    return set(getattr(model, "_no_split_modules", None) or [])
+
+
+def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int, num_processes: int,
+                 layer_classes: set[str]) -> FsdpLayout:
+    """The units accelerate's wrap policy creates (plus the root), and what each rank keeps."""
+    fsdp = recipe.distributed.fsdp
+    assert fsdp is not None
+    bytes_of = {f.name: f for f in facts}
+    from ftune.plan.memory import weight_bytes
+
+    def unit_bytes(module, prefix: str) -> int:
+        return sum(weight_bytes(bytes_of[prefix + n], recipe.quantization is not None and
+                                recipe.quantization.double_quant)
+                   for n, _ in module.named_parameters() if prefix + n in bytes_of)
+
+    units: list[tuple[str, int]] = []
+    if fsdp.auto_wrap_policy == "transformer":
+        for name, m in model.named_modules():
+            if type(m).__name__ in layer_classes:
+                units.append((type(m).__name__, unit_bytes(m, name + ".")))
+    elif fsdp.auto_wrap_policy == "size":
+        def visit(module, prefix: str, root: bool) -> int:  # torch's size_based_auto_wrap_policy, bottom-up
+            rest = sum(visit(c, f"{prefix}{n}.", False) for n, c in module.named_children())
+            rest += sum(p.numel() for p in module.parameters(recurse=False))
+            if not root and rest >= fsdp.min_num_params:
+                units.append((type(module).__name__, unit_bytes(module, prefix)))
+                return 0
+            return rest
+
+        visit(model, "", True)
+    total = unit_bytes(model, "")
+    root = total - sum(b for _, b in units)
+    classes: dict[str, int] = {}
+    for cls, _ in units:
+        classes[cls] = classes.get(cls, 0) + 1
+    classes[f"root ({type(model).__name__})"] = 1
+    ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
+    if fsdp.sharding_strategy == "no_shard":
+        ranks = 1
+    largest = max([b for _, b in units] + [root])
+    return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), largest)
+
+
+def detect_device_memory() -> tuple[str, int | None]:
+    """('cuda', bytes of GPU 0) when torch sees a GPU, else ('cpu', None)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_properties(0).total_memory
+    return "cpu", None
+
+
+def host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------- estimate
+def estimate(
+    recipe: Recipe,
+    *,
+    world_size: int,
+    num_processes: int,
+    gpu_memory: int | None,
+    device: str | None = None,
+    seq_length: int | None = None,
+) -> Estimate:
+    """Parameters, layout and per-device memory of `recipe`, from its model config alone.
+
+    `device`: `cuda` or `cpu`; default `cuda` when `gpu_memory` is given or a GPU is visible.
+    `seq_length`: tokens per row for activations; default data.max_seq_length, else the model's maximum.
+    """
+    from ftune.plan.memory import probe_activations
+
+    config_file, source = resolve_config(recipe)
+    model, config, dtype = _build(recipe, config_file)
+    quantized = _quantizable(model, recipe)
+    model = _apply_method(model, recipe)
+    model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
+    facts = _param_facts(model, quantized, recipe)
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+    else:
+        total = sum(f.numel for f in facts)
+        trainable = sum(f.numel for f in facts if f.trainable)
+
+    notes: list[str] = []
+    detected_device, detected = detect_device_memory()
+    device = device or ("cuda" if gpu_memory is not None else detected_device)
+    device_memory = gpu_memory if gpu_memory is not None else detected
+    if device == "cpu" and device_memory is None:
+        device_memory = host_memory()
+        notes.append("no GPU: memory is set against this machine's RAM (pass --gpu-memory to plan for a GPU)")
+
+    layer_classes = _layer_classes(model, recipe)
+    seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
+    if not (seq_length or recipe.data.max_seq_length):
+        notes.append(f"data.max_seq_length unset: activations assume the model's maximum, {seq} tokens")
+    attn = recipe.model.attn_implementation or "sdpa"
+    profile = probe_activations(model, batch=recipe.train.per_device_batch_size, seq=seq,
+                                attn_implementation=attn, layer_classes=layer_classes, quantized=quantized,
+                                task=recipe.model.task)
+
+    dist = recipe.distributed
+    fsdp_layout = None
+    if dist.strategy == "fsdp" and dist.fsdp is not None:
+        fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
+    layout = make_layout(recipe, world_size, device, fsdp_layout)
+    memory = per_device(facts, profile, layout)
+    if not optimizer_spec(recipe.train.optimizer)[1]:
+        notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
+    fits = None if device_memory is None else memory.total <= device_memory
+    at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
+    largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
+    suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    return Estimate(
+        model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
+        params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
+        num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
+        peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
+        device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
+    )
+
+
+def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None) -> Layout:
+    dist, train = recipe.distributed, recipe.train
+    checkpointing = train.gradient_checkpointing or bool(dist.fsdp and dist.fsdp.activation_checkpointing)
+    common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
+                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant))
+    if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
+        return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
+                      fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
+                      largest_unit_bytes=fsdp.largest_unit_bytes)
+    if dist.strategy == "deepspeed":
+        ds = dist.deepspeed
+        stage = ds.stage if ds else 2
+        return Layout(**common, strategy="deepspeed", shard_ranks=world_size, zero_stage=stage,
+                      offload_optimizer=bool(ds and ds.offload_optimizer),
+                      offload_params=bool(ds and ds.offload_params),
+                      master_weights=train.mixed_precision != "no")
+    return Layout(**common, strategy=dist.strategy, shard_ranks=world_size)
+
+
+# -------------------------------------------------------------------------------------- suggestions
+def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout,
+            memory: DeviceMemory, device_memory: int | None, world_size: int, seq: int) -> list[str]:
+    """Concrete changes, each with the peak it would give, largest saving first."""
+    from dataclasses import replace
+
+    options: list[tuple[int, str]] = []
+
+    def consider(text: str, new: DeviceMemory | int) -> None:
+        total = new if isinstance(new, int) else new.total
+        if total < memory.total * 0.97:
+            options.append((total, f"{text}: peak {fmt_bytes(memory.total)} -> {fmt_bytes(total)}"))
+
+    if not layout.checkpointing:
+        consider("enable train.gradient_checkpointing", per_device(facts, profile, replace(layout,
+                                                                                           checkpointing=True)))
+    spec, _ = optimizer_spec(layout.optimizer)
+    if not spec.eight_bit and spec.states:
+        consider("use train.optimizer: adamw_8bit", per_device(facts, profile, replace(layout,
+                                                                                       optimizer="adamw_8bit")))
+    if recipe.quantization is None and recipe.peft.method in ("lora", "llama-adapter", "prefix"):
+        q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
+        consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
+    if recipe.peft.method == "full":
+        frozen = [replace(f, trainable=False) for f in facts]
+        consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0)",
+                 per_device(frozen, profile, layout))
+    if recipe.train.per_device_batch_size > 1:
+        b = recipe.train.per_device_batch_size
+        scaled = _scale_profile(profile, 1 / b)
+        consider(f"use train.per_device_batch_size: 1 with gradient_accumulation_steps x{b}",
+                 per_device(facts, scaled, layout))
+    if seq >= 1024:
+        consider(f"shorten data.max_seq_length to {seq // 2} (≈)", per_device(facts, _scale_profile(profile, 0.5),
+                                                                            layout))
+    if layout.strategy in ("none", "ddp") and layout.device == "cuda":
+        ranks = max(8, world_size * 2)
+        largest = max((f.numel * f.itemsize for f in facts), default=0) * 4  # ~ one decoder layer
+        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=largest)
+        consider(f"shard over {ranks} processes (distributed.strategy: fsdp, num_processes: {ranks})",
+                 per_device(facts, profile, sharded))
+    if device_memory is not None and memory.total <= device_memory:
+        return [text for _, text in sorted(options)[:2]] if memory.total > 0.9 * device_memory else []
+    return [text for _, text in sorted(options)]
+
+
+def _is_quantizable_fact(f: ParamFact) -> bool:
+    return len(f.shape) == 2 and not f.trainable and f.name.endswith(".weight") and "embed" not in f.name \
+        and "lm_head" not in f.name and "norm" not in f.name
+
+
+def _scale_profile(p: ActivationProfile, k: float) -> ActivationProfile:
+    return ActivationProfile(tuple(int(b * k) for b in p.layer_bytes), tuple(int(b * k) for b in p.layer_input_bytes),
+                             int(p.outside_bytes * k), int(p.head_bytes * k))
+
+
+def fmt_bytes(n: int | float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(text: str) -> int:
+    """`80GiB`, `80GB`, `81920MiB`, `85899345920` -> bytes (GB and GiB both read as binary: GPU makers' GB)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?)?\s*", text)
+    if not m:
+        raise FtuneError(f"cannot read memory size {text!r}", hint="write e.g. 80GiB, 24GB or 16384MiB")
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1]]
+    return int(value * 1024**power)
