@@ -103,15 +103,26 @@ def load(src: Source, scratch: Path):
     except Exception as err:  # datasets wraps parser errors; find the line ourselves
         raise _load_error(src, err) from err
     if len(ds) == 0:
-        raise DataError(
-            f"{src.where}: {src.spec.path} has no rows",
-            hint="check the file (and `split:` for a folder or hub dataset)",
-            location=Location(file=src.path) if src.local else None,
-        )
+        raise _empty(src)
     return ds
 
 
+def _empty(src: Source) -> DataError:
+    return DataError(
+        f"{src.where}: {src.spec.path} has no rows",
+        hint="check the file (and `split:` for a folder or hub dataset)",
+        location=Location(file=src.path) if src.local else None,
+    )
+
+
 def _load_error(src: Source, err: Exception) -> DataError:
+    if src.kind in ("json", "csv", "text"):
+        try:
+            peeked = peek(src, 1)
+        except DataError as bad:
+            return bad
+        if peeked is not None and not peeked[1]:
+            return _empty(src)
     if src.kind == "json":
         bad = first_bad_json_line(src.path)
         if bad is not None:
