@@ -1,0 +1,114 @@
+"""Sources: every local format loads the same rows; mixing by weight and limit; eval split; seeded order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftune.recipe.schema import Recipe
+from ftune.stages.data import build
+
+TEXTS = [f"the cat sat on mat number {i}" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def make(tok, tmp_path, train, **data):
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": "unused"},
+        "data": {"train": train, "cache_dir": str(tmp_path / "cache"), **data},
+    })
+    return build(r, tok, log=lambda _: None)
+
+
+def decoded(tok, ds) -> list[str]:
+    return [tok.decode(ids[:-1]) for ids in ds["input_ids"]]  # without the appended eos
+
+
+@pytest.fixture
+def files(tmp_path):
+    import datasets
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    (tmp_path / "a.json").write_text(json.dumps([{"text": t} for t in TEXTS]))
+    (tmp_path / "a.csv").write_text("text\n" + "".join(t + "\n" for t in TEXTS))
+    (tmp_path / "a.txt").write_text("".join(t + "\n" for t in TEXTS))
+    ds = datasets.Dataset.from_dict({"text": TEXTS})
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    ds.save_to_disk(str(tmp_path / "disk"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(3))}).save_to_disk(str(tmp_path / "dict"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.csv", "a.txt", "a.parquet", "disk", "dict"])
+def test_every_local_format_loads_the_same_rows(tok, files, name):
+    b = make(tok, files, [{"path": str(files / name)}], shuffle=False)
+    assert decoded(tok, b.train) == TEXTS
+
+
+def test_split_of_a_save_to_disk_dict(tok, files):
+    b = make(tok, files, [{"path": str(files / "dict"), "split": "test"}], shuffle=False)
+    assert decoded(tok, b.train) == TEXTS[:3]
+    with pytest.raises(Exception, match="no split 'dev'.*") as info:
+        make(tok, files, [{"path": str(files / "dict"), "split": "dev"}])
+    assert "train, test" in info.value.hint
+
+
+def test_relative_paths_are_relative_to_the_working_directory(tok, files, monkeypatch):
+    monkeypatch.chdir(files)
+    b = make(tok, files, [{"path": "a.csv"}], shuffle=False)
+    assert decoded(tok, b.train) == TEXTS
+
+
+def test_shuffle_is_seeded(tok, files):
+    one = make(tok, files, [{"path": str(files / "a.jsonl")}])
+    two = make(tok, files, [{"path": str(files / "a.jsonl")}])
+    assert decoded(tok, one.train) == decoded(tok, two.train) != TEXTS
+    assert sorted(decoded(tok, one.train)) == sorted(TEXTS)
+
+
+def test_limit_and_weights_mix_sources(tok, files, tmp_path):
+    other = tmp_path / "b.jsonl"
+    other.write_text("".join(json.dumps({"text": f"a dog ran {i}"}) + "\n" for i in range(10)))
+    b = make(tok, files, [{"path": str(files / "a.jsonl"), "limit": 30}, {"path": str(other)}], shuffle=False)
+    texts = decoded(tok, b.train)
+    assert texts == TEXTS[:30] + [f"a dog ran {i}" for i in range(10)]
+    assert [(s.rows, s.used) for s in b.report.sources] == [(30, 30), (10, 10)]
+    # weight 1:3 over 40 samples: 10 from the first source, 30 (each row three times) from the second
+    b = make(tok, files, [{"path": str(files / "a.jsonl"), "limit": 30, "weight": 1},
+                          {"path": str(other), "weight": 3}], shuffle=False)
+    texts = decoded(tok, b.train)
+    assert len(texts) == 40
+    assert sum(t.startswith("a dog") for t in texts) == 30
+    assert all(texts.count(f"a dog ran {i}") == 3 for i in range(10))
+    assert len(set(texts[:10])) == 10 and set(texts[:10]) <= set(TEXTS[:30])
+
+
+def test_eval_split_holds_out_a_fraction_without_overlap(tok, files):
+    b = make(tok, files, [{"path": str(files / "a.jsonl")}], eval={"split": 0.25})
+    train, held = decoded(tok, b.train), decoded(tok, b.eval)
+    assert (len(train), len(held)) == (30, 10)
+    assert not set(train) & set(held) and set(train) | set(held) == set(TEXTS)
+    assert (b.report.train_samples, b.report.eval_samples) == (30, 10)
+
+
+def test_eval_from_files(tok, files):
+    b = make(tok, files, [{"path": str(files / "a.jsonl")}], shuffle=False,
+             eval=[{"path": str(files / "a.csv"), "limit": 5}])
+    assert decoded(tok, b.eval) == TEXTS[:5]
+    assert [s.where for s in b.report.sources] == ["data.train[0]", "data.eval[0]"]
+
+
+def test_packed_eval_has_the_same_token_semantics(tok, files):
+    b = make(tok, files, [{"path": str(files / "a.jsonl")}], eval={"split": 0.25}, packing=True,
+             max_seq_length=64)
+    assert set(b.eval.column_names) == {"input_ids", "labels", "position_ids"}
+    assert b.report.eval_packed_rows == len(b.eval) < 10
+    segments = sum(row.count(0) for row in b.eval["position_ids"])
+    assert segments == 10  # every held-out sample, whole, in its own segment
