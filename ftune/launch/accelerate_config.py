@@ -215,8 +215,20 @@ def _pick(key: str, ours: Any, team: dict, recipe, sub: str | None, notes: list[
     return team[key]
 
 
-def build(recipe, *, device: str, num_processes: int, recipe_dir: Path) -> tuple[dict, list[str]]:
-    """The accelerate config (written as <run>/accelerate.yaml) and notes explaining decisions."""
+def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
+          check: bool = True) -> tuple[dict, list[str]]:
+    """The accelerate config (written as <run>/accelerate.yaml) and notes explaining decisions.
+
+    With `check`, problems that depend on this machine (deepspeed missing, more processes than GPUs,
+    missing files) raise a RecipeError first, so nothing launches that can't run.
+    """
+    if check:
+        from ftune.errors import Problem, RecipeError
+        from ftune.recipe.rules.distributed import check_environment
+
+        found = check_environment(recipe, device, num_processes, recipe_dir)
+        if found:
+            raise RecipeError([Problem(message, path, hint) for path, message, hint in found])
     cfg, notes = generate(recipe, device=device, num_processes=num_processes, recipe_dir=Path(recipe_dir))
     if recipe.distributed.accelerate_config:
         team = _read_team_file((Path(recipe_dir) / recipe.distributed.accelerate_config).resolve())

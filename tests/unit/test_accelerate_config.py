@@ -27,8 +27,8 @@ def recipe(distributed: dict | None = None, **top) -> Recipe:
     return Recipe.model_validate(data)
 
 
-def build(r: Recipe, device: str = "cpu", n: int = 2, recipe_dir: Path = Path(".")):
-    return ac.build(r, device=device, num_processes=n, recipe_dir=recipe_dir)
+def build(r: Recipe, device: str = "cpu", n: int = 2, recipe_dir: Path = Path("."), check: bool = False):
+    return ac.build(r, device=device, num_processes=n, recipe_dir=recipe_dir, check=check)
 
 
 # ------------------------------------------------------------------------------ strategies
@@ -330,3 +330,16 @@ def test_wrap_classes_checked_against_the_model(tiny_model_dir):
     assert message == "wrap class GPT2Block not found in LlamaForCausalLM"
     assert "LlamaDecoderLayer" in hint
     assert problems({"auto_wrap_policy": "size"}) == []
+
+
+def test_build_refuses_what_this_machine_cannot_run(monkeypatch, tmp_path):
+    from ftune.errors import RecipeError
+
+    monkeypatch.setattr(rules.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RecipeError) as err:
+        build(recipe({"strategy": "deepspeed", "accelerate_config": "team.yaml"}), recipe_dir=tmp_path, check=True)
+    text = err.value.render()
+    assert "distributed.strategy: strategy 'deepspeed' needs the deepspeed package" in text
+    assert "pip install 'ftune[deepspeed]'" in text
+    assert "distributed.accelerate_config: accelerate config not found" in text
+    assert "2 errors" in text
