@@ -38,12 +38,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
     and its special tokens. In-memory, so a tokenizer changed after loading is caught as well as edited files."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     state = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    # The pad token only matters to the collator (the tokenizer stage sets pad = eos when there is none),
+    # so it is left out: `ftune data` and the worker share entries.
     special = {
         "class": type(tokenizer).__name__,
-        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items()) if k != "pad_token"},
         "bos": tokenizer.bos_token_id,
         "eos": tokenizer.eos_token_id,
-        "pad": tokenizer.pad_token_id,
         "added": sorted((k, v) for k, v in tokenizer.get_added_vocab().items()),
     }
     return sha(state.encode() + sha(special).encode())

@@ -1,0 +1,165 @@
+"""`ftune data RECIPE [key=value ...]`: the training data as the model will see it, before any GPU hour.
+
+Loads the tokenizer only (never model weights), runs the data stage (through its cache, so a later
+`ftune run` starts from the same entry), and shows rendered samples with trained and masked tokens
+in two colours, a histogram of token lengths, truncation and drop counts, and the packing fill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ftune.errors import EXIT_OK, FtuneError
+
+TRAINED, MASKED = "bold green", "dim"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe file")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="override a key, as for `ftune run`")
+    parser.add_argument("--n", type=int, default=3, help="samples to show (default: 3)")
+    parser.add_argument("--split", choices=("train", "eval"), default="train", help="which data to show")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+
+
+def load_tokenizer(recipe, secrets: dict[str, str]):
+    """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
+    from transformers import AutoTokenizer
+
+    path = recipe.model.tokenizer or recipe.model.path
+    env = secrets.get("model.hub_token")
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            path,
+            trust_remote_code=recipe.model.trust_remote_code,
+            revision=recipe.model.revision,
+            token=os.environ.get(env) if env else None,
+        )
+    except (OSError, ValueError) as err:
+        raise FtuneError(
+            f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
+            hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
+        ) from err
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def samples(ds, n: int, task: str) -> list[dict]:
+    """The first `n` samples of `ds`; packed rows are split back into their samples (position restarts)."""
+    out: list[dict] = []
+    for r in range(len(ds)):
+        row = ds[r]
+        if task == "sequence-classification":
+            out.append({"row": r, "input_ids": row["input_ids"], "label": row["labels"]})
+        else:
+            pos = row.get("position_ids") or list(range(len(row["input_ids"])))
+            starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+            for k, (s, e) in enumerate(zip(starts, starts[1:])):
+                trained = [i > s and lab != -100 for i, lab in enumerate(row["labels"][s:e], start=s)]
+                out.append({"row": r, "segment": k if len(starts) > 2 else None,
+                            "input_ids": row["input_ids"][s:e], "trained": trained})
+                if len(out) >= n:
+                    return out
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def runs(tok, sample: dict) -> list[dict]:
+    """The sample as consecutive runs of trained / masked tokens, each decoded to text."""
+    ids, flags = sample["input_ids"], sample.get("trained") or [False] * len(sample["input_ids"])
+    out: list[dict] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or flags[i] != flags[start]:
+            out.append({"text": tok.decode(ids[start:i]), "trained": bool(flags[start]), "tokens": i - start})
+            start = i
+    return out
+
+
+def histogram_lines(report, width: int = 40) -> list[str]:
+    if not report.histogram:
+        return []
+    top = max(c for _, _, c in report.histogram) or 1
+    lines = []
+    for lo, hi, count in report.histogram:
+        limit = report.max_seq_length
+        cut = "" if not limit or hi - 1 <= limit else " (truncated)" if lo > limit else " (partly truncated)"
+        bar = "█" * round(width * count / top)
+        lines.append(f"  {lo:>6}-{hi - 1:<6} {bar:<{width}} {count}{cut}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from ftune.recipe.load import load_recipe
+
+    loaded = load_recipe(args.recipe, args.overrides)
+    recipe = loaded.recipe
+    if args.format == "json":
+        import datasets
+
+        datasets.disable_progress_bars()
+    tok = load_tokenizer(recipe, loaded.secrets)
+
+    from ftune.stages.data import build
+
+    log: list[str] = []
+    bundle = build(recipe, tok, log=log.append)
+    ds = bundle.train if args.split == "train" else bundle.eval
+    if ds is None:
+        raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")
+    shown = samples(ds, args.n, recipe.model.task)
+    for s in shown:
+        if "label" in s:
+            s["text"] = tok.decode(s["input_ids"])
+            s["label_name"] = bundle.label_names[s["label"]] if bundle.label_names else None
+        else:
+            s["runs"] = runs(tok, s)
+
+    if args.format == "json":
+        out = {
+            "recipe": loaded.file,
+            "mechanism": bundle.mechanism,
+            "report": bundle.report.as_dict(),
+            "samples": [{k: v for k, v in s.items() if k not in ("trained",)} for s in shown],
+        }
+        json.dump(out, sys.stdout, indent=1)
+        print()
+        return EXIT_OK
+    _print_text(recipe, bundle, shown, args.split)
+    return EXIT_OK
+
+
+def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True)
+    rep = bundle.report
+    console.print(Text.assemble(("legend: ", "bold"), ("trained", TRAINED), " · ", ("masked (-100)", MASKED)))
+    for i, s in enumerate(shown, start=1):
+        where = f"row {s['row']}" + (f", sample {s['segment'] + 1} of the packed row" if s.get("segment") is not None else "")
+        if "label" in s:
+            console.print(Text(f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · "
+                               f"label {s['label']} {s['label_name'] or ''}", style="bold"))
+            console.print(s["text"])
+            continue
+        n_trained = sum(r["tokens"] for r in s["runs"] if r["trained"])
+        console.print(Text(f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · {n_trained} trained",
+                           style="bold"))
+        console.print(Text.assemble(*[(r["text"], TRAINED if r["trained"] else MASKED) for r in s["runs"]]))
+    console.print(Text("\ntoken lengths (before truncation)", style="bold"))
+    for line in histogram_lines(rep):
+        console.print(line)
+    console.print(Text("\nsummary", style="bold"))
+    for source in rep.sources:
+        console.print(f"  {source.where}: {source.path} ({source.format}): {source.rows} rows, "
+                      f"{source.dropped} dropped, {source.truncated} truncated, {source.used} used")
+    for line in rep.lines():
+        console.print("  " + line.removeprefix("data: "))
+    if rep.packing:
+        console.print(f"  packing: attention kept per sample by {bundle.mechanism}")

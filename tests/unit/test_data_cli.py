@@ -1,0 +1,82 @@
+"""`ftune data`: samples with trained/masked runs, a length histogram, counts, fill; errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftune.cli.main import main
+
+
+def write_recipe(tmp_path, model_path, data_yaml: str, extra: str = "") -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        f"name: t\nmodel:\n  path: {model_path}\n{extra}data:\n{data_yaml}"
+        f"  cache_dir: {tmp_path / 'cache'}\ntrain:\n  max_steps: 2\n"
+    )
+    return str(path)
+
+
+@pytest.fixture
+def instruction_recipe(tmp_path, tiny_tokenizer_dir, instruction_data_file):
+    # model.path is a folder with a tokenizer and no weights at all: `ftune data` must not need them.
+    data = (f"  train:\n    - path: {instruction_data_file}\n      format: instruction\n"
+            "      template: \"Q: {instruction}\\nA: \"\n  max_seq_length: 64\n  packing: true\n"
+            "  eval: {split: 0.1}\n")
+    return write_recipe(tmp_path, tiny_tokenizer_dir, data)
+
+
+def test_json_shows_trained_and_masked_runs_and_the_report(instruction_recipe, capsys):
+    assert main(["data", instruction_recipe, "--n", "4", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["samples"]) == 4 and out["mechanism"] == "position_ids"
+    for s in out["samples"]:
+        text = "".join(r["text"] for r in s["runs"])
+        assert text.startswith("Q: add ") and "\nA: " in text
+        masked, trained = [r["text"] for r in s["runs"] if not r["trained"]], [r for r in s["runs"] if r["trained"]]
+        assert masked[0].startswith("Q: add") and len(trained) == 1
+        assert trained[0]["text"].endswith("</s>") and trained[0]["text"][:-4].isdigit()
+    rep = out["report"]
+    assert (rep["rows"], rep["kept"], rep["dropped"], rep["truncated"]) == (200, 200, 0, 0)
+    assert (rep["train_samples"], rep["eval_samples"]) == (180, 20)
+    assert rep["packing"] and 0.5 < rep["fill"] <= 1 and rep["packed_rows"] < 180
+    assert sum(c for _, _, c in rep["histogram"]) == 180
+
+
+def test_text_output_has_legend_histogram_counts_and_fill(instruction_recipe, capsys):
+    assert main(["data", instruction_recipe, "--n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "legend: trained · masked (-100)" in out
+    assert out.count("── train sample") == 2 and "sample 1 of the packed row" in out
+    assert "token lengths (before truncation)" in out and "█" in out
+    assert "0 dropped without a trainable token, 0 truncated at 64" in out
+    assert "packed into" in out and "fill 0." in out and "cache " in out
+    # An override works as for `ftune run`, and --split eval shows held-out samples.
+    assert main(["data", instruction_recipe, "data.packing=false", "--split", "eval", "--n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "── eval sample 1 (row 0)" in out and "packed into" not in out
+
+
+def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, capsys):
+    data_file = tmp_path / "cls.csv"
+    data_file.write_text("text,label\ngood cat,positive\nbad dog,negative\n")
+    recipe = write_recipe(tmp_path, tiny_tokenizer_dir, f"  train:\n    - path: {data_file}\n      format: classification\n",
+                          "  task: sequence-classification\n  labels: [negative, positive]\n")
+    assert main(["data", recipe, "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(s["label"], s["label_name"]) for s in out["samples"]] == [(1, "positive"), (0, "negative")]
+
+
+def test_bad_data_is_a_clear_error_not_a_traceback(tmp_path, tiny_tokenizer_dir, text_data_file, capsys):
+    data = f"  train:\n    - path: {text_data_file}\n      format: chat\n"
+    assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data)]) == 1
+    err = capsys.readouterr().err
+    assert "needs field `messages`" in err and "has: text" in err and f"{text_data_file}:1:1" in err
+    assert "hint:" in err and "Traceback" not in err
+
+
+def test_missing_tokenizer_is_a_clear_error(tmp_path, text_data_file, capsys):
+    data = f"  train:\n    - path: {text_data_file}\n"
+    assert main(["data", write_recipe(tmp_path, tmp_path / "no-model", data)]) == 1
+    assert "cannot load the tokenizer" in capsys.readouterr().err
