@@ -49,6 +49,9 @@ class FsdpLayout:
     """Ranks one shard spans (world size; processes per node for hybrid_shard)."""
     shard_bytes_per_rank: int
     largest_unit_bytes: int
+    """The largest non-root unit: all-gathered while it computes (and the next one while prefetched)."""
+    root_unit_bytes: int
+    """Parameters left to the root unit (embeddings, final norm, head): gathered for the whole step."""
 
 
 @dataclass(frozen=True)
@@ -175,24 +178,18 @@ def _apply_method(model, recipe: Recipe):
         ) from None
 
 
-def _quantizable(model, recipe: Recipe) -> set[int]:
-    """Ids of the weights bitsandbytes would quantize: every Linear but the output head and skip_modules."""
-    import torch
-
-    q = recipe.quantization
-    if q is None:
+def _quantize_layout(model, recipe: Recipe) -> set[int]:
+    """Ids of the weights bitsandbytes will quantize (chosen exactly as the quantize stage does), after
+    the k-bit preparation's upcast: without FSDP every other weight becomes fp32, as on the real model."""
+    if recipe.quantization is None:
         return set()
-    skip = set(q.skip_modules or [])
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    skip |= {"lm_head", "score", "classifier"}
-    out = set()
-    for name, m in model.named_modules():
-        if not isinstance(m, torch.nn.Linear) or m is head:
-            continue
-        if any(name == s or name.endswith("." + s) or name.split(".")[-1] == s for s in skip):
-            continue
-        out.add(id(m.weight))
-    return out
+    from ftune.stages.quantize import quantized_linears
+
+    modules = dict(model.named_modules())
+    ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}
+    if recipe.distributed.strategy != "fsdp":
+        model.float()  # stand-ins for the 4-bit layers too: bitsandbytes returns its input's dtype
+    return ids
 
 
 def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
@@ -265,7 +262,8 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
         def visit(module, prefix: str, root: bool) -> int:  # torch's size_based_auto_wrap_policy, bottom-up
             rest = sum(visit(c, f"{prefix}{n}.", False) for n, c in module.named_children())
             rest += sum(p.numel() for p in module.parameters(recurse=False))
-            if not root and rest >= fsdp.min_num_params:
+            wrappable = type(module).__name__ not in ("ModuleList", "ModuleDict")  # torch excludes containers
+            if not root and wrappable and rest >= fsdp.min_num_params:
                 units.append((type(module).__name__, unit_bytes(module, prefix)))
                 return 0
             return rest
@@ -280,8 +278,8 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
     ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
     if fsdp.sharding_strategy == "no_shard":
         ranks = 1
-    largest = max([b for _, b in units] + [root])
-    return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), largest)
+    return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), max([b for _, b in units], default=0),
+                      root)
 
 
 def detect_device_memory() -> tuple[str, int | None]:
@@ -315,11 +313,20 @@ def estimate(
     `device`: `cuda` or `cpu`; default `cuda` when `gpu_memory` is given or a GPU is visible.
     `seq_length`: tokens per row for activations; default data.max_seq_length, else the model's maximum.
     """
+    config_file, source = resolve_config(recipe)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _estimate(recipe, config_file, source, world_size, num_processes, gpu_memory, device, seq_length)
+
+
+def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, num_processes: int,
+              gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
     from ftune.plan.memory import probe_activations
 
-    config_file, source = resolve_config(recipe)
     model, config, dtype = _build(recipe, config_file)
-    quantized = _quantizable(model, recipe)
+    quantized = _quantize_layout(model, recipe)
     model = _apply_method(model, recipe)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
@@ -375,7 +382,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
-                      largest_unit_bytes=fsdp.largest_unit_bytes)
+                      largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes)
     if dist.strategy == "deepspeed":
         ds = dist.deepspeed
         stage = ds.stage if ds else 2
@@ -423,8 +430,14 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
                                                                             layout))
     if layout.strategy in ("none", "ddp") and layout.device == "cuda":
         ranks = max(8, world_size * 2)
-        largest = max((f.numel * f.itemsize for f in facts), default=0) * 4  # ~ one decoder layer
-        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=largest)
+        layers: dict[str, int] = {}
+        for f in facts:  # FSDP units by layer index, the rest stays with the root
+            m = re.search(r"\.(\d+)\.", f.name)
+            key = m.group(1) if m else "root"
+            layers[key] = layers.get(key, 0) + f.numel * f.itemsize
+        root = layers.pop("root", 0)
+        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=max(layers.values(),
+                          default=0), root_unit_bytes=root)
         consider(f"shard over {ranks} processes (distributed.strategy: fsdp, num_processes: {ranks})",
                  per_device(facts, profile, sharded))
     if device_memory is not None and memory.total <= device_memory:

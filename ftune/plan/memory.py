@@ -347,7 +347,8 @@ class Layout:
     shard_ranks: int = 1  # ranks one shard group spans (FSDP/ZeRO); 1 = nothing sharded
     fsdp_sharding: str = "full_shard"
     fsdp_offload: bool = False
-    largest_unit_bytes: int = 0  # FSDP: bytes of the largest wrap unit, all-gathered during its forward
+    largest_unit_bytes: int = 0  # FSDP: the largest non-root unit, all-gathered while it computes
+    root_unit_bytes: int = 0  # FSDP: the root unit's own parameters, gathered for the whole step
     largest_unit_grad_bytes: int = 0
     zero_stage: int = 0
     offload_optimizer: bool = False
@@ -387,7 +388,8 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
 
     if layout.strategy == "fsdp" and layout.fsdp_sharding != "no_shard":
         w_factor, g_factor, o_factor = 1 / n, 1 / n, 1 / n
-        gathered = 2 * layout.largest_unit_bytes  # the unit computing and the one prefetched
+        # the root stays gathered; of the others, the unit computing and the one prefetched
+        gathered = layout.root_unit_bytes + 2 * layout.largest_unit_bytes
         if layout.fsdp_sharding == "shard_grad_op":
             gathered = w_total  # parameters stay gathered between forward and backward
         extra.append(MemoryItem("weights", "all-gathered FSDP units", gathered))

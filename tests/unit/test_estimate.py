@@ -1,0 +1,199 @@
+"""`ftune plan`'s estimate: parameter counts on the catalog configs, config resolution, errors, layout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftune.errors import FtuneError
+from ftune.plan.estimate import estimate, parse_bytes, resolve_config
+from ftune.recipe.schema import Recipe
+
+REPO = Path(__file__).resolve().parents[2]
+GiB = 1024**3
+
+# Published parameter counts of the bases (model cards / peft's print_trainable_parameters).
+BASE_PARAMS = {
+    "meta-llama/Llama-2-7b-hf": 6_738_415_616,
+    "meta-llama/Llama-2-13b-hf": 13_015_864_320,
+    "meta-llama/Llama-2-70b-hf": 68_976_648_192,
+    "meta-llama/Meta-Llama-3-8B": 8_030_261_248,
+    "meta-llama/Meta-Llama-3-70B": 70_553_706_496,
+    "mistralai/Mistral-7B-v0.1": 7_241_732_096,
+    "Qwen/Qwen2.5-7B": 7_615_616_512,
+}
+
+
+def make(path: str, peft: dict | None = None, **sections) -> Recipe:
+    data = {"name": "t", "model": {"path": path, "dtype": "bfloat16"},
+            "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 128}}
+    if peft:
+        data["peft"] = peft
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return Recipe.model_validate(data)
+
+
+def plan(recipe: Recipe, world: int = 1, gpu: int | None = 80 * GiB):
+    return estimate(recipe, world_size=world, num_processes=world, gpu_memory=gpu, seq_length=64)
+
+
+@pytest.mark.parametrize("model_id", sorted(BASE_PARAMS))
+def test_catalog_configs_give_the_published_parameter_counts(model_id):
+    est = plan(make(model_id, {"method": "full"}))
+    assert est.params_total == BASE_PARAMS[model_id]
+    assert est.params_trainable == BASE_PARAMS[model_id]
+    assert est.config_source.startswith("catalog ")
+
+
+def test_lora_on_llama2_7b_matches_peft_print_trainable_parameters():
+    est = plan(make("meta-llama/Llama-2-7b-hf", {"method": "lora", "r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    assert (est.params_trainable, est.params_total) == (4_194_304, 6_742_609_920)
+    assert len(est.matched_modules) == 64
+    assert est.matched_modules[:2] == ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"]
+
+
+def test_lora_all_linear_skips_the_head():
+    est = plan(make("meta-llama/Llama-2-7b-hf", {"method": "lora", "r": 16, "target_modules": "all-linear"}))
+    # r * (in + out) per linear: 4 attention (4096+4096) + gate/up (4096+11008) + down (11008+4096), 32 layers
+    per_layer = 16 * (4 * 8192 + 3 * 15104)
+    assert est.params_trainable == 32 * per_layer == 39_976_960
+    assert len(est.matched_modules) == 7 * 32
+    assert not any("lm_head" in m for m in est.matched_modules)
+
+
+@pytest.mark.parametrize(
+    ("model_id", "kv_dim"),
+    [("meta-llama/Llama-2-7b-hf", 4096), ("mistralai/Mistral-7B-v0.1", 8 * 128)],  # GQA: kv heads x head dim
+)
+def test_prefix_tuning_counts_virtual_tokens_per_layer_for_keys_and_values(model_id, kv_dim):
+    est = plan(make(model_id, {"method": "prefix", "num_virtual_tokens": 20}))
+    prefix = 20 * 32 * 2 * kv_dim
+    assert est.params_trainable == prefix
+    assert est.params_total == BASE_PARAMS[model_id] + prefix
+
+
+def test_llama_adapter_counts_prompts_and_gates_of_the_top_layers():
+    est = plan(make("meta-llama/Llama-2-7b-hf", {"method": "llama-adapter", "adapter_len": 10, "adapter_layers": 30}))
+    assert est.params_trainable == 30 * (10 * 4096 + 1)
+    assert est.params_total == BASE_PARAMS["meta-llama/Llama-2-7b-hf"] + 30 * (10 * 4096 + 1)
+    assert len(est.matched_modules) == 30
+
+
+def test_freeze_counts_only_matching_parameters():
+    est = plan(make("meta-llama/Llama-2-7b-hf", {"method": "freeze", "trainable": [r"layers\.31\.", "lm_head"]}))
+    layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    assert est.params_trainable == layer + 32000 * 4096
+    assert est.params_total == BASE_PARAMS["meta-llama/Llama-2-7b-hf"]
+    assert "lm_head.weight" in est.matched_modules and len(est.matched_modules) == 10
+
+
+def test_unmatched_target_modules_list_the_linear_layers():
+    with pytest.raises(FtuneError) as err:
+        plan(make("meta-llama/Llama-2-7b-hf", {"method": "lora", "target_modules": ["query", "value"]}))
+    assert "peft.target_modules (query, value) matches no module" in err.value.message
+    assert err.value.hint == ("the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, "
+                              "q_proj, up_proj, v_proj")
+
+
+def test_unknown_hub_id_names_the_catalog():
+    with pytest.raises(FtuneError) as err:
+        resolve_config(make("someone/unknown-7b"))
+    assert "no config found for model.path 'someone/unknown-7b'" in err.value.message
+    assert "meta-llama/Llama-2-7b-hf" in err.value.hint and "Qwen/Qwen2.5-7B" in err.value.hint
+
+
+def test_chat_variant_resolves_to_its_base_in_the_catalog():
+    file, source = resolve_config(make("meta-llama/Llama-2-7b-chat-hf"))
+    assert file.name == "meta-llama--Llama-2-7b-hf.json" and source == "catalog meta-llama--Llama-2-7b-hf.json"
+
+
+def test_local_folder_wins(tiny_model_dir):
+    est = plan(make(str(tiny_model_dir), {"method": "full"}))
+    assert est.config_source == f"local {tiny_model_dir}"
+    from transformers import AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert est.params_total == sum(p.numel() for p in real.parameters())
+
+
+def test_offline_hf_cache_is_used_before_the_catalog(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    config = json.loads((REPO / "ftune/catalog/meta-llama--Llama-2-7b-hf.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=1000)
+    (snap / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    recipe = make("acme/tiny", {"method": "full"})
+    file, source = resolve_config(recipe)
+    assert source.startswith("hf-cache ") and file == snap / "config.json"
+    layer = 4 * 256 * 256 + 3 * 256 * 512 + 2 * 256
+    assert plan(recipe).params_total == 2 * layer + 2 * 1000 * 256 + 256
+
+
+def test_fsdp_units_and_shard_per_rank():
+    recipe = make("meta-llama/Llama-2-70b-hf", {"method": "full"},
+                  distributed={"strategy": "fsdp", "num_processes": 8, "fsdp": {"sharding_strategy": "full_shard"}})
+    est = plan(recipe, world=8)
+    assert est.fsdp is not None
+    assert est.fsdp.units == 81 and est.fsdp.unit_classes["LlamaDecoderLayer"] == 80
+    assert est.fsdp.shard_ranks == 8
+    assert est.fsdp.shard_bytes_per_rank == -(-BASE_PARAMS["meta-llama/Llama-2-70b-hf"] * 2 // 8)
+    layer = 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192)
+    assert est.fsdp.largest_unit_bytes == layer
+
+
+def test_size_policy_wraps_modules_over_the_threshold():
+    recipe = make("meta-llama/Llama-2-7b-hf", {"method": "full"},
+                  distributed={"strategy": "fsdp", "num_processes": 2,
+                               "fsdp": {"auto_wrap_policy": "size", "min_num_params": 100_000_000}})
+    est = plan(recipe, world=2)
+    # torch's size policy, bottom-up: each MLP (135M) is a unit; the attention left in a layer (67M) is not;
+    # ModuleList is never wrapped, so the 32 attentions go up to LlamaModel (2.1B); embed_tokens and
+    # lm_head (131M each) are units; the root unit is left with nothing
+    assert est.fsdp.unit_classes == {"LlamaMLP": 32, "Embedding": 1, "LlamaModel": 1, "Linear": 1,
+                                     "root (LlamaForCausalLM)": 1}
+    assert est.fsdp.units == 36
+
+
+def test_70b_full_does_not_fit_one_gpu_and_suggestions_quantify_the_fix():
+    est = plan(make("meta-llama/Meta-Llama-3-70B", {"method": "full"}))
+    assert est.fits is False and est.total_bytes > 80 * GiB
+    assert est.largest[0].startswith("optimizer (AdamW (torch))")
+    assert any(s.startswith("use peft.method: lora") for s in est.suggestions)
+    assert all("->" in s for s in est.suggestions)
+
+
+def test_7b_qlora_fits_and_weights_are_four_bit():
+    recipe = make("meta-llama/Llama-2-7b-hf", {"method": "lora", "target_modules": "all-linear"},
+                  quantization={"bits": 4, "double_quant": True}, train={"gradient_checkpointing": True})
+    est = plan(recipe, gpu=24 * GiB)
+    weights = {i.detail: i.bytes for i in est.memory if i.kind == "weights"}
+    assert set(weights) == {"nf4", "float32"}
+    quantized = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert quantized // 2 < weights["nf4"] < quantized // 2 * 1.04  # packed 4-bit + ~3% constants
+    assert weights["float32"] > 2 * 32000 * 4096 * 4  # k-bit preparation upcasts head, embeddings, norms
+    assert est.fits is True
+
+
+def test_parse_bytes():
+    assert parse_bytes("80GiB") == parse_bytes("80GB") == parse_bytes("80g") == 80 * GiB
+    assert parse_bytes("16384MiB") == 16 * GiB and parse_bytes("1024") == 1024
+    with pytest.raises(FtuneError, match="cannot read memory size"):
+        parse_bytes("lots")
+
+
+def test_plan_modules_import_nothing_heavy():
+    code = ("import sys, ftune.cli.plan, ftune.plan.estimate, ftune.plan.memory; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft', 'datasets', 'bitsandbytes', 'accelerate') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
