@@ -343,3 +343,29 @@ def test_build_refuses_what_this_machine_cannot_run(monkeypatch, tmp_path):
     assert "pip install 'ftune[deepspeed]'" in text
     assert "distributed.accelerate_config: accelerate config not found" in text
     assert "2 errors" in text
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_dir, text_data_file, capsys,
+                                                    monkeypatch):
+    from ftune.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    r = {"name": "two-nodes", "model": {"path": str(tiny_model_dir)},
+         "data": {"train": [{"path": str(text_data_file)}]}, "peft": {"method": "full"}, "train": {"max_steps": 2},
+         "distributed": {"strategy": "fsdp", "num_processes": 2, "num_machines": 2, "main_process_ip": "10.0.0.1"},
+         "output": {"dir": str(tmp_path / "run")}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(r))
+    assert main(["run", str(path), f"distributed.machine_rank={rank}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan_text, _, launch = out.partition("launch:")
+    plan = json.loads(plan_text)
+    cfg = plan["launch"]["accelerate_config"]
+    assert (cfg["distributed_type"], cfg["num_processes"], cfg["num_machines"]) == ("FSDP", 4, 2)
+    assert (cfg["machine_rank"], cfg["main_process_ip"], cfg["main_process_port"]) == (rank, "10.0.0.1", 29500)
+    assert (plan["machine_rank"], plan["world_size"]) == (rank, 4)
+    run_dir = tmp_path / "run"
+    assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                              str(run_dir / "accelerate.yaml"), "-m", "ftune.launch.worker", str(run_dir / "plan.json")]
+    assert not run_dir.exists()  # a dry run writes nothing
