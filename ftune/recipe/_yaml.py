@@ -172,7 +172,13 @@ class _Walker:
 
 def parse(text: str, file: str) -> Document:
     """Parse one YAML document; problems (syntax, tags, duplicates, bombs) are collected, not raised."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as err:  # a control character: refused before any parsing
+        before = text[: err.position]
+        where = Location(file, before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
+        message = f"character #x{err.character:04x} is not allowed in YAML"
+        return Document(problems=[Problem(message, hint="remove the control character", location=where)])
     try:
         node = loader.get_single_node()
         if node is None:

@@ -255,3 +255,13 @@ def test_override_list_index_out_of_range(tmp_path):
 def test_override_python_tag_refused(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["description=!!python/name:os.system"])
     assert "not allowed" in p.message
+
+
+def test_control_character_located(tmp_path):
+    (p,) = errors(tmp_path, GOOD.replace("path: m", "path: m\x1b"))
+    assert where(p) == ("r.yaml", 3, 10) and "#x001b" in p.message
+
+
+def test_control_character_in_override_value_is_text(tmp_path):
+    (p,) = errors(tmp_path, GOOD, ["train.max_steps=\x1b"])
+    assert p.path == "train.max_steps" and p.location.origin == "override"
