@@ -382,7 +382,8 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
-                      largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes)
+                      largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes,
+                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.method == "full" else 0)
     if dist.strategy == "deepspeed":
         ds = dist.deepspeed
         stage = ds.stage if ds else 2

@@ -222,22 +222,27 @@ FLASH_NAME = "ftune_meta_flash"
 
 def _register_flash_emulation() -> None:
     """An attention implementation for the probe that keeps what flash/SDPA kernels keep: q, k, v, the
-    output and the fp32 log-sum-exp (no seq x seq matrix). Registered under its own name, so real runs in
-    the same process are untouched."""
+    output, the fp32 log-sum-exp and a mask when there is one (no seq x seq scores), taking the masks and
+    key/value layout transformers' SDPA path would. Registered under its own name, so real runs in the
+    same process are untouched."""
     import torch
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+    from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     if FLASH_NAME in AttentionInterface._global_mapping:
         return
 
     class _Flash(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v):
+        def forward(ctx, q, k, v, mask):
             b, h, s, d = q.shape
-            out = q.new_empty(b, h, s, v.shape[-1])
+            out = q.new_empty(b, s, h, v.shape[-1]).transpose(1, 2)  # kernels write (batch, seq, heads, dim)
             lse = q.new_empty(b, h, s, dtype=torch.float32)
-            ctx.save_for_backward(q, k, v, out, lse)
+            saved = (q, k, v, out, lse)
+            if mask is not None:  # a boolean mask is converted to an additive one per call, and kept
+                saved += (q.new_empty(mask.shape[0], 1, s, k.shape[-2]),)
+            ctx.save_for_backward(*saved)
             return out
 
         @staticmethod
@@ -245,11 +250,14 @@ def _register_flash_emulation() -> None:
             raise NotImplementedError
 
     def flash(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        out = _Flash.apply(query, key, value)
+        groups = getattr(module, "num_key_value_groups", 1)
+        if groups > 1 and not use_gqa_in_sdpa(attention_mask, key, value):  # as transformers' sdpa does
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        out = _Flash.apply(query, key, value, attention_mask)
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register(FLASH_NAME, flash)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(FLASH_NAME, flash_attention_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(FLASH_NAME, sdpa_mask)
 
 
 def probe_activations(
