@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -206,52 +207,106 @@ def guard(model, recipe: Recipe | None = None) -> int:
 
     Turns the repacking off on every 4-bit layer and undoes any repacking already done, so an eval or
     generation forward (before or during training) leaves gradients flowing. Idempotent; call it after
-    loading and again before training. Raises if a layer stays repacked.
+    loading and again before training. Repacked layers are unpacked (lossy: the packing rounded their
+    block scales to bf16) with a warning; raises if a layer stays packed.
     """
     try:
         from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
         from bitsandbytes.nn import Linear4bit
     except ImportError:  # no bitsandbytes, nothing quantized
         return 0
-    n = 0
+    n, repaired = 0, []
     for name, module in model.named_modules():
         if not isinstance(module, Linear4bit):
             continue
         module.support_avx512bf16_for_cpu = False
         weight = module.weight
         if getattr(weight.quant_state, "packing_format_for_cpu", False):
+            # Best effort: the packing rounded the block scales to bf16, so the weights come back slightly off.
             weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, weight.quant_state)
+            if not weight.quant_state.nested:
+                weight.quant_state.absmax = weight.quant_state.absmax.float()
             module.quant_state = weight.quant_state
+            repaired.append(name)
         if getattr(weight.quant_state, "packing_format_for_cpu", False):
             raise FtuneError(
                 f"4-bit layer {name} is packed for CPU inference; training it would pass no gradient",
                 hint="report this with your bitsandbytes version; meanwhile use `quantization.bits: 8` on CPU",
             )
         n += 1
+    if repaired:
+        warnings.warn(f"bitsandbytes had packed {len(repaired)} 4-bit layers for CPU inference (an eval forward ran "
+                      "before ftune's guard); unpacked them, with block scales rounded to bf16", stacklevel=2)
     return n
 
 
 def weight_bytes(model) -> dict[str, int]:
-    """Bytes held by the weights as loaded: quantized (data + quantization constants) and other, and params."""
-    quantized = other = params = 0
+    """Bytes the base weights hold: quantized (data + quantization constants), other, and the logical params.
+
+    Adapter parameters injected by peft are left out: this is the frozen base, as loaded and prepared."""
+    quantized = other = params = layers = 0
+    adapters = _adapter_param_ids(model)
     for p in {id(p): p for p in model.parameters()}.values():
+        if id(p) in adapters:
+            continue
         kind = type(p).__name__
-        nbytes = p.numel() * p.element_size()
+        nbytes = _nbytes(p)
         if kind == "Params4bit" and p.quant_state is not None:
             qs = p.quant_state
             nbytes += _nbytes(qs.absmax) + _nbytes(qs.code)
             if qs.nested and qs.state2 is not None:
                 nbytes += _nbytes(qs.state2.absmax) + _nbytes(qs.state2.code) + 4  # + the fp32 offset
             params += _numel(qs.shape)
-            quantized += nbytes
         elif kind == "Int8Params":
             nbytes += _nbytes(getattr(p, "SCB", None))
             params += p.numel()
-            quantized += nbytes
         else:
             params += p.numel()
             other += nbytes
-    return {"quantized": quantized, "other": other, "params": params}
+            continue
+        quantized += nbytes
+        layers += 1
+    return {"quantized": quantized, "other": other, "params": params, "layers": layers}
+
+
+def _adapter_param_ids(model) -> set[int]:
+    """Parameters peft injected (lora_A/B, ...): not part of the base's weight memory."""
+    ids: set[int] = set()
+    for module in model.modules():
+        for attr in getattr(module, "adapter_layer_names", ()):
+            sub = getattr(module, attr, None)
+            if sub is not None and hasattr(sub, "parameters"):
+                ids |= {id(p) for p in sub.parameters()}
+    return ids
+
+
+def estimate_bytes(recipe: Recipe, model) -> dict[str, int]:
+    """`weight_bytes` predicted on the meta model, by bitsandbytes' layout (blocks of 64, 16/256-entry codes).
+
+    Unquantized weights count as fp32 (k-bit preparation upcasts them) except under FSDP (model dtype).
+    """
+    q = recipe.quantization
+    names = set(quantized_linears(recipe, model))
+    fsdp = recipe.distributed.strategy == "fsdp"
+    quantized = other = params = 0
+    for name, module in model.named_modules():
+        if name in names:
+            n = module.in_features * module.out_features
+            if q.bits == 8:
+                quantized += n + 4 * module.out_features  # int8 data + fp32 row scales (SCB)
+            else:
+                blocks = -(-n // 64)
+                absmax = blocks + 4 * -(-blocks // 256) + 1024 + 4 if q.double_quant else 4 * blocks
+                quantized += (n + 1) // 2 + absmax + 64
+            params += n
+            if getattr(module, "bias", None) is not None:
+                other += module.bias.numel() * (module.bias.element_size() if fsdp else 4)
+                params += module.bias.numel()
+            continue
+        for p in module.parameters(recurse=False):
+            params += p.numel()
+            other += p.numel() * (p.element_size() if fsdp else 4)
+    return {"quantized": quantized, "other": other, "params": params, "layers": len(names)}
 
 
 def _nbytes(t) -> int:
@@ -266,16 +321,20 @@ def _numel(shape) -> int:
 
 
 def describe(recipe: Recipe, model) -> dict:
-    """Weight memory of the quantized model against the same model in bf16, for the plan and summary."""
+    """Weight memory of the quantized model against the same model in bf16, for the plan and the summary.
+
+    Measured on a loaded model; predicted (`estimated: true`) on a meta-device model, as `ftune plan` has.
+    """
     q = recipe.quantization
-    b = weight_bytes(model)
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    b = estimate_bytes(recipe, model) if on_meta and q is not None else weight_bytes(model)
     total = b["quantized"] + b["other"]
     bf16 = 2 * b["params"]
-    layers = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
     return {
         "bits": q.bits if q else None,
         "type": (q.type if q.bits == 4 else "int8") if q else None,
-        "quantized_layers": layers,
+        "estimated": on_meta,
+        "quantized_layers": b["layers"],
         "quantized_weight_bytes": b["quantized"],
         "other_weight_bytes": b["other"],
         "weight_bytes": total,
