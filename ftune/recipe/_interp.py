@@ -85,6 +85,27 @@ def _message(err: Exception, raw: str, data: Any) -> tuple[str, str]:
     return f"can't resolve {raw!r}: {text}", "write ${key.path} or ${env:VAR,default}"
 
 
+_TOKEN = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)\s*(:?)")
+
+
+def _needed(data: dict, raws: list[str]) -> dict:
+    """The top-level sections the references can reach (building omegaconf's tree of the whole recipe
+    costs more than the rest of validation). Any resolver but env needs everything."""
+    keys: set[str] = set()
+    pending = list(raws)
+    while pending:
+        for name, colon in _TOKEN.findall(pending.pop()):
+            if colon and name not in ("env", "oc"):
+                return data
+            if not colon and name in data and name not in keys:
+                keys.add(name)
+                pending += [v for _, v in leaves(data[name]) if isinstance(v, str) and "${" in v]
+    if any(re.search(r"\$\{\s*(oc\.(?!env\b)|\.)", raw) for raw in raws):  # other resolvers, relative keys
+        return data
+    holders = {p[0] for p, v in leaves(data) if isinstance(v, str) and "${" in v}
+    return {k: v for k, v in data.items() if k in keys | holders}
+
+
 def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
     """Resolve every `${...}` in `data`; returns (resolved copy, issues, secrets: dotted path → env var)."""
     refs = [(p, v) for p, v in leaves(data) if isinstance(v, str) and "${" in v]
@@ -105,7 +126,7 @@ def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
         except OmegaConfBaseException as err:
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(staged, path, None)
-    cfg = OmegaConf.create(staged)
+    cfg = OmegaConf.create(_needed(staged, [raw for _, raw in good] if good else []))
     out = copy.deepcopy(staged)
     for path, raw in good:
         node: Any = cfg

@@ -170,15 +170,29 @@ class _Walker:
         return out
 
 
+_FAST = getattr(yaml, "CSafeLoader", None)  # libyaml: several times faster; errors re-parsed in Python
+
+
 def parse(text: str, file: str) -> Document:
     """Parse one YAML document; problems (syntax, tags, duplicates, bombs) are collected, not raised."""
+    if _FAST is not None:
+        try:
+            return _parse(text, file, _FAST)
+        except yaml.YAMLError:
+            pass  # PyYAML's own parser words syntax errors better, and our hints match its words
     try:
-        loader = yaml.SafeLoader(text)
+        return _parse(text, file, yaml.SafeLoader)
     except yaml.reader.ReaderError as err:  # a control character: refused before any parsing
         before = text[: err.position]
         where = Location(file, before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
         message = f"character #x{err.character:04x} is not allowed in YAML"
         return Document(problems=[Problem(message, hint="remove the control character", location=where)])
+    except yaml.YAMLError as err:
+        return Document(data=None, problems=[syntax_problem(file, err)])
+
+
+def _parse(text: str, file: str, loader_class: type) -> Document:
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -197,7 +211,5 @@ def parse(text: str, file: str) -> Document:
                 "recipes don't need deeply nested aliases: write the values out",
             )
         return walker.doc
-    except yaml.YAMLError as err:
-        return Document(data=None, problems=[syntax_problem(file, err)])
     finally:
         loader.dispose()

@@ -115,6 +115,20 @@ def _extends_entries(doc: _yaml.Document, ctx: _Load, file: Path) -> list[tuple[
     return []
 
 
+_PARSED: dict[tuple[Path, str], _yaml.Document] = {}
+
+
+def _parse_cached(text: str, file: Path) -> _yaml.Document:
+    """Parse once per (file, content): `validate DIR` reads each base for every recipe that extends it.
+    Documents are never mutated (merging copies what it changes)."""
+    key = (file, text)
+    if key not in _PARSED:
+        if len(_PARSED) > 256:
+            _PARSED.clear()
+        _PARSED[key] = _yaml.parse(text, str(file))
+    return _PARSED[key]
+
+
 def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dict] | None:
     """The file's data and marks with its bases merged under it; problems go to ctx."""
     if str(file) not in ctx.files:
@@ -125,7 +139,7 @@ def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dic
         ctx.add(f"can't read {display(file)}: {err}", where=Location(str(file)))
         ctx.incomplete = True
         return None
-    doc = _yaml.parse(text, str(file))
+    doc = _parse_cached(text, file)
     ctx.problems.extend(doc.problems)
     if doc.data is None:
         ctx.incomplete = True
@@ -167,7 +181,7 @@ def recipe_bases(path: str | Path) -> list[str]:
     """The files a recipe names in `extends` (absolute), read leniently; [] when unreadable."""
     file = Path(path).resolve()
     try:
-        doc = _yaml.parse(file.read_text(encoding="utf-8"), str(file))
+        doc = _parse_cached(file.read_text(encoding="utf-8"), file)
     except (OSError, UnicodeDecodeError):
         return []
     if not isinstance(doc.data, dict):
@@ -226,7 +240,7 @@ def _without(data: dict, paths: list[KeyPath]) -> dict:
     return out
 
 
-def _rule_issues(data: dict, known: list[Issue]) -> list[Issue]:
+def _rule_issues(data: dict, known: list[Issue], first: tuple[Recipe | None, list[Issue]]) -> list[Issue]:
     """Cross-field rules, also when some keys are invalid: checked on the recipe without them.
 
     A violation is dropped when it concerns a bad value (its path and the value's are related): it
@@ -237,7 +251,7 @@ def _rule_issues(data: dict, known: list[Issue]) -> list[Issue]:
 
     values = [i.path for i in known if i.anchor != "key"]
     keys = [i.path for i in known if i.anchor == "key"]
-    recipe, issues = _validate(data)
+    recipe, issues = first
     for _ in range(3):
         if recipe is not None:
             break
@@ -297,7 +311,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
     issues += [i for i in schema_issues if i.path not in bad]
-    issues += _rule_issues(data, issues)
+    issues += _rule_issues(data, issues, (recipe, schema_issues))
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
     if ctx.problems or recipe is None:
         raise RecipeError(_sorted(ctx), display(file))

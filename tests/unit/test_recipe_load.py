@@ -216,3 +216,14 @@ def test_yaml_merge_keys_work(files):
     with pytest.raises(RecipeError) as err:
         load_recipe(files / "top.yaml")
     assert {p.path for p in err.value.problems} == {"eval.epochs", "eval.seed"}
+
+
+def test_relative_and_nested_references(files, monkeypatch):
+    monkeypatch.setenv("FT_ROOT", "/data")
+    (files / "top.yaml").write_text(
+        TOP.replace("output:\n  dir: runs/${name}-${peft.r}\n", "")
+        + "description: ${model.path}\nmodel:\n  path: ${env:FT_ROOT}/m\n  tokenizer: ${.path}/tok\n"
+        + "output:\n  dir: ${..name}\n"
+    )
+    r = load_recipe(files / "top.yaml").recipe
+    assert (r.description, r.model.path, r.model.tokenizer, r.output.dir) == ("/data/m", "/data/m", "/data/m/tok", "top")
