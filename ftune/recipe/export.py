@@ -1,13 +1,16 @@
-"""Write the recipe JSON Schema for editors: `python -m ftune.recipe.export schemas/recipe.schema.json`.
+"""Write the recipe JSON Schema for editors, and the key reference of docs/recipes.md.
 
-Generated from the pydantic schema (descriptions are the field docs, enums from Literal types, the
-`peft` section a union discriminated by `method`). The file is committed; a test fails when it drifts.
+    python -m ftune.recipe.export schemas/recipe.schema.json [docs/recipes.md]
+
+Both come from the pydantic schema (descriptions are the field docs, enums from Literal types, the
+`peft` section a union discriminated by `method`). Both files are committed; tests fail when they drift.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import typing
 from pathlib import Path
 
 from ftune.methods import METHODS
@@ -50,15 +53,89 @@ def render() -> str:
     return json.dumps(schema_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
+# ------------------------------------------------------------------------------ docs reference
+DOCS_MARKER = "## Reference: every section and key\n"
+SECTIONS = ("model", "data", "quantization", "distributed", "train", "eval", "checkpoint", "output")
+TITLES = {
+    "data.train": "`data.train` (each source; `data.eval` as a list takes the same keys)",
+    "data.eval": "`data.eval` as a held-out split",
+}
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "**required**"
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return "(section defaults)" if hasattr(value, "model_dump") else f"`{value}`"
+    value = field.default
+    if value is None:
+        return "null"
+    return f"`{str(value).lower()}`" if isinstance(value, bool) else f"`{value}`"
+
+
+def _table(model) -> list[str]:
+    from ftune.recipe._schema import members
+
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for key, field in model.model_fields.items():
+        allowed = [str(a) for m in members(field.annotation) if typing.get_origin(m) is typing.Literal
+                   for a in typing.get_args(m)]
+        text = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        if allowed and len(allowed) <= 12:
+            text += " One of: " + ", ".join(f"`{a}`" for a in allowed) + "."
+        rows.append(f"| `{key}` | {_default(field)} | {text} |")
+    return rows
+
+
+def docs_reference() -> str:
+    """The key tables of docs/recipes.md: the top level, each section (nested ones too), each method."""
+    from ftune.recipe._schema import _is_model, members
+    from ftune.recipe.schema import Recipe
+
+    out = [DOCS_MARKER, "Generated from `ftune/recipe/schema.py` and `ftune/methods/` by `ftune.recipe.export`.", ""]
+    out += _table(Recipe)
+    seen: set[type] = set()
+
+    def section(model, title: str) -> None:
+        seen.add(model)
+        out.extend(["", f"### {TITLES.get(title, f'`{title}`')}", ""])
+        out.extend(_table(model))
+        for key, field in model.model_fields.items():
+            for m in members(field.annotation):
+                inner = typing.get_args(m)[0] if typing.get_origin(m) is list else m
+                if _is_model(inner) and inner not in seen:
+                    section(inner, f"{title}.{key}")
+
+    for name in SECTIONS:
+        model = next(m for m in members(Recipe.model_fields[name].annotation) if _is_model(m))
+        section(model, name)
+    for method, module in METHODS.items():
+        from ftune.methods import method_module
+
+        out.extend(["", f"### `peft` with `method: {method}`", ""])
+        out.extend(_table(method_module(method).Config))
+    return "\n".join(out) + "\n"
+
+
+def update_docs(path: Path) -> None:
+    text = path.read_text()
+    head = text.split(DOCS_MARKER)[0] if DOCS_MARKER in text else text.rstrip("\n") + "\n\n"
+    path.write_text(head + docs_reference())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m ftune.recipe.export OUTPUT.json", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print("usage: python -m ftune.recipe.export OUTPUT.json [DOCS.md]", file=sys.stderr)
         return 2
     out = Path(args[0])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render())
     print(f"wrote {out}")
+    if len(args) == 2:
+        update_docs(Path(args[1]))
+        print(f"updated the key reference in {args[1]}")
     return 0
 
 

@@ -33,3 +33,45 @@ def test_export_writes_file(tmp_path):
     assert main([str(out)]) == 0
     assert out.read_text() == render()
     assert main([]) == 2
+
+
+def test_docs_reference_is_current():
+    from ftune.recipe.export import DOCS_MARKER, docs_reference
+
+    docs = (SCHEMA.parents[1] / "docs" / "recipes.md").read_text()
+    assert DOCS_MARKER + docs.split(DOCS_MARKER)[1] == docs_reference(), (
+        "docs/recipes.md key reference is stale: run `python -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md`"
+    )
+
+
+def test_update_docs_keeps_the_hand_written_part(tmp_path):
+    from ftune.recipe.export import docs_reference, update_docs
+
+    doc = tmp_path / "r.md"
+    doc.write_text("# Recipes\n\nhand written\n")
+    update_docs(doc)
+    update_docs(doc)
+    assert doc.read_text() == "# Recipes\n\nhand written\n\n" + docs_reference()
+
+
+def test_docs_cover_every_key():
+    from ftune.methods import METHODS, method_module
+    from ftune.recipe._schema import _is_model, members
+    from ftune.recipe.schema import Recipe
+
+    docs = (SCHEMA.parents[1] / "docs" / "recipes.md").read_text()
+    missing, todo = [], [Recipe] + [method_module(m).Config for m in METHODS]
+    seen = set()
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for key, field in model.model_fields.items():
+            if f"`{key}`" not in docs:
+                missing.append(f"{model.__name__}.{key}")
+            for m in members(field.annotation):
+                inner = m.__args__[0] if getattr(m, "__origin__", None) is list else m
+                if _is_model(inner):
+                    todo.append(inner)
+    assert not missing, f"docs/recipes.md doesn't document: {missing}"
