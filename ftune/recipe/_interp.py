@@ -140,12 +140,16 @@ def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
         except OmegaConfBaseException as err:
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(out, path, None)
-    secrets = _mask_secrets(out, refs, issues)
+    secrets = _mask_secrets(out, refs)
     return out, issues, secrets
 
 
-def _mask_secrets(out: dict, refs: list[tuple[Path, str]], issues: list[Issue]) -> dict[str, str]:
-    """Replace secret values by MASK wherever they ended up; record path → env var."""
+def _mask_secrets(out: dict, refs: list[tuple[Path, str]]) -> dict[str, str]:
+    """Replace secret values by MASK wherever they ended up (also through references); path → env var.
+
+    A secret inside a longer string masks the whole string: the worker can only restore whole values
+    (`Plan.secret`), so write `hub_token: ${env:HF_TOKEN}` where the value is needed.
+    """
     values: dict[str, str] = {}  # secret value → env var
     for _, raw in refs:
         for name in _ENV_REF.findall(raw):
@@ -160,14 +164,7 @@ def _mask_secrets(out: dict, refs: list[tuple[Path, str]], issues: list[Issue]) 
         if value in values:
             _set(out, path, MASK)
             secrets[_dotted(path)] = values[value]
-        elif any(secret in value for secret in values):
-            name = next(n for s, n in values.items() if s in value)
+        elif any(secret in value for secret in values):  # part of a longer string: the whole value is masked
             _set(out, path, MASK)
-            issues.append(
-                Issue(
-                    path,
-                    f"the secret from {name} must be the whole value, not part of a string",
-                    f"write `{path[-1]}: ${{env:{name}}}`; ftune masks it and the worker reads it from the env",
-                )
-            )
+            secrets[_dotted(path)] = next(n for s, n in values.items() if s in value)
     return secrets

@@ -215,12 +215,6 @@ def test_bad_interpolation_syntax_does_not_hide_others(tmp_path):
     assert [p.path for p in found] == ["description", "output.dir"]
 
 
-def test_secret_embedded_in_string_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("MY_API_KEY", "k-123")
-    (p,) = errors(tmp_path, GOOD + "description: 'key=${env:MY_API_KEY}'\n")
-    assert "must be the whole value" in p.message and "k-123" not in p.render()
-
-
 # ------------------------------------------------------------------------ overrides
 def test_override_unknown_key_quotes_the_argument(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["train.learning_rte=1e-3"])

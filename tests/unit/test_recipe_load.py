@@ -116,6 +116,23 @@ def test_secrets_are_masked_and_recorded(files, monkeypatch):
     assert "hf_supersecret" not in loaded.recipe.model_dump_json()
 
 
+def test_secret_inside_a_string_masks_the_whole_value(files, monkeypatch):
+    monkeypatch.setenv("MY_API_KEY", "k-123")
+    (files / "top.yaml").write_text(TOP + "description: 'key ${env:MY_API_KEY,none}'\n")
+    loaded = load_recipe(files / "top.yaml")
+    assert loaded.recipe.description == MASK and loaded.secrets == {"description": "MY_API_KEY"}
+    monkeypatch.delenv("MY_API_KEY")
+    assert load_recipe(files / "top.yaml").recipe.description == "key none"  # the default is no secret
+
+
+def test_secret_through_a_reference_is_masked(files, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    (files / "top.yaml").write_text(TOP + "model:\n  hub_token: ${env:HF_TOKEN}\n  revision: ${model.hub_token}\n")
+    loaded = load_recipe(files / "top.yaml")
+    assert (loaded.recipe.model.hub_token, loaded.recipe.model.revision) == (MASK, MASK)
+    assert loaded.secrets == {"model.hub_token": "HF_TOKEN", "model.revision": "HF_TOKEN"}
+
+
 def test_non_secret_env_value_is_kept(files, monkeypatch):
     monkeypatch.setenv("FT_REV", "main")
     (files / "top.yaml").write_text(TOP.replace("name: top", "name: top\nmodel:\n  revision: ${env:FT_REV}"))
