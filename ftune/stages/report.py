@@ -83,6 +83,7 @@ def loss_curve(run_dir: Path) -> Path | None:
         ax.plot(*zip(*evals), "o-", label="eval loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
+    ax.set_title(run_dir.name)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -51,7 +51,7 @@ def eval_losses(run_dir: Path) -> list[float]:
 
 
 def base_recipe(model_dir: Path, data_file: Path, **sections) -> dict:
-    """A small, fast causal-LM recipe on the tiny model; sections override top-level keys."""
+    """A small, fast causal-LM recipe on the tiny model; sections are merged into (peft: replaces) the defaults."""
     recipe = {
         "schema_version": 1,
         "name": "e2e",
@@ -69,7 +69,7 @@ def base_recipe(model_dir: Path, data_file: Path, **sections) -> dict:
         "output": {"dir": "runs/e2e", "report_to": ["tensorboard"]},
     }
     for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(recipe.get(key), dict):
+        if key != "peft" and isinstance(value, dict) and isinstance(recipe.get(key), dict):
             recipe[key] = {**recipe[key], **value}
         else:
             recipe[key] = value

@@ -18,7 +18,10 @@ METHODS = {
     "full": {"method": "full"},
     "freeze": {"method": "freeze", "trainable": [r"layers\.1\.", "lm_head"]},
 }
-LEARNING_RATES = {"full": 2e-3, "freeze": 2e-3, "prefix": 2e-2, "llama-adapter": 2e-2, "lora": 5e-3}
+LEARNING_RATES = {"full": 2e-3, "freeze": 2e-3, "prefix": 5e-2, "llama-adapter": 5e-2, "lora": 3e-2}
+# Minimum relative drop of the train loss over 30 steps from a random-init tiny model: full/freeze reshape the
+# output distribution fast; adapters on frozen random weights move it a little, but never zero (flat = broken).
+MIN_DROP = {"full": 0.10, "freeze": 0.10, "prefix": 0.01, "llama-adapter": 0.005, "lora": 0.01}
 
 
 def _reload(final, model_dir, adapter: bool, task: str = "causal-lm"):
@@ -47,9 +50,9 @@ def test_method_learns_saves_and_reloads(method, tmp_path, tiny_model_dir, text_
     assert any(run_dir.glob("tensorboard/**/events.out.tfevents.*"))
 
     train_losses = losses(run_dir)
-    assert train_losses[-1] < 0.9 * train_losses[0], train_losses
+    assert train_losses[-1] < (1 - MIN_DROP[method]) * train_losses[0], train_losses
     evals = eval_losses(run_dir)
-    assert evals[-1] < evals[0], evals
+    assert evals[-1] < evals[0] - 1e-3, evals  # eval set is fixed: a flat loss means nothing trained
 
     # Trainable/total printed and recorded equal peft's own counts on the reloaded model.
     params = json.loads((run_dir / "params.json").read_text())
