@@ -1,0 +1,122 @@
+"""The plan compiler: every decision before launch, and environment problems located in the recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ftune.errors import RecipeError
+from ftune.plan.compile import COMPLETE_MARKER, compile_plan, latest_complete_checkpoint
+from ftune.recipe import load_recipe
+
+
+def _recipe(tmp_path: Path, **top) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    recipe = {
+        "name": "unit",
+        "model": {"path": str(model)},
+        "data": {"train": [{"path": str(data)}]},
+        "train": {"max_steps": 10, "per_device_batch_size": 4, "gradient_accumulation_steps": 2},
+        "output": {"dir": str(tmp_path / "runs" / "unit")},
+    }
+    for key, value in top.items():
+        recipe[key] = {**recipe.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _checkpoint(run_dir: Path, step: int, complete: bool) -> Path:
+    folder = run_dir / "checkpoints" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    if complete:
+        (folder / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+    return folder
+
+
+def test_single_process_cpu_plan(tmp_path):
+    plan = compile_plan(load_recipe(_recipe(tmp_path)))
+    assert (plan.device, plan.world_size, plan.num_processes) == ("cpu", 1, 1)
+    assert plan.effective_batch_size == 4 * 2 * 1
+    assert plan.run_dir == str(tmp_path / "runs" / "unit")
+    assert plan.resume_from is None
+    cmd = plan.launch.command
+    assert "accelerate" in " ".join(cmd) and cmd[-1] == str(tmp_path / "runs" / "unit" / "plan.json")
+    assert "ftune.launch.worker" in cmd
+
+
+def test_default_run_dir_is_runs_name(tmp_path, monkeypatch):
+    path = _recipe(tmp_path, output={"dir": None})
+    monkeypatch.chdir(tmp_path)
+    assert compile_plan(load_recipe(path)).run_dir == str(tmp_path / "runs" / "unit")
+
+
+def test_resume_auto_takes_latest_complete_checkpoint(tmp_path):
+    run_dir = tmp_path / "runs" / "unit"
+    _checkpoint(run_dir, 4, complete=True)
+    good = _checkpoint(run_dir, 8, complete=True)
+    _checkpoint(run_dir, 12, complete=False)  # killed mid-save: no marker, never trusted
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == good
+    plan = compile_plan(load_recipe(_recipe(tmp_path)))
+    assert plan.resume_from == str(good)
+
+
+def test_resume_false_starts_fresh(tmp_path):
+    _checkpoint(tmp_path / "runs" / "unit", 4, complete=True)
+    plan = compile_plan(load_recipe(_recipe(tmp_path), ["checkpoint.resume=false"]))
+    assert plan.resume_from is None
+
+
+def test_resume_path_must_be_a_checkpoint(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(_recipe(tmp_path), [f"checkpoint.resume={tmp_path}"]))
+    (problem,) = info.value.problems
+    assert problem.path == "checkpoint.resume" and "not a complete checkpoint" in problem.message
+    assert problem.location.origin == "override"
+
+
+def test_finished_run_is_refused_unless_overwrite(tmp_path):
+    final = tmp_path / "runs" / "unit" / "final"
+    final.mkdir(parents=True)
+    (final / COMPLETE_MARKER).write_text("{}")
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(_recipe(tmp_path)))
+    (problem,) = info.value.problems
+    assert problem.path == "output.dir" and "already holds a finished run" in problem.message
+    assert "output.overwrite=true" in problem.hint
+    assert problem.location.file.endswith("recipe.yaml") and problem.location.line is not None
+    compile_plan(load_recipe(_recipe(tmp_path), ["output.overwrite=true"]))
+
+
+def test_fp16_on_cpu_is_a_located_error_and_all_problems_come_at_once(tmp_path):
+    path = _recipe(tmp_path, train={"mixed_precision": "fp16"}, model={"path": str(tmp_path / "nope")})
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    by_path = {p.path: p for p in info.value.problems}
+    assert set(by_path) == {"train.mixed_precision", "model.path"}
+    assert "bf16" in by_path["train.mixed_precision"].hint
+    assert by_path["train.mixed_precision"].location.line is not None
+
+
+def test_bf16_on_cpu_is_allowed_with_a_note(tmp_path):
+    plan = compile_plan(load_recipe(_recipe(tmp_path, train={"mixed_precision": "bf16"})))
+    assert plan.mixed_precision == "bf16"
+    assert any("bf16 on CPU" in note for note in plan.notes)
+
+
+def test_plan_round_trips_through_json(tmp_path):
+    from ftune.plan.model import Plan
+
+    plan = compile_plan(load_recipe(_recipe(tmp_path)))
+    plan.dump(tmp_path / "plan.json")
+    again = Plan.load(tmp_path / "plan.json")
+    assert again == plan
+    assert again.recipe.peft.method == "lora" and again.recipe.peft.r == 8
