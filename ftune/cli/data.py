@@ -142,15 +142,17 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
     rep = bundle.report
     console.print(Text.assemble(("legend: ", "bold"), ("trained", TRAINED), " · ", ("masked (-100)", MASKED)))
     for i, s in enumerate(shown, start=1):
-        where = f"row {s['row']}" + (f", sample {s['segment'] + 1} of the packed row" if s.get("segment") is not None else "")
+        where = f"row {s['row']}"
+        if s.get("segment") is not None:
+            where += f", sample {s['segment'] + 1} of the packed row"
         if "label" in s:
             console.print(Text(f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · "
                                f"label {s['label']} {s['label_name'] or ''}", style="bold"))
             console.print(s["text"])
             continue
         n_trained = sum(r["tokens"] for r in s["runs"] if r["trained"])
-        console.print(Text(f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · {n_trained} trained",
-                           style="bold"))
+        head = f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · {n_trained} trained"
+        console.print(Text(head, style="bold"))
         console.print(Text.assemble(*[(r["text"], TRAINED if r["trained"] else MASKED) for r in s["runs"]]))
     console.print(Text("\ntoken lengths (before truncation)", style="bold"))
     for line in histogram_lines(rep):

@@ -61,8 +61,9 @@ def test_text_output_has_legend_histogram_counts_and_fill(instruction_recipe, ca
 def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, capsys):
     data_file = tmp_path / "cls.csv"
     data_file.write_text("text,label\ngood cat,positive\nbad dog,negative\n")
-    recipe = write_recipe(tmp_path, tiny_tokenizer_dir, f"  train:\n    - path: {data_file}\n      format: classification\n",
-                          "  task: sequence-classification\n  labels: [negative, positive]\n")
+    data = f"  train:\n    - path: {data_file}\n      format: classification\n"
+    model = "  task: sequence-classification\n  labels: [negative, positive]\n"
+    recipe = write_recipe(tmp_path, tiny_tokenizer_dir, data, model)
     assert main(["data", recipe, "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(s["label"], s["label_name"]) for s in out["samples"]] == [(1, "positive"), (0, "negative")]

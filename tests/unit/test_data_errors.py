@@ -145,3 +145,14 @@ def test_data_errors_survive_worker_processes():
 
     err = pickle.loads(pickle.dumps(DataError("m", hint="h", location=Location(file="f", line=3))))
     assert (err.message, err.hint, err.location.line) == ("m", "h", 3)
+
+
+def test_importing_the_data_stage_is_light():
+    """`ftune validate --check-paths` imports check_fields: no torch, transformers, datasets or numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ftune.stages.data; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'numpy', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -210,3 +210,28 @@ def test_unpacked_padding_collator_masks_padding(tokenizer, text_data_file, tmp_
     short = 0 if n0 < n1 else 1
     assert (batch["labels"][short, min(n0, n1):] == -100).all()
     assert json.dumps(b.report.as_dict())  # serialisable
+
+
+def test_the_hf_trainer_trains_and_evaluates_on_packed_batches(packed, tiny_model_dir, tmp_path):
+    """The bundle plugs into transformers' Trainer as is: position_ids survive column pruning and the
+    non-tensor `use_cache=False` passes through accelerate's dataloader to the model."""
+    import torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    seen = []
+
+    def collate(features):
+        batch = packed.collator(features)
+        seen.append(sorted(batch))
+        return batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+                             per_device_eval_batch_size=2, report_to=[], use_cpu=True, save_strategy="no",
+                             disable_tqdm=True, logging_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=packed.train, eval_dataset=packed.train.select(range(4)),
+                      data_collator=collate)
+    result = trainer.train()
+    metrics = trainer.evaluate()
+    assert seen[0] == ["input_ids", "labels", "position_ids", "use_cache"]
+    assert 2.0 < result.training_loss < 10.0 and 2.0 < metrics["eval_loss"] < 10.0

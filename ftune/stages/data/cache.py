@@ -126,7 +126,8 @@ class Cache:
 def _diff(old: dict, new: dict) -> list[str]:
     reasons = []
     if old.get("format_version") != new["format_version"]:
-        reasons.append(f"ftune's formatting code changed (version {old.get('format_version')} -> {new['format_version']})")
+        was, now = old.get("format_version"), new["format_version"]
+        reasons.append(f"ftune's formatting code changed (version {was} -> {now})")
     for path, h in new["data_files"].items():
         before = old.get("data_files", {}).get(path)
         if before != h:

@@ -114,12 +114,12 @@ def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[
         else:
             pairs = _pretokenized(batch, idx, src, ctx, fail)
         out: dict[str, list] = {"input_ids": [], "labels": [], "_len": [], "_trainable": []}
-        for ids, labels in pairs:
+        for ids, labels, all_trained in pairs:  # all_trained: labels == ids, so counting is free
             out["_len"].append(len(ids))
             ids, labels = truncate(ids, labels, ctx.max_len)
             out["input_ids"].append(ids)
             out["labels"].append(labels)
-            out["_trainable"].append(trainable(labels))
+            out["_trainable"].append(max(0, len(labels) - 1) if all_trained else trainable(labels))
         return out
 
     return encode
@@ -149,7 +149,7 @@ def _text(batch, idx, src, ctx, fail):
     for ids in ctx.tokenizer(texts, add_special_tokens=True)["input_ids"]:
         if eos and (not ids or ids[-1] != eos[0]):
             ids = ids + eos
-        yield ids, list(ids)
+        yield ids, ids, True  # labels are the ids (never mutated: truncation slices)
 
 
 def _instruction(batch, idx, src, ctx, fail):
@@ -168,7 +168,7 @@ def _instruction(batch, idx, src, ctx, fail):
     eos = _eos(ctx)
     for p, a in zip(prompt_ids, answer_ids):
         labels = prompt_completion_labels(p, a + eos, ctx.train_on)
-        yield p + a + eos, labels
+        yield p + a + eos, labels, ctx.train_on == "all"
 
 
 def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
@@ -240,8 +240,10 @@ def _chat(batch, idx, src, ctx, fail):
         spans.append(sp)
     enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
     for ids, offsets, sp in zip(enc["input_ids"], enc["offset_mapping"], spans):
-        labels = list(ids) if ctx.train_on == "all" else labels_from_spans(ids, offsets, sp)
-        yield ids, labels
+        if ctx.train_on == "all":
+            yield ids, list(ids), True
+        else:
+            yield ids, labels_from_spans(ids, offsets, sp), False
 
 
 def _pretokenized(batch, idx, src, ctx, fail):
@@ -251,10 +253,11 @@ def _pretokenized(batch, idx, src, ctx, fail):
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
         if labels is None or ctx.train_on == "all":
-            labels = list(ids)
-        elif len(labels) != len(ids):
+            yield list(ids), list(ids), True
+            continue
+        if len(labels) != len(ids):
             raise fail(i, f"`{f.labels}` has {len(labels)} values but `{f.input_ids}` has {len(ids)}")
-        yield list(ids), [IGNORE if x is None else int(x) for x in labels]
+        yield list(ids), [IGNORE if x is None else int(x) for x in labels], False
 
 
 def _classification(batch, idx, src, ctx, fail):

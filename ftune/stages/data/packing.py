@@ -29,26 +29,28 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     size = 1
     while size < max(1, len(lengths)):
         size *= 2
-    free = [0] * (2 * size)  # max free space per subtree; leaves are bins (unopened bins: capacity)
-    for k in range(size):
-        free[size + k] = capacity
-    for k in range(size - 1, 0, -1):
-        free[k] = max(free[2 * k], free[2 * k + 1])
+    free = [capacity] * (2 * size)  # max free space per subtree; leaves are bins (unopened: capacity)
     bins: list[list[int]] = []
     for i in order:
         need = min(lengths[i], capacity)
         k = 1
         while k < size:  # descend to the leftmost leaf with room
-            k = 2 * k if free[2 * k] >= need else 2 * k + 1
+            k <<= 1
+            if free[k] < need:
+                k += 1
         b = k - size
         if b == len(bins):
-            bins.append([])
-        bins[b].append(i)
+            bins.append([i])
+        else:
+            bins[b].append(i)
         free[k] -= need
-        k //= 2
-        while k:
-            free[k] = max(free[2 * k], free[2 * k + 1])
-            k //= 2
+        k >>= 1
+        while k:  # refresh the maxima above; stop as soon as one is unchanged
+            m = free[2 * k] if free[2 * k] >= free[2 * k + 1] else free[2 * k + 1]
+            if free[k] == m:
+                break
+            free[k] = m
+            k >>= 1
     return bins
 
 

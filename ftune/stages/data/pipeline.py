@@ -1,4 +1,4 @@
-"""Preprocessing, start to end: load → encode (format + masking) → drop → split → mix → shuffle → pack → save.
+"""Preprocessing: load → encode (format + masking) → drop → split → mix → shuffle → pack → save.
 
 Runs once per cache key, inside a scratch folder that becomes the cache entry. Every random choice
 is seeded by `train.seed`, so the same recipe and files always give the same rows.
@@ -65,6 +65,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         num_proc=recipe.data.num_proc,
         cache_file_name=str(scratch / f"enc-{tag}.arrow"),
         load_from_cache_file=False,
+        new_fingerprint=f"ftune-{tag}-{seed}",  # else datasets pickles the tokenizer to hash the function
         desc=f"ftune: {src.where} ({src.spec.format})",
     )
     cols = enc.with_format("numpy", columns=BOOKKEEPING)[:]
