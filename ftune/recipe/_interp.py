@@ -158,12 +158,14 @@ def _mask_secrets(out: dict, refs: list[tuple[Path, str]]) -> dict[str, str]:
     secrets: dict[str, str] = {}
     if not values:
         return secrets
+    own = {path: _ENV_REF.findall(raw) for path, raw in refs}  # the variables each value names itself
     for path, value in list(leaves(out)):
         if not isinstance(value, str):
             continue
         if value in values:
             _set(out, path, MASK)
-            secrets[_dotted(path)] = values[value]
+            named = [n for n in own.get(path, ()) if os.environ.get(n) == value]
+            secrets[_dotted(path)] = named[0] if named else values[value]
         elif any(secret in value for secret in values):  # part of a longer string: the whole value is masked
             _set(out, path, MASK)
             secrets[_dotted(path)] = next(n for s, n in values.items() if s in value)

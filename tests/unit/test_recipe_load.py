@@ -133,6 +133,13 @@ def test_secret_through_a_reference_is_masked(files, monkeypatch):
     assert loaded.secrets == {"model.hub_token": "HF_TOKEN", "model.revision": "HF_TOKEN"}
 
 
+def test_same_secret_in_two_variables_keeps_each_name(files, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "same")
+    monkeypatch.setenv("MY_API_KEY", "same")
+    (files / "top.yaml").write_text(TOP + "description: 'key ${env:MY_API_KEY}'\nmodel:\n  hub_token: ${env:HF_TOKEN}\n")
+    assert load_recipe(files / "top.yaml").secrets == {"description": "MY_API_KEY", "model.hub_token": "HF_TOKEN"}
+
+
 def test_non_secret_env_value_is_kept(files, monkeypatch):
     monkeypatch.setenv("FT_REV", "main")
     (files / "top.yaml").write_text(TOP.replace("name: top", "name: top\nmodel:\n  revision: ${env:FT_REV}"))
