@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="memory of one GPU to plan for, e.g. 80GiB or 24GB (default: the visible GPU's, else plan for CPU)",
     )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="GPUs per machine to plan for (default: the visible ones; with --gpu-memory: the recipe's processes)",
+    )
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -145,22 +151,49 @@ def summarize_names(names: list[str]) -> list[tuple[str, int]]:
 
 
 def _block_unneeded_imports() -> None:
-    """Planning never quantizes or loads data: keep peft/transformers from importing bitsandbytes (seconds)."""
-    for name in ("bitsandbytes",):
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    """Planning never quantizes: keep peft/transformers from importing bitsandbytes (seconds of start-up).
+
+    Only in the `ftune` process itself, before peft is imported: peft decides once, at import, whether
+    bitsandbytes exists, so doing this in a process that trains later (a test session) would break it.
+    """
+    own_process = sys.argv[0].endswith(("/ftune", "ftune/cli/main.py"))
+    if own_process and "peft" not in sys.modules:
+        sys.modules.setdefault("bitsandbytes", None)  # type: ignore[arg-type]
+
+
+def _compile(loaded, gpus: int | None):
+    """The Plan, without the checks that need the inputs on disk (plan shows what is missing instead).
+
+    `gpus`: plan for that many GPUs per machine even where none is visible (`--gpu-memory`/`--gpus`), so
+    GPU-only settings are not refused as they would be for a run on this CPU machine.
+    """
+    from ftune.launch import accelerate_config
+    from ftune.plan.compile import compile_plan
+
+    if not gpus:
+        return compile_plan(loaded, check_inputs=False)
+    visible = accelerate_config.visible_gpus
+    accelerate_config.visible_gpus = lambda: gpus
+    try:
+        return compile_plan(loaded, check_inputs=False)
+    finally:
+        accelerate_config.visible_gpus = visible
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftune.plan.compile import compile_plan
     from ftune.plan.estimate import estimate, parse_bytes
     from ftune.recipe import load_recipe
 
     loaded = load_recipe(args.recipe, args.overrides)
-    plan = compile_plan(loaded, check_inputs=False)
     recipe = loaded.recipe
     gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory else None
+    gpus = args.gpus
+    if gpus is None and gpu_memory is not None:
+        n = recipe.distributed.num_processes
+        gpus = n if isinstance(n, int) and recipe.distributed.strategy != "none" else 1
+    plan = _compile(loaded, gpus)
     _block_unneeded_imports()
-    device = "cuda" if gpu_memory is not None else plan.device
+    device = "cuda" if gpus else plan.device
     est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes, gpu_memory=gpu_memory,
                    device=device)
     data = count_data(recipe, plan.world_size, plan.tokenizer_path)

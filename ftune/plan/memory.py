@@ -401,8 +401,9 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
         if layout.fsdp_sharding == "shard_grad_op":
             gathered = w_total  # parameters stay gathered between forward and backward
         extra.append(MemoryItem("weights", "all-gathered FSDP units", gathered))
-        extra.append(MemoryItem("gradients", "unsharded gradients of one unit", layout.largest_unit_grad_bytes,
-                                "backward"))
+        if layout.largest_unit_grad_bytes:
+            extra.append(MemoryItem("gradients", "unsharded gradients of one unit", layout.largest_unit_grad_bytes,
+                                    "backward"))
         if layout.fsdp_offload:
             offloaded = int((w_total + grads + opt) / n)
             w_factor = g_factor = o_factor = 0.0

@@ -1,0 +1,143 @@
+"""`ftune plan` through the CLI: shipped recipes, errors, data and steps, output formats."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ftune.cli.main import main
+from ftune.cli.plan import count_data, summarize_names
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plan_json(capsys, *args: str) -> dict:
+    code = main(["plan", *args, "--format", "json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_shipped_lora_recipe_plans_offline(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = plan_json(capsys, "recipes/llama7b-lora.yaml", "--gpu-memory", "80GiB")
+    est = out["estimate"]
+    assert (est["params_trainable"], est["params_total"]) == (4_194_304, 6_742_609_920)
+    assert est["config_source"] == "catalog meta-llama--Llama-2-7b-hf.json"
+    assert est["fsdp"]["units"] == 33 and est["fsdp"]["shard_ranks"] == 8
+    assert est["device_memory"] == 80 * 1024**3 and est["fits"] is True
+    assert out["effective_batch_size"] == 4 * 8 * 8
+    assert out["launch"]["command"][1:4] == ["-m", "accelerate.commands.launch", "--config_file"]
+    assert out["data"] is None  # data/alpaca.jsonl is not here
+
+
+def test_text_output_shows_every_section(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "recipes/llama7b-qlora.yaml", "--gpu-memory", "24GB"]) == 0
+    text = capsys.readouterr().out
+    for expected in ("parameters", "6,778,392,576 total", "39,976,960 trainable", "model.layers.*.mlp.down_proj x32",
+                     "memory per device", "nf4", "paged AdamW 8-bit", "verdict      fits", "accelerate.commands.launch"):
+        assert expected in text, expected
+
+
+def test_target_modules_matching_nothing_is_a_located_error(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code = main(["plan", "recipes/llama7b-lora.yaml", "peft.target_modules=[query,value]"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "peft.target_modules (query, value) matches no module of the model" in err
+    assert "hint: the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj" in err
+
+
+def test_too_small_gpu_does_not_fit_and_suggests(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = plan_json(capsys, "recipes/llama7b-full-fsdp.yaml", "distributed.strategy=none", "~distributed.fsdp",
+                    "distributed.num_processes=1", "--gpu-memory", "40GiB")
+    est = out["estimate"]
+    # bf16 full fine-tune on one GPU: weights 2 + gradients 2 + AdamW states 4 + update scratch 2 bytes/param
+    n = 6_738_415_616
+    assert est["total_bytes"] == 10 * n + 4 * 291  # + one fp32 `step` per parameter tensor
+    assert est["fits"] is False and est["peak_phase"] == "update"
+    assert est["suggestions"][0].startswith("shard over 8 processes (distributed.strategy: fsdp, num_processes: 8)")
+    assert any(s.startswith("use train.optimizer: adamw_8bit") for s in est["suggestions"])
+
+
+def test_bad_gpu_memory_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "recipes/llama7b-lora.yaml", "--gpu-memory", "lots"]) == 1
+    assert "cannot read memory size 'lots'" in capsys.readouterr().err
+
+
+def write_recipe(tmp_path, model_dir, data_file, **train) -> Path:
+    recipe = {
+        "name": "tiny",
+        "model": {"path": str(model_dir), "dtype": "float32"},
+        "data": {"train": [{"path": str(data_file)}], "max_seq_length": 16},
+        "peft": {"method": "lora", "r": 4},
+        "train": {"per_device_batch_size": 4, "gradient_accumulation_steps": 2, "epochs": 2, **train},
+        "output": {"dir": str(tmp_path / "run")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def token_lengths(model_dir, data_file) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    rows = [json.loads(line)["text"] for line in Path(data_file).read_text().splitlines()]
+    return [len(tok.encode(t).ids) for t in rows]
+
+
+def test_local_data_counts_samples_tokens_and_steps(capsys, tmp_path, tiny_model_dir, text_data_file):
+    out = plan_json(capsys, str(write_recipe(tmp_path, tiny_model_dir, text_data_file)))
+    lengths = token_lengths(tiny_model_dir, text_data_file)
+    assert out["data"] == {
+        "samples": 200,
+        "tokens": sum(min(n, 16) for n in lengths),
+        "rows": 200,
+        "steps_per_epoch": 25,  # 200 rows / batch 4 = 50 batches / accumulation 2
+        "total_steps": 50,
+        "epochs": 2,
+        "effective_batch": 8,
+        "approximate": False,
+    }
+    assert out["estimate"]["device"] == "cpu"
+
+
+def test_packing_counts_packed_rows(tmp_path, tiny_model_dir, text_data_file):
+    from ftune.recipe import load_recipe
+
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file, max_steps=7)
+    loaded = load_recipe(path, ["data.packing=true"])
+    data = count_data(loaded.recipe, world_size=2, tokenizer_path=str(tiny_model_dir))
+    tokens = sum(token_lengths(tiny_model_dir, text_data_file))
+    assert data.tokens == tokens and data.rows == math.ceil(tokens / 16)
+    assert data.steps_per_epoch == math.ceil(math.ceil(math.ceil(data.rows / 2) / 4) / 2)
+    assert data.total_steps == 7 and data.effective_batch == 16
+
+
+def test_eval_split_and_limit_reduce_samples(tmp_path, tiny_model_dir, text_data_file):
+    from ftune.recipe import load_recipe
+
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file)
+    loaded = load_recipe(path, ["data.eval={split: 0.1}", "data.train.0.limit=150"])
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir))
+    assert data.samples == 150 - 15
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj", "lm_head"],
+         [("model.layers.*.self_attn.q_proj", 2), ("lm_head", 1)]),
+        (["model.layers.31.mlp.down_proj.weight"], [("model.layers.*.mlp.down_proj.weight", 1)]),
+    ],
+)
+def test_summarize_names(names, expected):
+    assert summarize_names(names) == expected
