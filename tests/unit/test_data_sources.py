@@ -112,3 +112,21 @@ def test_packed_eval_has_the_same_token_semantics(tok, files):
     assert b.report.eval_packed_rows == len(b.eval) < 10
     segments = sum(row.count(0) for row in b.eval["position_ids"])
     assert segments == 10  # every held-out sample, whole, in its own segment
+
+
+def test_num_proc_gives_the_same_rows_and_errors_cross_processes(tok, files, tmp_path):
+    one = make(tok, files, [{"path": str(files / "a.jsonl")}])
+    two = make(tok, tmp_path / "other", [{"path": str(files / "a.jsonl")}], num_proc=2)
+    assert not two.report.cache_hit  # a fresh cache: really built by two processes
+    assert two.train["input_ids"] == one.train["input_ids"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS) + json.dumps({"text": None}) + "\n")
+    with pytest.raises(Exception, match=r"row 41 of .*bad.jsonl: field `text` is empty") as info:
+        make(tok, tmp_path / "third", [{"path": str(bad)}], num_proc=2)
+    assert info.value.location.line == 41
+
+
+def test_a_hub_name_that_cannot_be_reached_is_a_clear_error(tok, tmp_path):
+    with pytest.raises(Exception, match=r"could not load the hub dataset 'nobody/nothing'") as info:
+        make(tok, tmp_path, [{"path": "nobody/nothing"}])
+    assert "HF_DATASETS_OFFLINE" in info.value.hint
