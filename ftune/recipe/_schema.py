@@ -233,13 +233,16 @@ def translate(errors: list[dict]) -> list[Issue]:
     """pydantic errors → issues on the user's paths, union alternatives merged into one message."""
     issues: list[Issue] = []
     unions: dict[Path, list[tuple[dict, _Step]]] = {}
+    matched: set[Path] = set()  # unions where an alternative took the value's type: its errors say more
     for err in errors:
         step = walk_loc(err["loc"])
         if step.union_at is not None and tuple(step.path) == step.union_at and err["type"] in (_EXPECTED.keys() | {"literal_error"}):
             unions.setdefault(step.union_at, []).append((err, step))
             continue
         issues.append(_one(err, step))
-    deeper = {i.path[: len(u)] for i in issues for u in unions if len(i.path) > len(u)}
+        if step.union_at is not None:
+            matched.add(tuple(step.path[: len(step.union_at)]))
+    deeper = {i.path[: len(u)] for i in issues for u in unions if len(i.path) > len(u)} | matched
     for at, alts in unions.items():
         if at in deeper:  # one alternative matched the shape; its own errors say more
             continue
@@ -267,10 +270,15 @@ def _one(err: dict, step: _Step) -> Issue:
         message = f"invalid value {show(value)}" + (f" (did you mean '{guess}'?)" if guess else "")
         return Issue(path, message, f"allowed values: {', '.join(allowed)}")
     if kind in _RANGE:
-        bound = range_text(step.field, name) or err["msg"]
+        ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+        ctx = err.get("ctx", {})
+        bound = range_text(step.field, name) or " and ".join(f"{name} {ops[k]} {v}" for k, v in ctx.items() if k in ops)
         return Issue(path, f"{show(value)} is out of range", f"allowed range: {bound}")
     if kind in ("too_short", "too_long"):
-        return Issue(path, err["msg"].replace("List", "the list").replace("Input", "the value"), _describe(step))
+        ctx = err.get("ctx", {})
+        bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        size = "at least" if kind == "too_short" else "at most"
+        return Issue(path, f"needs {size} {bound} item{'s' if bound != 1 else ''}, got {ctx.get('actual_length')}", _describe(step))
     if kind == "string_pattern_mismatch":
         return Issue(path, f"invalid value {show(value)}", _describe(step))
     if kind in _EXPECTED:

@@ -310,7 +310,8 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     data, issues, secrets = interpolate(data)
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
-    issues += [i for i in schema_issues if i.path not in bad]
+    reported = {p.path for p in ctx.problems}  # e.g. a bad `extends` value, already reported while composing
+    issues += [i for i in schema_issues if i.path not in bad and dotted(i.path) not in reported]
     issues += _rule_issues(data, issues, (recipe, schema_issues))
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
     if ctx.problems or recipe is None:

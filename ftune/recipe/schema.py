@@ -185,7 +185,7 @@ class DeepSpeedSection(Section):
 class DistributedSection(Section):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
     """How processes share the work."""
-    num_processes: int | Literal["auto"] = 1
+    num_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Processes per machine; `auto` means the visible GPUs, else 1."""
     num_machines: int = Field(1, ge=1)
     """Machines (nodes) in the job."""

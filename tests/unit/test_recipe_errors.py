@@ -259,3 +259,18 @@ def test_control_character_located(tmp_path):
 def test_control_character_in_override_value_is_text(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["train.max_steps=\x1b"])
     assert p.path == "train.max_steps" and p.location.origin == "override"
+
+
+def test_constraint_inside_a_union_wins_over_other_alternatives(tmp_path):
+    (p,) = errors(tmp_path, GOOD + "distributed: {num_processes: 0}\n")
+    assert (p.path, p.message, p.hint) == ("distributed.num_processes", "0 is out of range", "allowed range: num_processes >= 1")
+
+
+def test_empty_list(tmp_path):
+    (p,) = errors(tmp_path, GOOD.replace("  train:\n    - path: d.jsonl\n", "  train: []\n"))
+    assert (p.path, p.message) == ("data.train", "needs at least 1 item, got 0")
+
+
+def test_bad_extends_value_reported_once(tmp_path):
+    (p,) = errors(tmp_path, GOOD + "extends: 5\n")
+    assert (p.path, p.message) == ("extends", "expected a path or a list of paths")
