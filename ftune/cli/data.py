@@ -140,7 +140,10 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
 
     console = Console(highlight=False, soft_wrap=True)
     rep = bundle.report
-    console.print(Text.assemble(("legend: ", "bold"), ("trained", TRAINED), " · ", ("masked (-100)", MASKED)))
+    # Without a terminal (a pipe, a CI log) colours are dropped, so trained runs are bracketed instead.
+    mark = ("", "") if console.is_terminal else ("⟦", "⟧")
+    console.print(Text.assemble(("legend: ", "bold"), (f"{mark[0]}trained{mark[1]}", TRAINED), " · ",
+                                ("masked (-100)", MASKED)))
     for i, s in enumerate(shown, start=1):
         where = f"row {s['row']}"
         if s.get("segment") is not None:
@@ -153,7 +156,8 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
         n_trained = sum(r["tokens"] for r in s["runs"] if r["trained"])
         head = f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · {n_trained} trained"
         console.print(Text(head, style="bold"))
-        console.print(Text.assemble(*[(r["text"], TRAINED if r["trained"] else MASKED) for r in s["runs"]]))
+        console.print(Text.assemble(*[(f"{mark[0]}{r['text']}{mark[1]}", TRAINED) if r["trained"]
+                                      else (r["text"], MASKED) for r in s["runs"]]))
     console.print(Text("\ntoken lengths (before truncation)", style="bold"))
     for line in histogram_lines(rep):
         console.print(line)

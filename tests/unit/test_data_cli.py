@@ -47,7 +47,8 @@ def test_json_shows_trained_and_masked_runs_and_the_report(instruction_recipe, c
 def test_text_output_has_legend_histogram_counts_and_fill(instruction_recipe, capsys):
     assert main(["data", instruction_recipe, "--n", "2"]) == 0
     out = capsys.readouterr().out
-    assert "legend: trained · masked (-100)" in out
+    assert "legend: ⟦trained⟧ · masked (-100)" in out  # no terminal here: trained runs are bracketed
+    assert "\nA: ⟦" in out and "</s>⟧" in out
     assert out.count("── train sample") == 2 and "sample 1 of the packed row" in out
     assert "token lengths (before truncation)" in out and "█" in out
     assert "0 dropped without a trainable token, 0 truncated at 64" in out

@@ -283,7 +283,12 @@ def _label_id(label, names: list[str] | None, num_labels: int | None, col: str, 
         n = len(names) if names else num_labels
         if n is None or 0 <= label < n:
             return label
-    known = ", ".join(names) if names else f"ids 0..{(num_labels or 0) - 1}"
+    if names:
+        known = ", ".join(names)
+    elif num_labels:
+        known = f"ids 0..{num_labels - 1}"
+    else:
+        known = "(none: model.labels is not set and the labels mix names and ids)"
     raise fail(
         i,
         f"label {label!r} (field `{col}`) is not one of the label names: {known}",
