@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftune.errors import EXIT_INVALID, EXIT_OK, Location, Problem, RecipeError, UsageError
+from ftune.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, Location, Problem, RecipeError, UsageError
 
 _HIDDEN = re.compile(r"(^|/)\.")
 
@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Report:
     file: str
     problems: list[Problem] = field(default_factory=list)
+    unreadable: bool = False  # an I/O problem with the file itself: exit 2
 
     @property
     def valid(self) -> bool:
@@ -147,6 +148,7 @@ def check_file(file: Path, check_paths: bool) -> Report:
         return report
     except UsageError as err:
         report.problems = [Problem(err.message, hint=err.hint, location=Location(report.file))]
+        report.unreadable = True
         return report
     if check_paths:
         report.problems = missing_paths(loaded)
@@ -196,4 +198,6 @@ def run(args: argparse.Namespace) -> int:
     reports = [check_file(f, args.check_paths) for f in files]
     render(reports, args.format, len(skipped))
     sys.stdout.flush()
+    if any(r.unreadable for r in reports):
+        return EXIT_USAGE
     return EXIT_OK if all(r.valid for r in reports) else EXIT_INVALID

@@ -298,6 +298,8 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         raise UsageError(f"{path} is a directory", hint="give a recipe file (ftune validate takes directories)")
     if not file.is_file():
         raise UsageError(f"recipe file not found: {path}", hint="check the path (it is relative to the working directory)")
+    if not os.access(file, os.R_OK):
+        raise UsageError(f"can't read recipe file {path}: permission denied", hint="check the file's permissions")
     parsed = parse_overrides(overrides)
     ctx = _Load(root=file)
     composed = _compose(file, (), ctx)

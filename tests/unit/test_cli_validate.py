@@ -163,3 +163,12 @@ def test_new_user_cases_subprocess(tmp_path, case):
     assert line.isdigit() and col.isdigit()
     assert fragment in proc.stdout
     assert "    hint: " in proc.stdout
+
+
+def test_unreadable_file_is_io_error(tree, capsys, monkeypatch):
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: not str(p).endswith("locked.yaml") and real_access(p, mode))
+    (tree / "locked.yaml").write_text(GOOD)
+    code, out, _ = run(capsys, "locked.yaml", "recipes/b.yml")
+    assert code == 2
+    assert out.splitlines()[0] == "locked.yaml: error: can't read recipe file locked.yaml: permission denied"
