@@ -130,3 +130,50 @@ def save_final(trainer, plan, tokenizer) -> dict:
     (final / "ftune.json").write_text(json.dumps(meta, indent=2) + "\n")
     (final / COMPLETE_MARKER).write_text(json.dumps({"tensors": len(expected)}) + "\n")
     return meta
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Names and (global) shapes of the model tensors in a Trainer checkpoint, sharded or not.
+
+    FSDP sharded checkpoints are DCP folders (`pytorch_model_fsdp_0/`) whose metadata lists every
+    tensor with its full shape under a `model.` prefix; other checkpoints hold safetensors files.
+    """
+    dcp_dirs = sorted(folder.glob("pytorch_model_fsdp_*"))
+    if not dcp_dirs:
+        return saved_tensors(folder)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for d in dcp_dirs:
+        meta = FileSystemReader(str(d)).read_metadata()
+        for name, item in meta.state_dict_metadata.items():
+            if hasattr(item, "size"):
+                shapes[name.removeprefix("model.")] = tuple(item.size)
+    return shapes
+
+
+def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
+    """Read a just-written checkpoint back and compare names (and shapes, where they are global).
+
+    Called on rank 0 before the checkpoint is marked complete: a checkpoint that would restore
+    nothing (or part of the model) is an error, not a resumable checkpoint.
+    """
+    found = checkpoint_tensors(folder)
+    if is_adapter:
+        wanted = {_clean(n).replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
+    else:
+        wanted = {_clean(n): p for n, p in model.named_parameters()}
+    if not found:
+        raise RunError(f"checkpoint check failed: {folder} holds no model tensors",
+                       hint="the checkpoint would restore nothing; report this with the run dir")
+    missing = sorted(n for n in wanted if n not in found)
+    # FSDP v1 flattens the local shard (1-D views), so only DTensor / plain shapes are comparable
+    wrong = sorted(n for n, p in wanted.items() if n in found and p.dim() > 1 and tuple(p.shape) != found[n])
+    if missing or wrong:
+        detail = "; ".join(part for part in (
+            f"missing {missing[:5]}" if missing else "",
+            f"wrong shapes {[(n, found[n], tuple(wanted[n].shape)) for n in wrong[:3]]}" if wrong else "",
+        ) if part)
+        raise RunError(f"checkpoint check failed for {folder}: {detail}",
+                       hint="the checkpoint does not match the model being trained; it is not marked complete")

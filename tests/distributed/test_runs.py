@@ -162,3 +162,25 @@ def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, t
     assert res.code == 1
     assert "wrap class GPT2Block not found in LlamaForCausalLM" in res.text
     assert "LlamaDecoderLayer" in res.text
+
+
+@pytest.mark.parametrize(("kind", "method"), [("fsdp2", "lora"), ("fsdp1", "full"), ("ddp", "lora")])
+def test_checkpoints_read_back_and_match_the_model(runner, kind, method, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ftune.errors import RunError
+    from ftune.stages.save import checkpoint_tensors, verify_checkpoint
+
+    ckpt = runner(kind, method) / "checkpoints" / "checkpoint-2"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    if method == "lora":
+        model = get_peft_model(model, LoraConfig(r=LORA["r"], target_modules=LORA["target_modules"]))
+    found = checkpoint_tensors(ckpt)
+    assert len(found) == (8 if method == "lora" else len(list(model.parameters())))
+    verify_checkpoint(ckpt, model, is_adapter=method == "lora")
+    if method == "lora":  # a model that trains more than the checkpoint holds is refused
+        bigger = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                LoraConfig(r=LORA["r"], target_modules=["q_proj", "v_proj", "k_proj"]))
+        with pytest.raises(RunError, match="checkpoint check failed.*missing.*k_proj"):
+            verify_checkpoint(ckpt, bigger, is_adapter=True)

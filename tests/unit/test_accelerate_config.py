@@ -369,3 +369,26 @@ def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_d
     assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                               str(run_dir / "accelerate.yaml"), "-m", "ftune.launch.worker", str(run_dir / "plan.json")]
     assert not run_dir.exists()  # a dry run writes nothing
+
+
+def test_cpu_fsdp_shim_only_for_fsdp_without_cuda(monkeypatch):
+    import torch
+
+    from ftune.stages import distributed as stage
+
+    applied = []
+    monkeypatch.setattr(stage, "apply_cpu_fsdp_shim", lambda: applied.append(True))
+
+    class P:
+        def __init__(self, strategy, device):
+            self.recipe, self.device = recipe({"strategy": strategy}), device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    stage.prepare(P("ddp", "cpu"))
+    stage.prepare(P("fsdp", "cuda"))
+    assert applied == []
+    stage.prepare(P("fsdp", "cpu"))
+    assert applied == [True]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    stage.prepare(P("fsdp", "cpu"))
+    assert applied == [True]
