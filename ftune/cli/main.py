@@ -68,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
     try:
         parser = build_parser(command)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # `ftune run r.yaml --dry-run key=value`: overrides may follow options (argparse can't intermix them).
+            if hasattr(args, "overrides") and all("=" in e or e.startswith("~") for e in extra):
+                args.overrides = [*args.overrides, *extra]
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

@@ -16,10 +16,13 @@ from ftune.launch.rundir import write_inputs
 WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_DISABLE_RICH": "1"}
 
 
-def _prepare_run_dir(plan) -> bool:
-    """Create or reuse the run dir; returns True when this call created it (so a failed start can remove it)."""
+def _prepare_run_dir(plan) -> Path | None:
+    """Create or reuse the run dir; returns the topmost folder this call created (so a failed start can remove it)."""
     run_dir = Path(plan.run_dir)
-    fresh = not run_dir.exists()
+    created = None
+    probe = run_dir
+    while not probe.exists():
+        created, probe = probe, probe.parent
     if plan.recipe.output.overwrite and not plan.resume_from:
         for name in ("final", "checkpoints", "metrics.jsonl", "summary.json", "loss_curve.png", "tensorboard"):
             target = run_dir / name
@@ -28,7 +31,7 @@ def _prepare_run_dir(plan) -> bool:
             elif target.exists():
                 target.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
-    return fresh
+    return created
 
 
 def _worker_error(run_dir: Path) -> FtuneError | None:
@@ -44,7 +47,7 @@ def _worker_error(run_dir: Path) -> FtuneError | None:
 
 def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
     run_dir = Path(plan.run_dir)
-    fresh = _prepare_run_dir(plan)
+    created = _prepare_run_dir(plan)
     write_inputs(plan, resolved_yaml)
     env = dict(os.environ, **WORKER_ENV, **plan.launch.env)
     if debug:
@@ -69,6 +72,6 @@ def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
         f"accelerate launch exited with code {code}", hint=f"see the output above; the run dir is {run_dir}"
     )
     started = any((run_dir / "checkpoints").glob("checkpoint-*")) or (run_dir / "metrics.jsonl").exists()
-    if fresh and not started:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing trained: leave nothing half-written behind
+    if created is not None and not started:
+        shutil.rmtree(created, ignore_errors=True)  # nothing trained: leave nothing half-written behind
     raise err

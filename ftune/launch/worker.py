@@ -18,6 +18,7 @@ from ftune.plan.model import Plan
 
 def _quiet_libraries() -> None:
     """ftune prints its own progress; library progress bars and advisory warnings would drown it."""
+    import logging
     import warnings
 
     import datasets
@@ -26,6 +27,7 @@ def _quiet_libraries() -> None:
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels package missing: harmless
     warnings.filterwarnings("ignore", message=".*use_reentrant.*")
 
 
