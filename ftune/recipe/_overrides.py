@@ -64,7 +64,7 @@ class _Refused:
     reason: str
 
 
-def apply_overrides(data: dict, marks: dict, overrides: list[Override], ctx) -> None:
+def apply_overrides(data: dict, marks: dict[KeyPath, Marks], overrides: list[Override], ctx) -> None:
     """Apply overrides in order to (data, marks); problems go to ctx (quoting the argument)."""
     last_method = next((o.value for o in reversed(overrides) if o.parts == ("peft", "method")), None)
     peft = data.get("peft")
@@ -94,7 +94,7 @@ def apply_overrides(data: dict, marks: dict, overrides: list[Override], ctx) -> 
             if o.delete:
                 if isinstance(node, dict):
                     node.pop(last, None)
-            elif o.parts == ("peft", "method") and isinstance(node.get(last), str) and node[last] != o.value:
+            elif o.parts == ("peft", "method") and node and node.get(last, "lora") != o.value:
                 data["peft"] = {"method": o.value}  # another method: the old method's keys don't apply
                 gone = {("peft",)}
             else:

@@ -172,6 +172,13 @@ def test_override_changing_method_drops_other_method_keys(files):
     assert r.peft.method == "full"
 
 
+def test_override_method_on_a_section_without_method(files):
+    (files / "top.yaml").write_text("name: t\nmodel: {path: m}\ndata: {train: [{path: d}]}\ntrain: {epochs: 1}\npeft: {r: 4}\n")
+    r = load_recipe(files / "top.yaml", ["peft.method=prefix"]).recipe
+    assert (r.peft.method, r.peft.num_virtual_tokens) == ("prefix", 20)
+    assert load_recipe(files / "top.yaml", ["peft.method=lora"]).recipe.peft.r == 4  # same method: keys kept
+
+
 def test_override_value_that_is_not_yaml_stays_text(files):
     assert load_recipe(files / "top.yaml", ["description=[draft"]).recipe.description == "[draft"
 
