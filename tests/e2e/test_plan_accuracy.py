@@ -1,0 +1,58 @@
+"""`ftune plan` against reality: estimated peak ÷ measured peak of real CPU training steps, and the cost
+of planning a 7B recipe. The measurement method is bench/bench_plan.py's (fresh process, RSS with the
+peak counter reset, glibc mmap threshold pinned); see docs/plan.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_plan", REPO / "bench" / "bench_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_estimated_peak_is_within_15_percent_of_a_measured_training_step(tmp_path):
+    b = bench()
+    model_dir = b.write_model(tmp_path / "model")
+    recipes = [b.recipe_dict(shape, model_dir) for shape in b.SHAPES]
+    measured = b.measure(recipes)
+    for shape, recipe, meas in zip(b.SHAPES, recipes, measured):
+        est = b.estimated(recipe)
+        # weights, gradients and optimizer states are exact; the peak is within 15%
+        assert [est[k] for k in ("weights", "gradients", "optimizer")] == \
+            [meas[k] for k in ("weights", "gradients", "optimizer")], shape
+        ratio = est["peak"] / meas["peak"]
+        assert 0.85 <= ratio <= 1.15, f"{shape}: estimate {est['peak']} / measured {meas['peak']} = {ratio:.3f}"
+
+
+def test_planning_a_7b_recipe_is_cheap():
+    """Under 1 GB of RAM and no weights read; the time is reported (the limit is 5 s on an idle 2-core CPU)."""
+    code = ("import resource, sys; sys.argv = ['ftune/cli/main.py'] + sys.argv[1:]; from ftune.cli.main import main; "
+            "rc = main(sys.argv[1:]); u = resource.getrusage(resource.RUSAGE_SELF); "
+            "print('USAGE', u.ru_maxrss * 1024, u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(rc)")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, "plan", "recipes/llama7b-lora.yaml", "--format", "json",
+                           "--gpu-memory", "80GiB"], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["estimate"]["params_trainable"] == 4_194_304
+    usage = next(line.split() for line in proc.stderr.splitlines() if line.startswith("USAGE "))
+    rss, cpu_s = int(usage[1]), float(usage[2])
+    print(f"plan llama7b-lora: {wall:.1f} s wall, {cpu_s:.1f} s CPU, {rss / 2**20:.0f} MiB peak RSS")
+    assert rss < 1024**3
+    assert cpu_s < 15
