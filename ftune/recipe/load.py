@@ -75,7 +75,7 @@ class _Load:
 # ------------------------------------------------------------------------------------ extends/merge
 def _method_changes(path: KeyPath, base: dict, top: dict) -> bool:
     """A `peft:` section naming another method replaces the base's instead of merging into it."""
-    return path == ("peft",) and "method" in top and base.get("method", top["method"]) != top["method"]
+    return path == ("peft",) and "method" in top and base.get("method", "lora") != top["method"]
 
 
 def _merge(base: dict, top: dict, path: KeyPath, replaced: set[KeyPath]) -> dict:

@@ -86,6 +86,12 @@ def test_peft_method_change_replaces_base_section(files):
     assert (r.peft.method, r.peft.num_virtual_tokens) == ("prefix", 4)
 
 
+def test_base_peft_without_method_is_lora_when_merging(files):
+    (files / "bases" / "base.yaml").write_text(BASE.replace("  method: lora\n", ""))
+    (files / "top.yaml").write_text(TOP.replace("peft:\n  r: 16", "peft:\n  method: prefix").replace("-${peft.r}", ""))
+    assert load_recipe(files / "top.yaml").recipe.peft.method == "prefix"
+
+
 def test_interpolation_references(files):
     assert load_recipe(files / "top.yaml").recipe.output.dir == "runs/top-16"
 
