@@ -31,7 +31,7 @@ test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not distributed" tests
 
 schemas: setup
-	$(PY) -m ftune.recipe.export schemas/recipe.schema.json
+	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
 
 bench: setup
 	$(PY) bench/run.py

@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ftune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `ftune validate ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except Exception as err:  # a bug or an unexpected library failure: short message unless --debug
         if debug:
             raise

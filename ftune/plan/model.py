@@ -13,9 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ftune.recipe import MASK  # noqa: F401  (re-exported: the plan masks secrets the same way)
 from ftune.recipe.schema import Recipe
-
-MASK = "***"
 
 
 class LaunchSpec(BaseModel):
