@@ -9,20 +9,20 @@ bitsandbytes would store it. Parameter counts are then peft's own; memory comes 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Location
 from ftune.plan.memory import (
-    GiB,
-    ActivationProfile,
-    DeviceMemory,
     Layout,
     MemoryItem,
     ParamFact,
+    fmt_bytes,
     optimizer_spec,
+    parse_bytes,  # noqa: F401  (re-exported for the CLI)
     per_device,
+    suggest,
+    weight_bytes,
 )
 from ftune.recipe.schema import Recipe
 
@@ -246,8 +246,6 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
     fsdp = recipe.distributed.fsdp
     assert fsdp is not None
     bytes_of = {f.name: f for f in facts}
-    from ftune.plan.memory import weight_bytes
-
     def unit_bytes(module, prefix: str) -> int:
         return sum(weight_bytes(bytes_of[prefix + n], recipe.quantization is not None and
                                 recipe.quantization.double_quant)
@@ -323,7 +321,7 @@ def estimate(
 
 def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, num_processes: int,
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
-    from ftune.plan.memory import probe_activations
+    from ftune.plan.probe import probe_activations
 
     model, config, dtype = _build(recipe, config_file)
     quantized = _quantize_layout(model, recipe)
@@ -392,82 +390,3 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
                       offload_params=bool(ds and ds.offload_params),
                       master_weights=train.mixed_precision != "no")
     return Layout(**common, strategy=dist.strategy, shard_ranks=world_size)
-
-
-# -------------------------------------------------------------------------------------- suggestions
-def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout,
-            memory: DeviceMemory, device_memory: int | None, world_size: int, seq: int) -> list[str]:
-    """Concrete changes, each with the peak it would give, largest saving first."""
-    from dataclasses import replace
-
-    options: list[tuple[int, str]] = []
-
-    def consider(text: str, new: DeviceMemory | int) -> None:
-        total = new if isinstance(new, int) else new.total
-        if total < memory.total * 0.97:
-            options.append((total, f"{text}: peak {fmt_bytes(memory.total)} -> {fmt_bytes(total)}"))
-
-    if not layout.checkpointing:
-        consider("enable train.gradient_checkpointing", per_device(facts, profile, replace(layout,
-                                                                                           checkpointing=True)))
-    spec, _ = optimizer_spec(layout.optimizer)
-    if not spec.eight_bit and spec.states:
-        consider("use train.optimizer: adamw_8bit", per_device(facts, profile, replace(layout,
-                                                                                       optimizer="adamw_8bit")))
-    if recipe.quantization is None and recipe.peft.method in ("lora", "llama-adapter", "prefix"):
-        q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
-        consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
-    if recipe.peft.method == "full":
-        frozen = [replace(f, trainable=False) for f in facts]
-        consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0)",
-                 per_device(frozen, profile, layout))
-    if recipe.train.per_device_batch_size > 1:
-        b = recipe.train.per_device_batch_size
-        scaled = _scale_profile(profile, 1 / b)
-        consider(f"use train.per_device_batch_size: 1 with gradient_accumulation_steps x{b}",
-                 per_device(facts, scaled, layout))
-    if seq >= 1024:
-        consider(f"shorten data.max_seq_length to {seq // 2} (≈)", per_device(facts, _scale_profile(profile, 0.5),
-                                                                            layout))
-    if layout.strategy in ("none", "ddp") and layout.device == "cuda":
-        ranks = max(8, world_size * 2)
-        layers: dict[str, int] = {}
-        for f in facts:  # FSDP units by layer index, the rest stays with the root
-            m = re.search(r"\.(\d+)\.", f.name)
-            key = m.group(1) if m else "root"
-            layers[key] = layers.get(key, 0) + f.numel * f.itemsize
-        root = layers.pop("root", 0)
-        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=max(layers.values(),
-                          default=0), root_unit_bytes=root)
-        consider(f"shard over {ranks} processes (distributed.strategy: fsdp, num_processes: {ranks})",
-                 per_device(facts, profile, sharded))
-    if device_memory is not None and memory.total <= device_memory:
-        return [text for _, text in sorted(options)[:2]] if memory.total > 0.9 * device_memory else []
-    return [text for _, text in sorted(options)]
-
-
-def _is_quantizable_fact(f: ParamFact) -> bool:
-    return len(f.shape) == 2 and not f.trainable and f.name.endswith(".weight") and "embed" not in f.name \
-        and "lm_head" not in f.name and "norm" not in f.name
-
-
-def _scale_profile(p: ActivationProfile, k: float) -> ActivationProfile:
-    return ActivationProfile(tuple(int(b * k) for b in p.layer_bytes), tuple(int(b * k) for b in p.layer_input_bytes),
-                             int(p.outside_bytes * k), int(p.head_bytes * k))
-
-
-def fmt_bytes(n: int | float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def parse_bytes(text: str) -> int:
-    """`80GiB`, `80GB`, `81920MiB`, `85899345920` -> bytes (GB and GiB both read as binary: GPU makers' GB)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?)?\s*", text)
-    if not m:
-        raise FtuneError(f"cannot read memory size {text!r}", hint="write e.g. 80GiB, 24GB or 16384MiB")
-    value, unit = float(m.group(1)), (m.group(2) or "").lower()
-    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1]]
-    return int(value * 1024**power)

@@ -1,16 +1,21 @@
 """Byte accounting for `ftune plan`: weights, gradients, optimizer states, activations, sharding.
 
-The accounting functions are pure (they take parameter facts and an activation profile), so they are
-unit-tested without torch. `probe_activations` is the one heavy function: it runs a forward pass of
-the meta-device model and records, through autograd's saved-tensor hooks, every tensor autograd keeps
-for backward. That is the activation memory of this exact architecture and method, with no formula
-per model family. Nothing is computed on the meta device, so the probe reads and allocates no data.
+Pure functions of parameter facts (shape, dtype, trainable, quantized) and an activation profile
+(measured by `ftune.plan.probe`), so they are unit-tested without torch and re-run cheaply for the
+what-if suggestions ("with checkpointing the peak would be ...").
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ftune.errors import FtuneError
+
+if TYPE_CHECKING:
+    from ftune.recipe.schema import Recipe
 
 GiB = 1024**3
 
@@ -194,155 +199,6 @@ def optimizer_step_temporary(params: list[ParamFact], spec: OptimizerSpec, devic
     return 2 * max(trainable) if spec.foreach else 0
 
 
-# ------------------------------------------------------------------------------------------ activations
-@dataclass
-class _Recorder:
-    """State shared by the saved-tensor and module hooks during the probe."""
-
-    exclude: set[int]
-    layer: int | None = None
-    seen: dict[int, int] = field(default_factory=dict)
-    owner: dict[int, int | None] = field(default_factory=dict)
-    largest_outside: int = 0
-
-    def record(self, t) -> None:
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key in self.exclude or key in self.seen:
-            return
-        nbytes = storage.nbytes()
-        self.seen[key] = nbytes
-        self.owner[key] = self.layer
-        if self.layer is None:
-            self.largest_outside = max(self.largest_outside, nbytes)
-
-
-FLASH_NAME = "ftune_meta_flash"
-
-
-def _register_flash_emulation() -> None:
-    """An attention implementation for the probe that keeps what flash/SDPA kernels keep: q, k, v, the
-    output, the fp32 log-sum-exp and a mask when there is one (no seq x seq scores), taking the masks and
-    key/value layout transformers' SDPA path would. Registered under its own name, so real runs in the
-    same process are untouched."""
-    import torch
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    if FLASH_NAME in AttentionInterface._global_mapping:
-        return
-
-    class _Flash(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, mask):
-            b, h, s, d = q.shape
-            out = q.new_empty(b, s, h, v.shape[-1]).transpose(1, 2)  # kernels write (batch, seq, heads, dim)
-            lse = q.new_empty(b, h, s, dtype=torch.float32)
-            saved = (q, k, v, out, lse)
-            if mask is not None:  # a boolean mask is converted to an additive one per call, and kept
-                saved += (q.new_empty(mask.shape[0], 1, s, k.shape[-2]),)
-            ctx.save_for_backward(*saved)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):  # pragma: no cover - the probe never runs backward
-            raise NotImplementedError
-
-    def flash(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        groups = getattr(module, "num_key_value_groups", 1)
-        if groups > 1 and not use_gqa_in_sdpa(attention_mask, key, value):  # as transformers' sdpa does
-            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        out = _Flash.apply(query, key, value, attention_mask)
-        return out.transpose(1, 2).contiguous(), None
-
-    AttentionInterface.register(FLASH_NAME, flash)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(FLASH_NAME, sdpa_mask)
-
-
-def probe_activations(
-    model,
-    *,
-    batch: int,
-    seq: int,
-    attn_implementation: str,
-    layer_classes: set[str],
-    quantized: set[int],
-    task: str = "causal-lm",
-) -> ActivationProfile:
-    """Run one forward of the meta model and measure what autograd saves, per decoder layer.
-
-    `quantized` holds the ids of weights bitsandbytes would quantize: their matmul keeps its input for
-    backward even when frozen (a plain frozen Linear keeps only its weight), so the probe records it.
-    """
-    import torch
-
-    if attn_implementation != "eager":
-        _register_flash_emulation()
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = "eager" if attn_implementation == "eager" else FLASH_NAME
-
-    exclude = {p.untyped_storage()._cdata for p in model.parameters()}
-    exclude |= {b.untyped_storage()._cdata for b in model.buffers()}
-    rec = _Recorder(exclude=exclude)
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-    inputs: list[int] = [0] * len(layers)
-    handles = []
-
-    def enter(i):
-        def hook(module, args, kwargs):
-            rec.layer = i
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            trains = any(p.requires_grad for p in module.parameters())
-            if hidden is not None and (hidden.requires_grad or trains):
-                inputs[i] = hidden.numel() * hidden.element_size()
-
-        return hook
-
-    def leave(module, args, output):
-        rec.layer = None
-
-    def quantized_input(module, args, output):
-        if args and args[0].requires_grad:
-            rec.record(args[0])
-
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
-        handles.append(layer.register_forward_hook(leave))
-    for m in model.modules():
-        w = getattr(m, "weight", None)
-        if w is not None and id(w) in quantized:
-            handles.append(m.register_forward_hook(quantized_input))
-
-    def pack(t):
-        rec.record(t)
-        return t
-
-    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    labels = torch.zeros(batch, dtype=torch.long, device="meta") if task == "sequence-classification" else ids
-    was_training = model.training
-    model.train()
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, labels=labels)
-    finally:
-        for h in handles:
-            h.remove()
-        config._attn_implementation = previous
-        model.train(was_training)
-
-    per_layer = [0] * len(layers)
-    outside = 0
-    for key, nbytes in rec.seen.items():
-        owner = rec.owner[key]
-        if owner is None:
-            outside += nbytes
-        else:
-            per_layer[owner] += nbytes
-    return ActivationProfile(tuple(per_layer), tuple(inputs), outside, rec.largest_outside)
-
-
 # ------------------------------------------------------------------------------------------- per device
 @dataclass(frozen=True)
 class Layout:
@@ -442,3 +298,80 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
 
 def _dtypes(params: list[ParamFact]) -> str:
     return "/".join(sorted({p.dtype for p in params if p.trainable})) or "-"
+
+
+# -------------------------------------------------------------------------------------- suggestions
+def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout,
+            memory: DeviceMemory, device_memory: int | None, world_size: int, seq: int) -> list[str]:
+    """Concrete changes, each with the peak it would give, largest saving first."""
+    options: list[tuple[int, str]] = []
+
+    def consider(text: str, new: DeviceMemory | int) -> None:
+        total = new if isinstance(new, int) else new.total
+        if total < memory.total * 0.97:
+            options.append((total, f"{text}: peak {fmt_bytes(memory.total)} -> {fmt_bytes(total)}"))
+
+    if not layout.checkpointing:
+        consider("enable train.gradient_checkpointing", per_device(facts, profile, replace(layout,
+                                                                                           checkpointing=True)))
+    spec, _ = optimizer_spec(layout.optimizer)
+    if not spec.eight_bit and spec.states:
+        consider("use train.optimizer: adamw_8bit", per_device(facts, profile, replace(layout,
+                                                                                       optimizer="adamw_8bit")))
+    if recipe.quantization is None and recipe.peft.method in ("lora", "llama-adapter", "prefix"):
+        q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
+        consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
+    if recipe.peft.method == "full":
+        frozen = [replace(f, trainable=False) for f in facts]
+        consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0)",
+                 per_device(frozen, profile, layout))
+    if recipe.train.per_device_batch_size > 1:
+        b = recipe.train.per_device_batch_size
+        scaled = _scale_profile(profile, 1 / b)
+        consider(f"use train.per_device_batch_size: 1 with gradient_accumulation_steps x{b}",
+                 per_device(facts, scaled, layout))
+    if seq >= 1024:
+        consider(f"shorten data.max_seq_length to {seq // 2} (≈)", per_device(facts, _scale_profile(profile, 0.5),
+                                                                            layout))
+    if layout.strategy in ("none", "ddp") and layout.device == "cuda":
+        ranks = max(8, world_size * 2)
+        layers: dict[str, int] = {}
+        for f in facts:  # FSDP units by layer index, the rest stays with the root
+            m = re.search(r"\.(\d+)\.", f.name)
+            key = m.group(1) if m else "root"
+            layers[key] = layers.get(key, 0) + f.numel * f.itemsize
+        root = layers.pop("root", 0)
+        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=max(layers.values(),
+                          default=0), root_unit_bytes=root)
+        consider(f"shard over {ranks} processes (distributed.strategy: fsdp, num_processes: {ranks})",
+                 per_device(facts, profile, sharded))
+    if device_memory is not None and memory.total <= device_memory:
+        return [text for _, text in sorted(options)[:2]] if memory.total > 0.9 * device_memory else []
+    return [text for _, text in sorted(options)]
+
+
+def _is_quantizable_fact(f: ParamFact) -> bool:
+    return len(f.shape) == 2 and not f.trainable and f.name.endswith(".weight") and "embed" not in f.name \
+        and "lm_head" not in f.name and "norm" not in f.name
+
+
+def _scale_profile(p: ActivationProfile, k: float) -> ActivationProfile:
+    return ActivationProfile(tuple(int(b * k) for b in p.layer_bytes), tuple(int(b * k) for b in p.layer_input_bytes),
+                             int(p.outside_bytes * k), int(p.head_bytes * k))
+
+
+def fmt_bytes(n: int | float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(text: str) -> int:
+    """`80GiB`, `80GB`, `81920MiB`, `85899345920` -> bytes (GB and GiB both read as binary: GPU makers' GB)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?)?\s*", text)
+    if not m:
+        raise FtuneError(f"cannot read memory size {text!r}", hint="write e.g. 80GiB, 24GB or 16384MiB")
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1]]
+    return int(value * 1024**power)

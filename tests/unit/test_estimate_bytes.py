@@ -99,7 +99,7 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
 
     from ftune.methods import method_module
     from ftune.plan.estimate import _apply_method, _build, resolve_config
-    from ftune.plan.memory import probe_activations
+    from ftune.plan.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
     meta, _, _ = _build(r, resolve_config(r)[0])
