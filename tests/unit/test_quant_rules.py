@@ -133,12 +133,32 @@ def test_missing_bitsandbytes_gives_an_install_hint(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    assert quantize.needs_bitsandbytes(recipe())
     assert quantize.check_environment(recipe()) == ["quantization.bits: 4 needs bitsandbytes, which is not installed"]
     r = recipe(quantization=None, train={"max_steps": 1, "optimizer": "adamw_8bit"})
     assert quantize.check_environment(r) == ["train.optimizer: adamw_8bit needs bitsandbytes, which is not installed"]
     assert quantize.check_environment(recipe(quantization=None)) == []
     assert "pip install 'ftune[quant]'" in quantize.INSTALL_HINT
+
+
+def test_missing_bitsandbytes_is_a_located_plan_error(monkeypatch, tmp_path):
+    import importlib.util
+
+    from ftune.plan.compile import compile_plan
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, BASE + "quantization: {bits: 4}\n")
+    with pytest.raises(RecipeError) as err:
+        compile_plan(load_recipe(path), check_inputs=False)
+    [p] = [p for p in err.value.problems if p.path.startswith("quantization")]
+    assert p.message == "quantization.bits: 4 needs bitsandbytes, which is not installed"
+    assert "pip install 'ftune[quant]'" in p.hint
+    assert p.location.line == 5
 
 
 def test_old_bitsandbytes_is_reported(monkeypatch):
