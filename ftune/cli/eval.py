@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
-def load_trained(plan, model_dir: Path, tokenizer):
+def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None):
     """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base."""
     from ftune.stages.model import load_model
 
@@ -32,7 +32,7 @@ def load_trained(plan, model_dir: Path, tokenizer):
             from ftune.stages import quantize
 
             quant_config = quantize.quantization_config(plan.recipe)
-        base = load_model(plan, tokenizer, quant_config)
+        base = load_model(plan, tokenizer, quant_config, labels=labels)
         return PeftModel.from_pretrained(base, str(model_dir))
     if (model_dir / "config.json").is_file():
         full = plan.model_copy(update={"recipe": plan.recipe.model_copy(
@@ -49,7 +49,7 @@ def evaluate(plan, model_dir: Path) -> dict:
     bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
     if bundle.eval is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
-    model = load_trained(plan, model_dir, tok)
+    model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.training_arguments(plan, {"output_dir": str(Path(plan.run_dir) / "eval-tmp"), "report_to": "none",
                                            "eval_strategy": "no", "save_strategy": "no"})
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])

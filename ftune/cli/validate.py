@@ -152,7 +152,30 @@ def check_file(file: Path, check_paths: bool) -> Report:
         return report
     if check_paths:
         report.problems = missing_paths(loaded)
+        report.problems += field_problems(loaded, {p.path for p in report.problems})
     return report
+
+
+def field_problems(loaded, already: set[str]) -> list[Problem]:
+    """--check-paths: fields each local source lacks in its first rows (the data stage's own light reader)."""
+    import re
+
+    from ftune.recipe.load import display
+    from ftune.stages.data import check_fields
+
+    problems = []
+    for raw_path, message, hint in check_fields(loaded.recipe):
+        path = re.sub(r"\[(\d+)\]", r".\1", raw_path)  # data.train[0].path -> data.train.0.path (origins' form)
+        if path in already:
+            continue  # a missing file is already reported by missing_paths
+        where, probe = None, path
+        while probe and (where is None or where.file is None):  # nearest key the user wrote (not a default)
+            where, probe = loaded.origins.get(probe), probe.rpartition(".")[0]
+        where = where if where is not None and where.file else Location(loaded.file, 1, 1)
+        if where.file:
+            where = Location(display(where.file), where.line, where.column)
+        problems.append(Problem(message, path, hint, where))
+    return problems
 
 
 def _github(value: str, prop: bool = False) -> str:

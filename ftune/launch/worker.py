@@ -57,7 +57,7 @@ def run_stages(plan: Plan) -> dict:
         from ftune.stages import quantize
 
         quant_config = quantize.quantization_config(recipe)
-    model = load_model(plan, tok, quant_config)
+    model = load_model(plan, tok, quant_config, labels=bundle.label_names)
     if recipe.quantization is not None:
         model = quantize.prepare(model, recipe)
     model, counts = apply_method(model, plan)

@@ -16,8 +16,10 @@ def _dtype(name: str):
     return "auto" if name == "auto" else getattr(torch, name)
 
 
-def load_config(recipe, token: str | None = None):
-    """The model's config with the recipe's task settings applied (labels for classification)."""
+def load_config(recipe, token: str | None = None, labels: list[str] | None = None):
+    """The model's config with the recipe's task settings applied (labels for classification).
+
+    Label names come from `model.labels`, else from the data (`labels`), else the config's own count."""
     from transformers import AutoConfig
 
     model = recipe.model
@@ -31,7 +33,7 @@ def load_config(recipe, token: str | None = None):
             hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
         ) from err
     if model.task == "sequence-classification":
-        labels = model.labels or [str(i) for i in range(model.num_labels or config.num_labels)]
+        labels = model.labels or labels or [str(i) for i in range(model.num_labels or config.num_labels)]
         config.num_labels = len(labels)
         config.id2label = dict(enumerate(labels))
         config.label2id = {name: i for i, name in enumerate(labels)}
@@ -51,14 +53,14 @@ def build_meta_model(recipe):
         return cls.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
 
 
-def load_model(plan, tokenizer, quantization_config=None):
+def load_model(plan, tokenizer, quantization_config=None, labels: list[str] | None = None):
     import transformers
     from transformers import set_seed
 
     recipe = plan.recipe
     spec = recipe.model
     token = plan.secret("model.hub_token")
-    config = load_config(recipe, token)
+    config = load_config(recipe, token, labels)
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         config.pad_token_id = tokenizer.pad_token_id
     cls = getattr(transformers, TASK_CLASSES[spec.task])

@@ -118,9 +118,24 @@ def test_check_paths(tree, capsys):
     assert errors[0]["message"] == "'./models/tiny' does not exist"
     (tree / "models" / "tiny").mkdir(parents=True)
     (tree / "data").mkdir()
-    (tree / "data" / "train.jsonl").write_text("{}\n")
+    (tree / "data" / "train.jsonl").write_text('{"text": "hello"}\n')
     code, _, _ = run(capsys, "local.yaml", "--check-paths")
     assert code == 0  # org/hub-set looks like a hub dataset: not a local path
+
+
+def test_check_paths_reads_the_first_rows_for_fields(tree, capsys):
+    (tree / "data").mkdir()
+    (tree / "data" / "train.jsonl").write_text('{"prompt": "a", "answer": "b"}\n')
+    (tree / "local.yaml").write_text(
+        "name: t\nmodel: {path: .}\ndata:\n  train:\n    - path: data/train.jsonl\n      format: instruction\n"
+        "train: {max_steps: 5}\n"
+    )
+    code, out, _ = run(capsys, "local.yaml", "--check-paths", "--format", "json")
+    assert code == 1
+    (error, *_) = json.loads(out)["files"][0]["errors"]
+    assert error["path"].startswith("data.train.0")
+    assert "instruction" in error["message"] and error["line"] == 5
+    assert "prompt" in (error["message"] + (error["hint"] or ""))  # names the fields that are there
 
 
 def test_file_named_explicitly_is_checked_even_if_a_base(tree, capsys):

@@ -182,11 +182,30 @@ def quantized_needs_adapter(recipe: Recipe) -> Iterator[Violation]:
         )
 
 
+def packing_supported(recipe: Recipe) -> Iterator[Violation]:
+    if not recipe.data.packing:
+        return
+    if recipe.model.task == "sequence-classification":
+        yield Violation(
+            "data.packing",
+            "packing applies to causal-lm; a classification row must hold exactly one sample",
+            "set `data.packing: false`",
+        )
+    if recipe.peft.method == "prefix":
+        yield Violation(
+            "data.packing",
+            "packing can't be combined with prefix tuning: the prefix is fed as a KV cache, which turns off the "
+            "packed-sample detection that keeps samples from attending to each other",
+            "set `data.packing: false`, or use `peft.method: lora`",
+        )
+
+
 RULES: list[Rule] = [
     schema_version_supported,
     fsdp_options_need_fsdp,
     deepspeed_options_need_deepspeed,
     packing_needs_max_seq_length,
+    packing_supported,
     eval_needs_eval_data,
     eval_steps_needs_steps,
     warmup_once,
