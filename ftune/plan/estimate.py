@@ -147,9 +147,13 @@ def _build(recipe: Recipe, config_file: Path):
         auto = AutoModelForSequenceClassification
         config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
     attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
-    with torch.device("meta"):
-        model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
-                                 trust_remote_code=remote)
+    try:
+        with torch.device("meta"):
+            model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
+                                     trust_remote_code=remote)
+    except (ValueError, ImportError, RuntimeError, TypeError) as e:
+        raise FtuneError(f"cannot build {recipe.model.path} on the meta device: {e}",
+                         hint="check model.task and model.trust_remote_code for this architecture") from None
     return model, config, dtype
 
 
@@ -321,7 +325,7 @@ def estimate(
 
 def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, num_processes: int,
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
-    from ftune.plan.probe import probe_activations
+    from ftune.plan.probe import formula_profile, probe_activations
 
     model, config, dtype = _build(recipe, config_file)
     quantized = _quantize_layout(model, recipe)
@@ -347,9 +351,14 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     if not (seq_length or recipe.data.max_seq_length):
         notes.append(f"data.max_seq_length unset: activations assume the model's maximum, {seq} tokens")
     attn = recipe.model.attn_implementation or "sdpa"
-    profile = probe_activations(model, batch=recipe.train.per_device_batch_size, seq=seq,
-                                attn_implementation=attn, layer_classes=layer_classes, quantized=quantized,
-                                task=recipe.model.task)
+    batch = recipe.train.per_device_batch_size
+    try:
+        profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
+                                    layer_classes=layer_classes, quantized=quantized, task=recipe.model.task)
+    except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
+        profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager")
+        notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "
+                     "activations use the 34 x tokens x hidden bytes-per-layer formula instead")
 
     dist = recipe.distributed
     fsdp_layout = None

@@ -159,3 +159,17 @@ def probe_activations(
         else:
             per_layer[owner] += nbytes
     return ActivationProfile(tuple(per_layer), tuple(inputs), outside, rec.largest_outside)
+
+
+def formula_profile(config, *, batch: int, seq: int, itemsize: int, eager: bool) -> ActivationProfile:
+    """The textbook estimate, for models whose forward cannot run on the meta device (data-dependent
+    routing, custom code): 34 bytes x tokens x hidden per layer at 16 bits (Korthikanti et al. 2022),
+    plus the seq x seq scores (5 x heads x seq bytes per token) with eager attention."""
+    h = getattr(config, "hidden_size", 0) or 0
+    layers = getattr(config, "num_hidden_layers", 0) or 0
+    heads = getattr(config, "num_attention_heads", 1) or 1
+    vocab = getattr(config, "vocab_size", 0) or 0
+    tokens = batch * seq
+    per_token = 17 * h * itemsize + (5 * heads * seq * itemsize // 2 if eager else 0)
+    head = tokens * vocab * 4
+    return ActivationProfile((tokens * per_token,) * layers, (tokens * h * itemsize,) * layers, head, head)

@@ -197,3 +197,31 @@ def test_plan_modules_import_nothing_heavy():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def activations(est) -> int:
+    return sum(i.bytes for i in est.memory if i.kind == "activations")
+
+
+def test_eager_attention_keeps_the_seq_by_seq_scores():
+    kw = dict(world_size=1, num_processes=1, gpu_memory=80 * GiB, seq_length=256)
+    sdpa = estimate(make("meta-llama/Llama-2-7b-hf", {"method": "lora"}), **kw)
+    eager = estimate(make("meta-llama/Llama-2-7b-hf", {"method": "lora"}, model={"attn_implementation": "eager"}),
+                     **kw)
+    # per layer, batch x heads x seq x seq scores: at least the fp32 softmax output (4 B), at most that and
+    # a bf16 copy (2 B); the probe itself is checked against real eager forwards in test_estimate_bytes.py
+    scores = 32 * 32 * 256 * 256
+    assert 4 * scores <= activations(eager) - activations(sdpa) <= 6 * scores
+
+
+def test_models_the_probe_cannot_run_fall_back_to_the_formula(monkeypatch):
+    import ftune.plan.probe as probe
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("data-dependent operator on meta")
+
+    monkeypatch.setattr(probe, "probe_activations", fail)
+    est = estimate(make("meta-llama/Llama-2-7b-hf", {"method": "full"}), world_size=1, num_processes=1,
+                   gpu_memory=None, device="cuda", seq_length=1000)
+    assert activations(est) == 32 * 1000 * 17 * 4096 * 2 + 1000 * 32000 * 4  # 34 B/token/hidden + log-probs
+    assert "activation probe could not run this model on the meta device (RuntimeError)" in est.notes[0]

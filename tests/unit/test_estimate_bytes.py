@@ -91,8 +91,9 @@ def test_bf16_full_keeps_bf16_gradients_and_states(tiny_model_dir):
     assert measured["optimizer"] == 2 * 2 * n + 4 * len(list(model.parameters()))  # exp_avg, exp_avg_sq, step
 
 
-@pytest.mark.parametrize("method", ["lora", "full", "freeze", "prefix"])
-def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, method):
+@pytest.mark.parametrize(("method", "attn"), [("lora", "sdpa"), ("full", "sdpa"), ("freeze", "sdpa"),
+                                             ("prefix", "sdpa"), ("lora", "eager"), ("full", "eager")])
+def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, method, attn):
     """The meta probe records exactly the bytes a real CPU forward saves for backward."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -104,10 +105,10 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
     r = recipe(tiny_model_dir, METHODS[method])
     meta, _, _ = _build(r, resolve_config(r)[0])
     meta = _apply_method(meta, r).to("meta")
-    profile = probe_activations(meta, batch=BATCH, seq=SEQ, attn_implementation="sdpa",
+    profile = probe_activations(meta, batch=BATCH, seq=SEQ, attn_implementation=attn,
                                 layer_classes={"LlamaDecoderLayer"}, quantized=set())
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn)
     model = method_module(method).inject(model, r.peft, "causal-lm")
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
