@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,10 +63,9 @@ def check_environment(recipe: Recipe) -> list[str]:
 
     try:
         found = version("bitsandbytes")
-    except PackageNotFoundError:
+    except PackageNotFoundError:  # importable but not installed as a distribution (a source checkout)
         return []
-    parts = tuple(int(p) for p in found.split(".")[:2] if p.isdigit())
-    if parts < MIN_BNB:
+    if tuple(int(p) for p in found.split(".")[:2] if p.isdigit()) < MIN_BNB:
         return [f"{why} needs bitsandbytes >= {'.'.join(map(str, MIN_BNB))}, found {found}"]
     return []
 
@@ -203,7 +203,8 @@ def prepare(model, recipe: Recipe):
 
 
 def guard(model, recipe: Recipe | None = None) -> int:
-    """Keep bitsandbytes from repacking 4-bit weights for CPU inference; returns the layers guarded.
+    """Keep bitsandbytes from repacking 4-bit weights for CPU inference; returns the layers guarded (`recipe`
+    is unused: any 4-bit model is guarded the same way).
 
     Turns the repacking off on every 4-bit layer and undoes any repacking already done, so an eval or
     generation forward (before or during training) leaves gradients flowing. Idempotent; call it after
@@ -256,7 +257,7 @@ def weight_bytes(model) -> dict[str, int]:
             nbytes += _nbytes(qs.absmax) + _nbytes(qs.code)
             if qs.nested and qs.state2 is not None:
                 nbytes += _nbytes(qs.state2.absmax) + _nbytes(qs.state2.code) + 4  # + the fp32 offset
-            params += _numel(qs.shape)
+            params += math.prod(int(d) for d in qs.shape)
         elif kind == "Int8Params":
             nbytes += _nbytes(getattr(p, "SCB", None))
             params += p.numel()
@@ -288,6 +289,11 @@ def estimate_bytes(recipe: Recipe, model) -> dict[str, int]:
     q = recipe.quantization
     names = set(quantized_linears(recipe, model))
     fsdp = recipe.distributed.strategy == "fsdp"
+    loaded = {"float32": 4, "bfloat16": 2, "float16": 2}.get(recipe.model.dtype)
+
+    def itemsize(p) -> int:
+        return (loaded or p.element_size()) if fsdp else 4
+
     quantized = other = params = 0
     for name, module in model.named_modules():
         if name in names:
@@ -300,24 +306,17 @@ def estimate_bytes(recipe: Recipe, model) -> dict[str, int]:
                 quantized += (n + 1) // 2 + absmax + 64
             params += n
             if getattr(module, "bias", None) is not None:
-                other += module.bias.numel() * (module.bias.element_size() if fsdp else 4)
+                other += module.bias.numel() * itemsize(module.bias)
                 params += module.bias.numel()
             continue
         for p in module.parameters(recurse=False):
             params += p.numel()
-            other += p.numel() * (p.element_size() if fsdp else 4)
+            other += p.numel() * itemsize(p)
     return {"quantized": quantized, "other": other, "params": params, "layers": len(names)}
 
 
 def _nbytes(t) -> int:
     return 0 if t is None else t.numel() * t.element_size()
-
-
-def _numel(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
 
 
 def describe(recipe: Recipe, model) -> dict:
@@ -344,7 +343,8 @@ def describe(recipe: Recipe, model) -> dict:
 
 
 def describe_line(info: dict) -> str:
-    """One line for the summary: '4-bit nf4: 0.21 MiB weights vs 0.58 MiB in bf16 (0.36x)'."""
+    """`describe` in one line for the plan and the summary: '4-bit nf4: 4187.26 MiB weights vs 12852.51 MiB in bf16
+    (0.33x)' (Llama-2-7B, double quant)."""
     mib = 1024 * 1024
     return (f"{info['bits']}-bit {info['type']}: {info['weight_bytes'] / mib:.2f} MiB weights vs "
             f"{info['bf16_weight_bytes'] / mib:.2f} MiB in bf16 ({info['ratio_vs_bf16']:.2f}x)")
@@ -363,12 +363,30 @@ def recorded_quantization(final_dir: str | Path) -> QuantizationSection | None:
     return None if data is None else QuantizationSection.model_validate(data)
 
 
+def prepare_for_eval(model, recipe: Recipe):
+    """A freshly loaded quantized base made numerically like the training one: guarded, and its other
+    weights upcast to fp32 as k-bit preparation did (kept in the model dtype under FSDP). Eval mode."""
+    guard(model, recipe)
+    if recipe.distributed.strategy != "fsdp":
+        _upcast(model)
+    return model.eval()
+
+
+def _upcast(model) -> None:
+    import torch
+
+    for p in model.parameters():
+        if p.dtype in (torch.float16, torch.bfloat16) and type(p).__name__ != "Params4bit":
+            p.data = p.data.float()
+
+
 def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, task: str | None = None,
-                  dtype: str = "auto"):
+                  dtype: str = "auto", upcast: bool = True):
     """The trained adapter in `final_dir` on a freshly quantized base, as it was trained (eval mode).
 
-    The base is requantized with the recorded section and guarded like the training model, so its
-    eval loss reproduces the one logged during the run. `base_path`/`task` default to the record.
+    The base is requantized with the recorded section, guarded and upcast like the training model
+    (`upcast=False` for FSDP runs), so its eval loss reproduces the one logged during the run.
+    `base_path`/`task` default to the record; `dtype` is the recipe's model.dtype.
     """
     import torch
     import transformers
@@ -376,9 +394,8 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
 
     from ftune.stages.model import TASK_CLASSES
 
-    meta = json.loads((Path(final_dir) / RECORD_FILE).read_text()) if (Path(final_dir) / RECORD_FILE).is_file() \
-        else {}
     q = recorded_quantization(final_dir)
+    meta = json.loads((Path(final_dir) / RECORD_FILE).read_text())
     cls = getattr(transformers, TASK_CLASSES[task or meta.get("task", "causal-lm")])
     base = cls.from_pretrained(
         str(base_path or meta["base_model"]),
@@ -386,6 +403,6 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
         dtype="auto" if dtype == "auto" else getattr(torch, dtype),
     )
     guard(base)
-    model = PeftModel.from_pretrained(base, str(final_dir))
-    guard(model)
-    return model.eval()
+    if upcast:
+        _upcast(base)
+    return PeftModel.from_pretrained(base, str(final_dir)).eval()
