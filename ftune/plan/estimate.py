@@ -18,6 +18,7 @@ from ftune.plan.memory import (
     MemoryItem,
     ParamFact,
     fmt_bytes,
+    layer_split,
     optimizer_spec,
     parse_bytes,  # noqa: F401  (re-exported for the CLI)
     per_device,
@@ -364,7 +365,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     fsdp_layout = None
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
-    layout = make_layout(recipe, world_size, device, fsdp_layout)
+    layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     memory = per_device(facts, profile, layout)
     if not optimizer_spec(recipe.train.optimizer)[1]:
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -381,7 +382,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     )
 
 
-def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None) -> Layout:
+def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
+                facts: list[ParamFact] = ()) -> Layout:
     dist, train = recipe.distributed, recipe.train
     checkpointing = train.gradient_checkpointing or bool(dist.fsdp and dist.fsdp.activation_checkpointing)
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
@@ -394,7 +396,9 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     if dist.strategy == "deepspeed":
         ds = dist.deepspeed
         stage = ds.stage if ds else 2
+        largest = layer_split(facts, common["double_quant"])[0] if stage == 3 else 0
         return Layout(**common, strategy="deepspeed", shard_ranks=world_size, zero_stage=stage,
+                      largest_unit_bytes=largest,
                       offload_optimizer=bool(ds and ds.offload_optimizer),
                       offload_params=bool(ds and ds.offload_params),
                       master_weights=train.mixed_precision != "no")

@@ -335,19 +335,26 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
                                                                             layout))
     if layout.strategy in ("none", "ddp") and layout.device == "cuda":
         ranks = max(8, world_size * 2)
-        layers: dict[str, int] = {}
-        for f in facts:  # FSDP units by layer index, the rest stays with the root
-            m = re.search(r"\.(\d+)\.", f.name)
-            key = m.group(1) if m else "root"
-            layers[key] = layers.get(key, 0) + f.numel * f.itemsize
-        root = layers.pop("root", 0)
-        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=max(layers.values(),
-                          default=0), root_unit_bytes=root)
+        largest, root = layer_split(facts, layout.double_quant)
+        sharded = replace(layout, strategy="fsdp", shard_ranks=ranks, largest_unit_bytes=largest,
+                          root_unit_bytes=root)
         consider(f"shard over {ranks} processes (distributed.strategy: fsdp, num_processes: {ranks})",
                  per_device(facts, profile, sharded))
     if device_memory is not None and memory.total <= device_memory:
         return [text for _, text in sorted(options)[:2]] if memory.total > 0.9 * device_memory else []
     return [text for _, text in sorted(options)]
+
+
+def layer_split(facts: list[ParamFact], double_quant: bool = False) -> tuple[int, int]:
+    """(bytes of the largest numbered layer, bytes outside numbered layers): what a per-layer sharding
+    (FSDP units, ZeRO-3 gathers) holds gathered at once, without the model at hand."""
+    layers: dict[str, int] = {}
+    for f in facts:
+        m = re.search(r"\.(\d+)\.", f.name)
+        key = m.group(1) if m else "root"
+        layers[key] = layers.get(key, 0) + weight_bytes(f, double_quant)
+    root = layers.pop("root", 0)
+    return max(layers.values(), default=0), root
 
 
 def _is_quantizable_fact(f: ParamFact) -> bool:

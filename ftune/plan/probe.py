@@ -22,12 +22,16 @@ class _Recorder:
     seen: dict[int, int] = field(default_factory=dict)
     owner: dict[int, int | None] = field(default_factory=dict)
     largest_outside: int = 0
+    alive: list = field(default_factory=list)
+    """Every recorded tensor, held until the probe ends: a freed storage's address could otherwise be
+    reused by a later tensor, which would then look already seen (meta tensors cost no memory)."""
 
     def record(self, t) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
         if key in self.exclude or key in self.seen:
             return
+        self.alive.append(t)
         nbytes = storage.nbytes()
         self.seen[key] = nbytes
         self.owner[key] = self.layer
