@@ -354,8 +354,9 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     attn = recipe.model.attn_implementation or "sdpa"
     batch = recipe.train.per_device_batch_size
     try:
+        keeps_input = quantized if recipe.quantization and recipe.quantization.bits == 8 else set()
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
-                                    layer_classes=layer_classes, quantized=quantized, task=recipe.model.task)
+                                    layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
         profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager")
         notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "

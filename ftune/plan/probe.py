@@ -94,8 +94,9 @@ def probe_activations(
 ) -> ActivationProfile:
     """Run one forward of the meta model and measure what autograd saves, per decoder layer.
 
-    `quantized` holds the ids of weights bitsandbytes would quantize: their matmul keeps its input for
-    backward even when frozen (a plain frozen Linear keeps only its weight), so the probe records it.
+    `quantized` holds the ids of weights whose matmul keeps its input for backward even when frozen
+    (bitsandbytes' 8-bit matmul does; its 4-bit one and a frozen `nn.Linear` keep only the weight), so
+    the probe records those inputs.
     """
     import torch
 

@@ -211,3 +211,44 @@ def test_zero3_offload_moves_states_and_weights_to_host():
     assert kinds["weights", "bfloat16"] == 0 and kinds["optimizer", "AdamW (torch)"] == 0
     assert kinds["gradients", "bfloat16"] == 2 * 8000 // 4  # ZeRO-2/3 shard gradients
     assert mem.offloaded == (2 * 2 * 8000 + 4) // 4 + 4 * 8000 // 4 + 2 * 8000 // 4
+
+
+def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
+    """bitsandbytes' 4-bit matmul keeps only its weight for backward: the probe's stand-in Linear must
+    agree with the real quantized model (k-bit preparation included), byte for byte."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ftune.methods import method_module
+    from ftune.plan.estimate import _apply_method, _build, _quantize_layout, resolve_config
+    from ftune.plan.probe import probe_activations
+    from ftune.stages import quantize
+
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": str(tiny_model_dir), "dtype": "float32"},
+        "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": SEQ},
+        "peft": METHODS["lora"], "quantization": {"bits": 4, "compute_dtype": "float32"},
+    })
+    meta, _, _ = _build(r, resolve_config(r)[0])
+    assert len(_quantize_layout(meta, r)) == 2 * 7  # every linear of the 2 layers, not the head
+    meta = _apply_method(meta, r).to("meta")
+    profile = probe_activations(meta, batch=BATCH, seq=SEQ, attn_implementation="sdpa",
+                                layer_classes={"LlamaDecoderLayer"}, quantized=set())
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantize.quantization_config(r),
+                                                 dtype=torch.float32, attn_implementation="sdpa")
+    model = method_module("lora").inject(quantize.prepare(model, r), r.peft, "causal-lm")
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(3, 300, (BATCH, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    assert profile.saved(False) == sum(seen.values())
