@@ -240,3 +240,15 @@ def test_bitsandbytes_config_follows_the_section():
     q8 = quantize.quantization_config(recipe(quantization={"bits": 8}))
     assert q8.load_in_8bit and q8.llm_int8_skip_modules is None  # transformers' default skips the head
     assert quantize.quantization_config(recipe(quantization=None)) is None
+
+
+def test_classification_head_is_never_quantized():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=3)
+    for q in ({"bits": 4}, {"bits": 4, "skip_modules": ["o_proj"]}):
+        r = recipe(model={"path": "m", "task": "sequence-classification", "num_labels": 3}, quantization=q)
+        names = quantize.quantized_linears(r, quantize._meta_model(r, config))
+        assert "score" not in names and len(names) == (7 if "skip_modules" not in q else 6)
+        assert quantize.check_model_config(r, config, "cpu") == []  # score is 64x3, but it stays unquantized
