@@ -55,13 +55,20 @@ def resolve_num_processes(distributed) -> tuple[int, str]:
     return int(n), device
 
 
-def _fsdp_config(fsdp, device: str, notes: list[str]) -> dict[str, Any]:
+def _fsdp_config(fsdp, device: str, notes: list[str], adapter: bool = False) -> dict[str, Any]:
     """accelerate's `fsdp_config` block (fsdp_-prefixed keys, as `accelerate config` writes them)."""
+    state_dict_type = fsdp.state_dict_type
+    if adapter and fsdp.activation_checkpointing and state_dict_type == "sharded":
+        # measured (peft 0.21): a sharded adapter checkpoint selects tensors by module name, which
+        # checkpoint wrapping changes, and saves none. The adapter alone is small: gather it in full.
+        notes.append("fsdp: adapter checkpoints use state_dict_type full (with FSDP activation checkpointing a "
+                     "sharded adapter checkpoint would hold no tensors)")
+        state_dict_type = "full"
     cfg: dict[str, Any] = {
         "fsdp_version": fsdp.version,
         "fsdp_auto_wrap_policy": WRAP_POLICY[fsdp.auto_wrap_policy],
         "fsdp_offload_params": fsdp.cpu_offload,
-        "fsdp_state_dict_type": STATE_DICT[fsdp.state_dict_type],
+        "fsdp_state_dict_type": STATE_DICT[state_dict_type],
         "fsdp_cpu_ram_efficient_loading": fsdp.cpu_ram_efficient_loading,
         "fsdp_activation_checkpointing": fsdp.activation_checkpointing,
     }
@@ -141,7 +148,7 @@ def generate(recipe, *, device: str, num_processes: int, recipe_dir: Path) -> tu
     if d.strategy == "fsdp":
         from ftune.recipe.schema import FsdpSection
 
-        cfg["fsdp_config"] = _fsdp_config(d.fsdp or FsdpSection(), device, notes)
+        cfg["fsdp_config"] = _fsdp_config(d.fsdp or FsdpSection(), device, notes, recipe.peft.uses_peft_library)
         if device == "cpu":
             notes.append("fsdp on CPU: gloo process group with ftune's CPU FSDP shim (tests and laptops)")
     if d.strategy == "deepspeed":

@@ -74,6 +74,36 @@ def _clean(name: str) -> str:
     return name
 
 
+def _as_model_names(model, state: dict) -> dict:
+    """Key the state dict by the model's own (wrapped) names: peft finds adapter tensors by module name."""
+    raw = {_clean(n): n for n, _ in model.named_parameters()}
+    raw.update({_clean(n): n for n, _ in model.named_buffers()})
+    return {raw.get(k, k): v for k, v in state.items()}
+
+
+def save_adapter(model, state: dict, folder: Path) -> None:
+    """Write a PEFT adapter folder from a gathered full state dict of a wrapped model.
+
+    peft's own save picks adapter tensors by module names, which FSDP v1 (`_fsdp_wrapped_module.`)
+    and FSDP-native activation checkpointing (`_checkpoint_wrapped_module.`) change: it would write an
+    adapter with zero tensors. Here peft selects from names aligned with the model, and the file gets
+    the clean names `PeftModel.from_pretrained` expects.
+    """
+    import copy
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = getattr(model, "active_adapter", "default")
+    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
+    save_file({_clean(k): v.contiguous() for k, v in chosen.items()}, str(folder / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    config = copy.deepcopy(model.peft_config[name])
+    config.inference_mode = True
+    config.save_pretrained(str(folder))
+
+
 def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, tuple[int, ...]]:
     """Expected names/shapes for a sharded model, from its gathered full state dict.
 
@@ -85,7 +115,7 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     from peft import get_peft_model_state_dict
 
     trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
-    chosen = get_peft_model_state_dict(model, state_dict=state)
+    chosen = {_clean(k): v for k, v in get_peft_model_state_dict(model, state_dict=_as_model_names(model, state)).items()}
     if len(chosen) >= len(trainable):
         return {k: tuple(v.shape) for k, v in chosen.items()}
     # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
@@ -105,11 +135,15 @@ def save_final(trainer, plan, tokenizer) -> dict:
     if getattr(trainer, "is_fsdp_enabled", False):
         acc = trainer.accelerator
         state = acc.get_state_dict(trainer.model_wrapped)  # collective: every rank must call it
+        state = {_clean(k): v for k, v in state.items()}
         expected = {}
         if main:
             unwrapped = acc.unwrap_model(trainer.model_wrapped)
             expected = expected_from_full_state(unwrapped, state, is_adapter)
-            unwrapped.save_pretrained(str(final), state_dict=state, safe_serialization=True)
+            if is_adapter:
+                save_adapter(unwrapped, state, final)
+            else:
+                unwrapped.save_pretrained(str(final), state_dict=state, safe_serialization=True)
         acc.wait_for_everyone()
     else:
         expected = expected_tensors(model, is_adapter) if main else {}
@@ -139,7 +173,15 @@ def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
     FSDP sharded checkpoints are DCP folders (`pytorch_model_fsdp_0/`) whose metadata lists every
     tensor with its full shape under a `model.` prefix; other checkpoints hold safetensors files.
     """
-    dcp_dirs = sorted(folder.glob("pytorch_model_fsdp_*"))
+    dcp_dirs = sorted(d for d in folder.glob("pytorch_model_fsdp_*") if d.is_dir())
+    full = sorted(folder.glob("pytorch_model_fsdp*.bin"))  # FSDP full state dict checkpoints
+    if full:
+        import torch
+
+        state: dict = {}
+        for f in full:
+            state.update(torch.load(str(f), map_location="cpu", weights_only=True, mmap=True))
+        return {_clean(k.removeprefix("model.")): tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
     if not dcp_dirs:
         return saved_tensors(folder)
     from torch.distributed.checkpoint import FileSystemReader
@@ -149,7 +191,7 @@ def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
         meta = FileSystemReader(str(d)).read_metadata()
         for name, item in meta.state_dict_metadata.items():
             if hasattr(item, "size"):
-                shapes[name.removeprefix("model.")] = tuple(item.size)
+                shapes[_clean(name.removeprefix("model."))] = tuple(item.size)
     return shapes
 
 
@@ -160,7 +202,8 @@ def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
     nothing (or part of the model) is an error, not a resumable checkpoint.
     """
     found = checkpoint_tensors(folder)
-    if is_adapter:
+    if is_adapter:  # full adapter checkpoints keep the adapter name; sharded ones and final/ drop it
+        found = {k.replace(".default", ""): v for k, v in found.items()}
         wanted = {_clean(n).replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
     else:
         wanted = {_clean(n): p for n, p in model.named_parameters()}

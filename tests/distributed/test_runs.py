@@ -29,8 +29,11 @@ STRATEGIES = {
     "ddp": {"strategy": "ddp", "num_processes": 2},
     "fsdp2": {"strategy": "fsdp", "num_processes": 2},
     "fsdp1": {"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1}},
+    # FSDP-native activation checkpointing renames modules (`_checkpoint_wrapped_module.`)
+    "fsdp2ac": {"strategy": "fsdp", "num_processes": 2, "fsdp": {"activation_checkpointing": True}},
 }
-CASES = [("ddp", "lora"), ("fsdp2", "lora"), ("ddp", "full"), ("fsdp2", "full"), ("fsdp1", "full")]
+CASES = [("ddp", "lora"), ("fsdp2", "lora"), ("ddp", "full"), ("fsdp2", "full"), ("fsdp1", "full"),
+         ("fsdp2ac", "lora")]
 
 
 def recipe(model_dir: Path, data_file: Path, out: Path, peft: dict, distributed: dict, batch: int,
@@ -97,7 +100,7 @@ def test_two_processes_really_distributed(runner, kind, method):
     for f in ranks:
         if kind == "ddp":
             assert f["wrapper"] == "DistributedDataParallel" and f["fsdp_units"] == 0
-        elif kind == "fsdp2":
+        elif kind.startswith("fsdp2"):
             assert f["distributed_type"] == "FSDP" and f["fsdp_version"] == 2
             assert "FSDPLlamaDecoderLayer" in f["fsdp_unit_classes"]
             assert f["fsdp_units"] >= 3  # two decoder layers + the root
@@ -136,11 +139,15 @@ def test_final_reloads_with_the_trained_weights(runner, kind, method, tiny_model
     assert any(not torch.equal(got[n], base[n]) for n in base)  # trained, not the base weights
 
 
-def test_sharded_checkpoint_resumes(runner):
-    first = runner("fsdp2", "lora")
+@pytest.mark.parametrize(("kind", "method", "layout"), [("fsdp2", "lora", "pytorch_model_fsdp_0"),
+                                                       ("fsdp2", "full", "pytorch_model_fsdp_0"),
+                                                       ("fsdp2ac", "lora", "pytorch_model_fsdp.bin")])
+def test_checkpoint_resumes(runner, kind, method, layout):
+    """Sharded (DCP) checkpoints resume; adapters under FSDP checkpointing use a full adapter file."""
+    first = runner(kind, method)
     ckpt = first / "checkpoints" / "checkpoint-2"
-    assert (ckpt / "pytorch_model_fsdp_0").is_dir()  # a sharded (DCP) checkpoint, not a full one
-    resumed = runner("fsdp2", "lora", resume_from=str(ckpt))
+    assert (ckpt / layout).exists()
+    resumed = runner(kind, method, resume_from=str(ckpt))
     steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
              if '"loss"' in line]
     assert steps[-1] == STEPS and 1 not in steps and 2 not in steps  # continued after step 2
@@ -164,7 +171,8 @@ def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, t
     assert "LlamaDecoderLayer" in res.text
 
 
-@pytest.mark.parametrize(("kind", "method"), [("fsdp2", "lora"), ("fsdp1", "full"), ("ddp", "lora")])
+@pytest.mark.parametrize(("kind", "method"), [("fsdp2", "lora"), ("fsdp1", "full"), ("ddp", "lora"),
+                                             ("fsdp2ac", "lora")])
 def test_checkpoints_read_back_and_match_the_model(runner, kind, method, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -392,3 +392,13 @@ def test_cpu_fsdp_shim_only_for_fsdp_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     stage.prepare(P("fsdp", "cpu"))
     assert applied == [True]
+
+
+def test_fsdp_checkpointing_with_an_adapter_saves_full_adapter_checkpoints():
+    ac_lora = recipe({"strategy": "fsdp", "fsdp": {"activation_checkpointing": True}})
+    cfg, notes = build(ac_lora)
+    assert cfg["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    assert any("sharded adapter checkpoint would hold no tensors" in n for n in notes)
+    cfg, notes = build(recipe({"strategy": "fsdp", "fsdp": {"activation_checkpointing": True}},
+                              peft={"method": "full"}))
+    assert cfg["fsdp_config"]["fsdp_state_dict_type"] == "SHARDED_STATE_DICT" and notes[:-1] == []
