@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ftune.errors import EXIT_OK
+from ftune.errors import EXIT_OK, FtuneError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,8 +194,14 @@ def run(args: argparse.Namespace) -> int:
     plan = _compile(loaded, gpus)
     _block_unneeded_imports()
     device = "cuda" if gpus else plan.device
-    est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes, gpu_memory=gpu_memory,
-                   device=device)
+    try:
+        est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
+                       gpu_memory=gpu_memory, device=device)
+    except FtuneError as err:  # point at the key where the recipe sets it
+        where = err.location.origin if err.location else None
+        if where in loaded.origins:
+            err.location = loaded.origins[where]
+        raise
     data = count_data(recipe, plan.world_size, plan.tokenizer_path)
     if args.format == "json":
         out = {

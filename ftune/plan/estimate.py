@@ -132,7 +132,7 @@ def resolve_dtype(recipe: Recipe, config) -> str:
 
 
 def _build(recipe: Recipe, config_file: Path):
-    """The recipe's model on the meta device, with its method applied. Returns (model, config, dtype)."""
+    """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -172,6 +172,10 @@ def _apply_method(model, recipe: Recipe):
     linear = _linear_names(model)
     try:
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
+    except FtuneError as e:  # e.g. freeze's "matches no parameter": say which key
+        if e.location is None:
+            e.location = Location(origin="peft.trainable" if cfg.method == "freeze" else "peft")
+        raise
     except ValueError as e:
         if "target" not in str(e).lower() and "not found" not in str(e).lower():
             raise

@@ -49,7 +49,7 @@ def test_target_modules_matching_nothing_is_a_located_error(capsys, monkeypatch)
     code = main(["plan", "recipes/llama7b-lora.yaml", "peft.target_modules=[query,value]"])
     err = capsys.readouterr().err
     assert code == 1
-    assert "peft.target_modules (query, value) matches no module of the model" in err
+    assert err.startswith("<override>: error: peft.target_modules (query, value) matches no module of the model")
     assert "hint: the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj" in err
 
 
@@ -64,6 +64,14 @@ def test_too_small_gpu_does_not_fit_and_suggests(capsys, monkeypatch):
     assert est["fits"] is False and est["peak_phase"] == "update"
     assert est["suggestions"][0].startswith("shard over 8 processes (distributed.strategy: fsdp, num_processes: 8)")
     assert any(s.startswith("use train.optimizer: adamw_8bit") for s in est["suggestions"])
+
+
+def test_freeze_matching_nothing_points_at_the_recipe_line(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "recipes/llama7b-freeze.yaml", "peft.trainable=[nothing_like_this]"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("<override>: error: peft.trainable matches no parameter of the model (291 parameters)")
+    assert "hint: parameter names look like: model.embed_tokens.weight" in err
 
 
 def test_bad_gpu_memory_is_a_usage_error(capsys, monkeypatch):
@@ -141,3 +149,14 @@ def test_eval_split_and_limit_reduce_samples(tmp_path, tiny_model_dir, text_data
 )
 def test_summarize_names(names, expected):
     assert summarize_names(names) == expected
+
+
+def test_error_points_at_the_line_that_sets_the_key(capsys, tmp_path, tiny_model_dir, text_data_file):
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file)
+    text = path.read_text().replace("method: lora", "method: lora\n  target_modules: [wq, wv]")
+    path.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "target_modules" in row)
+    assert main(["plan", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:{line}:")
+    assert "peft.target_modules (wq, wv) matches no module of the model" in err
