@@ -44,10 +44,12 @@ class DataCount:
     """Training rows after limits and the eval split."""
     tokens: int | None
     """Tokens of those rows after truncation (None when the tokenizer is not local)."""
-    rows: int
-    """Rows the trainer iterates: samples, or packed sequences with packing."""
-    steps_per_epoch: int
-    total_steps: int
+    rows: int | None
+    """Rows the trainer iterates: samples, or packed sequences with packing (None: tokenizer not local)."""
+    steps_per_epoch: int | None
+    """None when packing and the tokenizer is not local (packed rows need token counts)."""
+    total_steps: int | None
+    """train.max_steps, else epochs x steps_per_epoch; None when neither is known."""
     epochs: float
     effective_batch: int
     approximate: bool
@@ -82,7 +84,7 @@ def _rows(path: Path, kind: str) -> list | int | None:
 def _row_text(row: dict, source) -> str:
     f = source.fields
     if source.format == "instruction":
-        return " ".join(str(row.get(k) or "") for k in (f.instruction, f.input, f.output)) + " " * 8
+        return " ".join(str(row.get(k) or "") for k in (f.instruction, f.input, f.output))
     if source.format == "chat":
         messages = row.get(f.messages) or []
         return " ".join(str(m.get(f.content, "")) for m in messages if isinstance(m, dict))
@@ -130,16 +132,18 @@ def count_data(recipe, world_size: int, tokenizer_path: str) -> DataCount | None
         held_out = math.ceil(samples * data.eval.split)
         tokens = round(tokens * (samples - held_out) / samples) if samples else 0
         samples -= held_out
-    rows_iterated = samples
-    if data.packing and data.max_seq_length and tok is not None:
-        rows_iterated = math.ceil(tokens / data.max_seq_length)
-        approximate = True
-    per_rank = math.ceil(rows_iterated / world_size)
-    batches = math.ceil(per_rank / train.per_device_batch_size)
     ga = train.gradient_accumulation_steps
-    steps_per_epoch = max(batches // ga + int(batches % ga > 0), 1)
-    epochs = train.epochs if train.epochs is not None else 3.0
-    total = train.max_steps or math.ceil(epochs * steps_per_epoch)
+    epochs = train.epochs if train.epochs is not None else 3.0  # the Trainer's default
+    rows_iterated: int | None = samples
+    if data.packing and data.max_seq_length:
+        rows_iterated = math.ceil(tokens / data.max_seq_length) if tok is not None else None
+        approximate = True
+    steps_per_epoch, total = None, train.max_steps
+    if rows_iterated is not None:
+        per_rank = math.ceil(rows_iterated / world_size)  # the distributed sampler pads to equal shards
+        batches = math.ceil(per_rank / train.per_device_batch_size)
+        steps_per_epoch = max(batches // ga + int(batches % ga > 0), 1)  # as transformers' Trainer counts
+        total = train.max_steps or math.ceil(epochs * steps_per_epoch)
     return DataCount(samples, tokens if tok is not None else None, rows_iterated, steps_per_epoch, total, epochs,
                      train.per_device_batch_size * ga * world_size, approximate)
 
@@ -269,10 +273,16 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     else:
         approx = "≈" if data.approximate else ""
         tokens = f"{approx}{data.tokens:,} tokens" if data.tokens is not None else "tokens: tokenizer not local"
-        packed = f" · {approx}{data.rows:,} packed rows" if data.rows != data.samples else ""
+        packed = f" · {approx}{data.rows:,} packed rows" if data.rows not in (None, data.samples) else ""
         console.print(f"[bold]data[/]         {data.samples:,} samples · {tokens}{packed}")
-        console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {data.total_steps:,} total "
-                      f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
+        if data.steps_per_epoch is None:
+            fixed = f"{data.total_steps:,} total (train.max_steps); " if data.total_steps else ""
+            console.print(f"[bold]steps[/]        {fixed}per epoch unknown: packing needs token counts "
+                          "(the tokenizer is not local)")
+        else:
+            total = f"{data.total_steps:,} total"
+            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {total} "
+                          f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

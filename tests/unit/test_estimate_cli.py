@@ -160,3 +160,12 @@ def test_error_points_at_the_line_that_sets_the_key(capsys, tmp_path, tiny_model
     err = capsys.readouterr().err
     assert err.startswith(f"{path}:{line}:")
     assert "peft.target_modules (wq, wv) matches no module of the model" in err
+
+
+def test_packing_without_a_local_tokenizer_leaves_steps_unknown(tmp_path, tiny_model_dir, text_data_file):
+    from ftune.recipe import load_recipe
+
+    loaded = load_recipe(write_recipe(tmp_path, tiny_model_dir, text_data_file), ["data.packing=true"])
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tmp_path / "no-tokenizer"))
+    assert (data.samples, data.tokens, data.rows, data.steps_per_epoch, data.total_steps) == (200, None, None, None,
+                                                                                                None)
