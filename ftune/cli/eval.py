@@ -27,12 +27,15 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
     if (model_dir / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        quant_config = None
-        if plan.recipe.quantization is not None:
-            from ftune.stages import quantize
+        from ftune.stages import quantize
 
-            quant_config = quantize.quantization_config(plan.recipe)
-        base = load_model(plan, tokenizer, quant_config, labels=labels)
+        # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
+        # k-bit preparation, so eval reproduces the logged loss.
+        section = quantize.recorded_quantization(model_dir) or plan.recipe.quantization
+        recipe = plan.recipe.model_copy(update={"quantization": section})
+        base = load_model(plan, tokenizer, quantize.config_from_section(section), labels=labels)
+        if section is not None:
+            base = quantize.prepare_for_eval(base, recipe)
         return PeftModel.from_pretrained(base, str(model_dir))
     if (model_dir / "config.json").is_file():
         full = plan.model_copy(update={"recipe": plan.recipe.model_copy(

@@ -58,11 +58,13 @@ def run_stages(plan: Plan) -> dict:
 
         quant_config = quantize.quantization_config(recipe)
     model = load_model(plan, tok, quant_config, labels=bundle.label_names)
+    quant_line = None
     if recipe.quantization is not None:
         model = quantize.prepare(model, recipe)
+        quant_line = quantize.describe_line(quantize.describe(recipe, model))
     model, counts = apply_method(model, plan)
     if console:
-        report.header(console, plan, counts, bundle)
+        report.header(console, plan, counts, bundle, quant_line)
         (run_dir / "params.json").write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
 
     trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console))

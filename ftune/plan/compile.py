@@ -191,15 +191,12 @@ def compile_plan(loaded, *, check_inputs: bool = True) -> Plan:
 
 
 def _environment_problems(loaded, recipe, device: str) -> list[Problem]:
-    """Checks owned by other rooms that need the device or installed packages (quantization, distributed)."""
-    problems: list[Problem] = []
-    if recipe.quantization is not None:
-        try:
-            from ftune.stages import quantize
-        except ImportError:  # pragma: no cover - room not present
-            return problems
-        for msg in getattr(quantize, "check_environment", lambda r: [])(recipe):
-            problems.append(_problem(loaded, "quantization", msg, "pip install 'ftune[quant]'"))
-        for path, msg, hint in getattr(quantize, "check_device", lambda r, d: [])(recipe, device):
-            problems.append(_problem(loaded, path, msg, hint))
+    """Checks that need the device or installed packages: bitsandbytes for quantization or its optimizers."""
+    from ftune.stages import quantize
+
+    if not quantize.needs_bitsandbytes(recipe):
+        return []
+    where = "quantization" if recipe.quantization is not None else "train.optimizer"
+    problems = [_problem(loaded, where, msg, quantize.INSTALL_HINT) for msg in quantize.check_environment(recipe)]
+    problems += [_problem(loaded, path, msg, hint) for path, msg, hint in quantize.check_device(recipe, device)]
     return problems

@@ -24,6 +24,6 @@ def preflight(loaded, plan) -> None:
     if recipe.quantization is not None:
         from ftune.stages import quantize
 
-        found += quantize.check_model_config(recipe, model.config, plan.device)
+        found += quantize.check_model_config(recipe, model, plan.device)
     if found:
         raise RecipeError([_problem(loaded, path, msg, hint) for path, msg, hint in found], file=loaded.file)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 
-def header(console, plan, counts, bundle) -> None:
+def header(console, plan, counts, bundle, quantization: str | None = None) -> None:
     from rich.table import Table
 
     r = plan.recipe
@@ -16,6 +16,8 @@ def header(console, plan, counts, bundle) -> None:
     table.add_column()
     table.add_row("model", f"{r.model.path} ({r.model.task}, {plan.torch_dtype})")
     table.add_row("method", r.peft.method + (f" · {r.quantization.bits}-bit" if r.quantization else ""))
+    if quantization:
+        table.add_row("quantized", quantization)
     table.add_row("parameters", f"{counts.trainable:,} trainable / {counts.total:,} total ({counts.percent:.4f}%)")
     table.add_row("data", f"{len(bundle.train):,} train rows" + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
     table.add_row("batch", f"{plan.effective_batch_size} effective = {r.train.per_device_batch_size} per device "

@@ -120,3 +120,11 @@ def test_plan_round_trips_through_json(tmp_path):
     again = Plan.load(tmp_path / "plan.json")
     assert again == plan
     assert again.recipe.peft.method == "lora" and again.recipe.peft.r == 8
+
+
+def test_paged_optimizer_on_cpu_is_refused_without_quantization(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(_recipe(tmp_path, train={"optimizer": "paged_adamw_8bit"})))
+    (problem,) = info.value.problems
+    assert problem.path == "train.optimizer" and "paged" in problem.message
+    assert problem.location.line is not None
