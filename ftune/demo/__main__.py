@@ -1,0 +1,159 @@
+"""`python -m ftune.demo [--quick] [--workdir DIR]`: build the assets, run both stages, print before -> after.
+
+Each stage is a real `ftune run recipes/demo/<stage>.yaml` subprocess (plan, run dir, accelerate
+launch, worker), run with the working directory as cwd, so relative recipe paths land in it. The
+figures are written to `<workdir>/runs/demo-summary.json` too; the exit code is 0 only when the
+run learned: eval loss down by at least MIN_LOSS_DROP and accuracy up by at least MIN_ACCURACY_GAIN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
+STAGES = ("pretrain", "arithmetic-lora")
+RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora")}
+QUICK_STEPS = {"pretrain": 200, "arithmetic-lora": 200}
+"""`--quick` (or FTUNE_DEMO_QUICK=1): fewer optimizer steps, for the e2e test."""
+MIN_LOSS_DROP = 0.30
+MIN_ACCURACY_GAIN = 0.30
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ftune.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", default=os.environ.get("FTUNE_DEMO_QUICK") == "1",
+                   help=f"fewer steps ({QUICK_STEPS}); also FTUNE_DEMO_QUICK=1")
+    p.add_argument("--workdir", type=Path, default=Path.cwd(),
+                   help="where recipes/demo/assets/ and runs/ go (default: the current directory)")
+    return p.parse_args(argv)
+
+
+def run_stage(stage: str, workdir: Path, quick: bool, console) -> float:
+    """`ftune run` one demo recipe as a subprocess; returns its wall time."""
+    recipe = RECIPES / f"{stage}.yaml"
+    overrides = [f"train.max_steps={QUICK_STEPS[stage]}"] if quick else []
+    command = [sys.executable, "-m", "ftune.cli.main", "run", str(recipe), *overrides]
+    console.rule(f"[bold]stage {'A' if stage == 'pretrain' else 'B'}[/bold]: ftune run recipes/demo/{stage}.yaml "
+                 + " ".join(overrides))
+    start = time.perf_counter()
+    code = subprocess.call(command, cwd=workdir, env={**os.environ, **OFFLINE_ENV})
+    if code != 0:
+        from ftune.errors import RunError
+
+        raise RunError(f"demo stage {stage} failed (ftune run exited with {code})",
+                       hint=f"see its output above; rerun alone with `ftune run {recipe} --debug`")
+    return time.perf_counter() - start
+
+
+def measure(workdir: Path) -> dict:
+    """The figures: stage A's loss curve, stage B's eval loss and accuracy before and after."""
+    from transformers import AutoTokenizer
+
+    from ftune.demo import assets, evaluate
+
+    pre, lora = workdir / RUN_DIRS["pretrain"], workdir / RUN_DIRS["arithmetic-lora"]
+    a_metrics = evaluate.read_metrics(pre)
+    b_metrics = evaluate.read_metrics(lora)
+    rows = assets.read_task_rows(assets.Assets(workdir / assets.ASSETS).task_eval)
+    tokenizer = AutoTokenizer.from_pretrained(str(pre / "final"))
+    before = evaluate.score(evaluate.load_causal_lm(pre / "final"), tokenizer, rows)
+    after = evaluate.score(evaluate.load_causal_lm(pre / "final", lora / "final"), tokenizer, rows)
+    b_eval = evaluate.series(b_metrics, "eval_loss")
+    return {
+        "pretrain": {
+            "first_train_loss": evaluate.series(a_metrics, "loss")[0][1],
+            "eval_loss": evaluate.series(a_metrics, "eval_loss"),
+        },
+        "lora": {
+            "eval_questions": len(rows),
+            "eval_loss_before": before.loss,
+            "eval_loss_after": after.loss,
+            "logged_eval_loss": b_eval,
+            "loss_drop": 1 - after.loss / before.loss,
+            "accuracy_before": before.accuracy,
+            "accuracy_after": after.accuracy,
+            "samples_before": before.samples,
+            "samples_after": after.samples,
+        },
+    }
+
+
+def report(figures: dict, timings: dict, console) -> bool:
+    from rich.table import Table
+
+    a, b = figures["pretrain"], figures["lora"]
+    table = Table(title="ftune demo: before -> after", title_style="bold", show_lines=False)
+    for col in ("stage", "measure", "before", "after", "change"):
+        table.add_column(col, justify="left" if col in ("stage", "measure") else "right")
+    a_first, a_last = a["first_train_loss"], a["eval_loss"][-1][1]
+    table.add_row("A pretrain (full, from scratch)", "loss (step 1 train -> final eval)",
+                  f"{a_first:.3f}", f"{a_last:.3f}", f"{-(1 - a_last / a_first):+.0%}")
+    table.add_row("B LoRA on x ± 1", f"eval loss ({b['eval_questions']} held-out questions)",
+                  f"{b['eval_loss_before']:.3f}", f"{b['eval_loss_after']:.3f}", f"{-b['loss_drop']:+.0%}")
+    table.add_row("", "accuracy (greedy generation)", f"{b['accuracy_before']:.0%}", f"{b['accuracy_after']:.0%}",
+                  f"{b['accuracy_after'] - b['accuracy_before']:+.0%}")
+    console.print(table)
+    for (prompt, want, got_before), (_, _, got_after) in zip(b["samples_before"], b["samples_after"]):
+        mark = "[green]✓[/green]" if got_after == want else "[red]✗[/red]"
+        console.print(f"  {prompt!r:22} expected {want:>3}   before {got_before!r:10} after {got_after!r:6} {mark}")
+    logged = b["logged_eval_loss"][-1][1] if b["logged_eval_loss"] else float("nan")
+    console.print(f"[dim]stage B eval_loss logged by the run: {logged:.4f}; recomputed from final/: "
+                  f"{b['eval_loss_after']:.4f}[/dim]")
+    console.print("[dim]time: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) + "[/dim]")
+    learned = b["loss_drop"] >= MIN_LOSS_DROP and b["accuracy_after"] - b["accuracy_before"] >= MIN_ACCURACY_GAIN
+    if learned:
+        console.print(f"[bold green]learned:[/bold green] eval loss -{b['loss_drop']:.0%}, "
+                      f"accuracy {b['accuracy_before']:.0%} -> {b['accuracy_after']:.0%}")
+    else:
+        console.print(f"[bold red]did not learn enough:[/bold red] needs eval loss -{MIN_LOSS_DROP:.0%} and "
+                      f"accuracy +{MIN_ACCURACY_GAIN:.0%}")
+    return learned
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from ftune.errors import FtuneError
+
+    args = parse_args(argv)
+    console = Console(highlight=False)
+    workdir = args.workdir.resolve()
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        start = time.perf_counter()
+        timings = {}
+        console.rule("[bold]ftune demo[/bold]: building the tiny model, tokenizer and data (offline)")
+        from ftune.demo import assets
+
+        built = assets.build(workdir)
+        timings["assets"] = time.perf_counter() - start
+        console.print(f"assets in {built.root}")
+        for stage in STAGES:
+            timings[stage] = run_stage(stage, workdir, args.quick, console)
+        console.rule("[bold]measuring[/bold]: eval loss and greedy-generation accuracy before and after")
+        t = time.perf_counter()
+        figures = measure(workdir)
+        timings["measure"] = time.perf_counter() - t
+        timings["total"] = time.perf_counter() - start
+        learned = report(figures, timings, console)
+        summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned}
+        (workdir / "runs" / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except FtuneError as err:
+        from ftune.cli._console import print_error
+
+        print_error(err)
+        return err.exit_code
+    return 0 if learned else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Before/after figures: metrics.jsonl of a run, and the task measured on the held-out questions.
+
+The task figures load the models with plain transformers/peft, as a user would: answer loss is the
+mean cross-entropy over the answer tokens (and end-of-sequence), tokenized exactly as ftune's
+`instruction` format does (prompt alone, then the answer); accuracy is exact match of the greedy
+continuation up to end-of-sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftune.demo.tasks import TaskRow
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    loss: float
+    """Mean answer-token cross-entropy (what the run's eval_loss measures)."""
+    accuracy: float
+    """Fraction of questions answered exactly by greedy decoding."""
+    samples: list[tuple[str, str, str]]
+    """A few (prompt, expected, generated) triples to show."""
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(records: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) for every record that logged `key`, in order."""
+    return [(r["step"], float(r[key])) for r in records if key in r]
+
+
+def load_causal_lm(model_dir: Path, adapter_dir: Path | None = None):
+    """A model folder, optionally with a peft adapter on top; eval mode, on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    return model.eval()
+
+
+def _encode(tokenizer, row: TaskRow) -> tuple[list[int], list[int]]:
+    prompt = tokenizer(row.prompt, add_special_tokens=True)["input_ids"]
+    answer = tokenizer(row.output, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt, answer
+
+
+def answer_loss(model, tokenizer, rows: list[TaskRow]) -> float:
+    """Token-mean cross-entropy over the answers, every row in one batch (right-padded)."""
+    import torch
+
+    encoded = [_encode(tokenizer, r) for r in rows]
+    width = max(len(p) + len(a) for p, a in encoded)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (p, a) in enumerate(encoded):
+        n = len(p) + len(a)
+        ids[i, :n] = torch.tensor(p + a)
+        labels[i, len(p) : n] = torch.tensor(a)
+        mask[i, :n] = 1
+    with torch.no_grad():
+        return float(model(input_ids=ids, attention_mask=mask, labels=labels).loss)
+
+
+def greedy_answers(model, tokenizer, rows: list[TaskRow], max_new_tokens: int = 4) -> list[str]:
+    """Greedy continuation of each prompt up to end-of-sequence; prompts of one length share a batch (no padding)."""
+    import torch
+
+    by_length: dict[int, list[int]] = defaultdict(list)
+    prompts = [_encode(tokenizer, r)[0] for r in rows]
+    for i, p in enumerate(prompts):
+        by_length[len(p)].append(i)
+    out = [""] * len(rows)
+    for length, idx in by_length.items():
+        batch = torch.tensor([prompts[i] for i in idx])
+        with torch.no_grad():
+            gen = model.generate(
+                input_ids=batch,
+                attention_mask=torch.ones_like(batch),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        for k, i in enumerate(idx):
+            new = gen[k, length:].tolist()
+            if tokenizer.eos_token_id in new:
+                new = new[: new.index(tokenizer.eos_token_id)]
+            out[i] = tokenizer.decode(new, skip_special_tokens=True).strip()
+    return out
+
+
+def score(model, tokenizer, rows: list[TaskRow], show: int = 4) -> TaskScore:
+    answers = greedy_answers(model, tokenizer, rows)
+    right = sum(a == r.answer for a, r in zip(answers, rows))
+    step = max(1, len(rows) // show)
+    samples = [(rows[i].prompt, rows[i].answer, answers[i]) for i in range(0, len(rows), step)][:show]
+    return TaskScore(answer_loss(model, tokenizer, rows), right / len(rows), samples)
