@@ -39,20 +39,33 @@ def test_estimated_peak_is_within_15_percent_of_a_measured_training_step(tmp_pat
         assert 0.85 <= ratio <= 1.15, f"{shape}: estimate {est['peak']} / measured {meas['peak']} = {ratio:.3f}"
 
 
-def test_planning_a_7b_recipe_is_cheap():
-    """Under 1 GB of RAM and no weights read; the time is reported (the limit is 5 s on an idle 2-core CPU)."""
-    code = ("import resource, sys; sys.argv = ['ftune/cli/main.py'] + sys.argv[1:]; from ftune.cli.main import main; "
-            "rc = main(sys.argv[1:]); u = resource.getrusage(resource.RUSAGE_SELF); "
-            "print('USAGE', u.ru_maxrss * 1024, u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(rc)")
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, "plan", "recipes/llama7b-lora.yaml", "--format", "json",
-                           "--gpu-memory", "80GiB"], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
-    wall = time.perf_counter() - start
+USAGE = ("u = resource.getrusage(resource.RUSAGE_SELF); "
+         "print('USAGE', u.ru_maxrss * 1024, u.ru_utime + u.ru_stime, file=sys.stderr)")
+
+
+def run_child(code: str, *args: str) -> tuple[subprocess.CompletedProcess, int, float]:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["estimate"]["params_trainable"] == 4_194_304
     usage = next(line.split() for line in proc.stderr.splitlines() if line.startswith("USAGE "))
-    rss, cpu_s = int(usage[1]), float(usage[2])
-    print(f"plan llama7b-lora: {wall:.1f} s wall, {cpu_s:.1f} s CPU, {rss / 2**20:.0f} MiB peak RSS")
+    return proc, int(usage[1]), float(usage[2])
+
+
+def test_planning_a_7b_recipe_is_cheap():
+    """Under 1 GB of RAM, no weights read, and little beyond the imports it cannot avoid (torch,
+    transformers' Llama code, peft). CPU seconds on this shared machine vary 2x with the load, so the
+    time is checked against those imports measured alongside; the figures are printed."""
+    code = ("import resource, sys; sys.argv = ['ftune/cli/main.py'] + sys.argv[1:]; from ftune.cli.main import main; "
+            "rc = main(sys.argv[1:]); " + USAGE)
+    start = time.perf_counter()
+    proc, rss, cpu_s = run_child(code, "plan", "recipes/llama7b-lora.yaml", "--format", "json", "--gpu-memory",
+                                 "80GiB")
+    wall = time.perf_counter() - start
+    assert json.loads(proc.stdout)["estimate"]["params_trainable"] == 4_194_304
+    imports = ("import resource, sys; sys.modules['bitsandbytes'] = None; import torch, peft; "
+               "from transformers.models.llama import modeling_llama; " + USAGE)
+    _, _, imports_s = run_child(imports)
+    print(f"plan llama7b-lora: {wall:.1f} s wall, {cpu_s:.1f} s CPU ({imports_s:.1f} s of it the imports), "
+          f"{rss / 2**20:.0f} MiB peak RSS")
     assert rss < 1024**3
-    assert cpu_s < 15
+    assert cpu_s < 1.6 * imports_s
