@@ -115,7 +115,8 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     from peft import get_peft_model_state_dict
 
     trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
-    chosen = {_clean(k): v for k, v in get_peft_model_state_dict(model, state_dict=_as_model_names(model, state)).items()}
+    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state))
+    chosen = {_clean(k): v for k, v in chosen.items()}
     if len(chosen) >= len(trainable):
         return {k: tuple(v.shape) for k, v in chosen.items()}
     # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
