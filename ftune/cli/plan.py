@@ -171,17 +171,9 @@ def _compile(loaded, gpus: int | None):
     `gpus`: plan for that many GPUs per machine even where none is visible (`--gpu-memory`/`--gpus`), so
     GPU-only settings are not refused as they would be for a run on this CPU machine.
     """
-    from ftune.launch import accelerate_config
     from ftune.plan.compile import compile_plan
 
-    if not gpus:
-        return compile_plan(loaded, check_inputs=False)
-    visible = accelerate_config.visible_gpus
-    accelerate_config.visible_gpus = lambda: gpus
-    try:
-        return compile_plan(loaded, check_inputs=False)
-    finally:
-        accelerate_config.visible_gpus = visible
+    return compile_plan(loaded, check_inputs=False, gpus=gpus or None)
 
 
 def run(args: argparse.Namespace) -> int:

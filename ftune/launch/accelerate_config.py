@@ -43,9 +43,11 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_num_processes(distributed) -> tuple[int, str]:
-    """Processes on this machine and the device: `auto` means the visible GPUs, else 1."""
-    gpus = visible_gpus()
+def resolve_num_processes(distributed, gpus: int | None = None) -> tuple[int, str]:
+    """Processes on this machine and the device: `auto` means the visible GPUs, else 1.
+
+    `gpus` plans for that many GPUs instead of the visible ones (`ftune plan --gpus` on a laptop)."""
+    gpus = visible_gpus() if gpus is None else gpus
     device = "cuda" if gpus > 0 else "cpu"
     if distributed.strategy == "none":
         return 1, device
@@ -249,6 +251,8 @@ def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
 
 
 def launch_command(config_file: Path, plan_file: Path, *, python: str = sys.executable) -> list[str]:
-    """argv: [python, -m, accelerate.commands.launch, --config_file, <cfg>, -m, ftune.launch.worker, <plan>]"""
-    return [python, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+    """argv: [python, -m, accelerate.commands.launch, --quiet, --config_file, <cfg>, -m, ftune.launch.worker, <plan>]"""
+    # --quiet: when a worker fails, accelerate would add its own launcher traceback; ftune reports the
+    # worker's error (from <run>/error.json) instead.
+    return [python, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(config_file),
             "-m", "ftune.launch.worker", str(plan_file)]

@@ -124,23 +124,18 @@ def _check_inputs(loaded, recipe, problems: list[Problem]) -> None:
                 )
 
 
-def _device_and_processes(recipe) -> tuple[str, int, list[str]]:
-    from ftune.launch import accelerate_config
+def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) -> Plan:
+    """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
-    num_processes, device = accelerate_config.resolve_num_processes(recipe.distributed)
-    return device, num_processes, []
-
-
-def compile_plan(loaded, *, check_inputs: bool = True) -> Plan:
-    """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem."""
+    `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
+    instead of the visible ones (planning a GPU job on a laptop)."""
     from ftune.launch import accelerate_config
 
     recipe = loaded.recipe
     problems: list[Problem] = []
     notes: list[str] = []
 
-    device, num_processes, dev_notes = _device_and_processes(recipe)
-    notes += dev_notes
+    num_processes, device = accelerate_config.resolve_num_processes(recipe.distributed, gpus)
     num_machines = recipe.distributed.num_machines
     world_size = num_processes * num_machines
 
@@ -158,13 +153,14 @@ def compile_plan(loaded, *, check_inputs: bool = True) -> Plan:
     if check_inputs:
         _check_inputs(loaded, recipe, problems)
         _check_run_dir(loaded, recipe, run_dir, resume_from, problems)
-    problems += _environment_problems(loaded, recipe, device)
+    if gpus is None:  # planning for other hardware (`gpus`) skips this machine's device and package checks
+        problems += _environment_problems(loaded, recipe, device, num_processes)
     if problems:
         raise RecipeError(problems, file=getattr(loaded, "file", None))
 
     recipe_dir = Path(loaded.file).parent
     config, cfg_notes = accelerate_config.build(recipe, device=device, num_processes=num_processes,
-                                                recipe_dir=recipe_dir)
+                                                recipe_dir=recipe_dir, check=False)  # checked above, located
     notes += cfg_notes
     command = accelerate_config.launch_command(run_dir / "accelerate.yaml", run_dir / "plan.json",
                                                python=sys.executable)
@@ -190,13 +186,15 @@ def compile_plan(loaded, *, check_inputs: bool = True) -> Plan:
     )
 
 
-def _environment_problems(loaded, recipe, device: str) -> list[Problem]:
-    """Checks that need the device or installed packages: bitsandbytes for quantization or its optimizers."""
+def _environment_problems(loaded, recipe, device: str, num_processes: int) -> list[Problem]:
+    """Checks that need this machine: devices, processes, installed packages (deepspeed, bitsandbytes)."""
+    from ftune.recipe.rules.distributed import check_environment
     from ftune.stages import quantize
 
-    if not quantize.needs_bitsandbytes(recipe):
-        return []
-    where = "quantization" if recipe.quantization is not None else "train.optimizer"
-    problems = [_problem(loaded, where, msg, quantize.INSTALL_HINT) for msg in quantize.check_environment(recipe)]
-    problems += [_problem(loaded, path, msg, hint) for path, msg, hint in quantize.check_device(recipe, device)]
+    found = check_environment(recipe, device, num_processes, Path(loaded.file).parent)
+    problems = [_problem(loaded, path, msg, hint) for path, msg, hint in found]
+    if quantize.needs_bitsandbytes(recipe):
+        where = "quantization" if recipe.quantization is not None else "train.optimizer"
+        problems += [_problem(loaded, where, msg, quantize.INSTALL_HINT) for msg in quantize.check_environment(recipe)]
+        problems += [_problem(loaded, path, msg, hint) for path, msg, hint in quantize.check_device(recipe, device)]
     return problems

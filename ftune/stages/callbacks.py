@@ -23,6 +23,8 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def make_callbacks(plan, console=None) -> list:
     from transformers import TrainerCallback
 
+    from ftune.stages.save import verify_checkpoint
+
     run_dir = Path(plan.run_dir)
 
     class MetricsJsonl(TrainerCallback):
@@ -42,11 +44,13 @@ def make_callbacks(plan, console=None) -> list:
     class CheckpointMarker(TrainerCallback):
         """Mark a checkpoint complete once the Trainer has written all of it (resume trusts only these)."""
 
-        def on_save(self, args, state, control, **kwargs):
+        def on_save(self, args, state, control, model=None, **kwargs):
             if not state.is_world_process_zero:
                 return
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
+                # A checkpoint that would restore nothing (or part of the model) is an error, never "complete".
+                verify_checkpoint(folder, model, plan.recipe.peft.uses_peft_library)
                 write_json_atomic(folder / COMPLETE_MARKER, {"step": state.global_step, "time": time.time()})
 
     callbacks = [MetricsJsonl(), CheckpointMarker()]

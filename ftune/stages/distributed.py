@@ -108,8 +108,8 @@ def trainer_overrides(plan) -> dict:
         extra["fsdp_config"] = fsdp
         if fsdp.get("activation_checkpointing"):
             # FSDP-native checkpointing after wrapping replaces the Trainer's (a redundant all-gather otherwise)
-            extra["gradient_checkpointing"] = False
-            extra["gradient_checkpointing_kwargs"] = None
+            extra["activation_checkpointing"] = False
+            extra["activation_checkpointing_kwargs"] = None
     if kind == "DEEPSPEED":
         extra["deepspeed"] = deepspeed_trainer_config(cfg.get("deepspeed_config", {}))
     return extra

@@ -129,7 +129,7 @@ def test_two_node_job_config_and_command(rank, tmp_path):
     assert (cfg["main_process_ip"], cfg["main_process_port"]) == ("10.0.0.1", 29555)
     assert cfg["rdzv_backend"] == "c10d" and cfg["same_network"] is False
     cmd = ac.launch_command(tmp_path / "accelerate.yaml", tmp_path / "plan.json", python="/py")
-    assert cmd == ["/py", "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "accelerate.yaml"),
+    assert cmd == ["/py", "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(tmp_path / "accelerate.yaml"),
                    "-m", "ftune.launch.worker", str(tmp_path / "plan.json")]
 
 
@@ -284,7 +284,7 @@ def test_trainer_overrides_ddp_fsdp_deepspeed():
     fsdp = trainer_overrides(_Plan(recipe({"strategy": "fsdp", "fsdp": {
         "transformer_layer_cls": ["LlamaDecoderLayer"], "activation_checkpointing": True}},
         train={"gradient_checkpointing": True}), "cpu", 2))
-    assert fsdp["fsdp"] is True and fsdp["gradient_checkpointing"] is False  # FSDP-native AC instead
+    assert fsdp["fsdp"] is True and fsdp["activation_checkpointing"] is False  # FSDP-native AC instead
     assert fsdp["fsdp_config"]["version"] == 2
     assert fsdp["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
     assert fsdp["fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
@@ -366,7 +366,7 @@ def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_d
     assert (cfg["machine_rank"], cfg["main_process_ip"], cfg["main_process_port"]) == (rank, "10.0.0.1", 29500)
     assert (plan["machine_rank"], plan["world_size"]) == (rank, 4)
     run_dir = tmp_path / "run"
-    assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+    assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
                               str(run_dir / "accelerate.yaml"), "-m", "ftune.launch.worker", str(run_dir / "plan.json")]
     assert not run_dir.exists()  # a dry run writes nothing
 

@@ -31,7 +31,7 @@ def test_shipped_lora_recipe_plans_offline(capsys, monkeypatch):
     assert est["fsdp"]["units"] == 33 and est["fsdp"]["shard_ranks"] == 8
     assert est["device_memory"] == 80 * 1024**3 and est["fits"] is True
     assert out["effective_batch_size"] == 4 * 8 * 8
-    assert out["launch"]["command"][1:4] == ["-m", "accelerate.commands.launch", "--config_file"]
+    assert out["launch"]["command"][1:5] == ["-m", "accelerate.commands.launch", "--quiet", "--config_file"]
     assert out["data"] is None  # data/alpaca.jsonl is not here
 
 
