@@ -27,25 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_tokenizer(recipe, secrets: dict[str, str]):
     """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
-    from transformers import AutoTokenizer
+    from ftune.stages.tokenizer import tokenizer_from_recipe
 
-    path = recipe.model.tokenizer or recipe.model.path
     env = secrets.get("model.hub_token")
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            path,
-            trust_remote_code=recipe.model.trust_remote_code,
-            revision=recipe.model.revision,
-            token=os.environ.get(env) if env else None,
-        )
-    except (OSError, ValueError) as err:
-        raise FtuneError(
-            f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
-            hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
-        ) from err
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token or tok.unk_token
-    return tok
+    return tokenizer_from_recipe(recipe, token=os.environ.get(env) if env else None)
 
 
 def samples(ds, n: int, task: str) -> list[dict]:

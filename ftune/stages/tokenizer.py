@@ -5,20 +5,21 @@ from __future__ import annotations
 from ftune.errors import FtuneError
 
 
-def load_tokenizer(plan):
+def tokenizer_from_recipe(recipe, token: str | None = None):
+    """The recipe's tokenizer, ready for training (a pad token, right padding). Also used by `ftune data`."""
     from transformers import AutoTokenizer
 
-    recipe = plan.recipe
+    path = recipe.model.tokenizer or recipe.model.path
     try:
         tok = AutoTokenizer.from_pretrained(
-            plan.tokenizer_path,
+            path,
             trust_remote_code=recipe.model.trust_remote_code,
             revision=recipe.model.revision,
-            token=plan.secret("model.hub_token"),
+            token=token,
         )
     except (OSError, ValueError) as err:
         raise FtuneError(
-            f"cannot load the tokenizer from {plan.tokenizer_path}: {str(err).splitlines()[0]}",
+            f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     if tok.pad_token is None:
@@ -26,3 +27,7 @@ def load_tokenizer(plan):
         tok.pad_token = tok.eos_token or tok.unk_token
     tok.padding_side = "right"
     return tok
+
+
+def load_tokenizer(plan):
+    return tokenizer_from_recipe(plan.recipe, token=plan.secret("model.hub_token"))
