@@ -45,6 +45,20 @@ def _worker_error(run_dir: Path) -> FtuneError | None:
                     hint=f"traceback in {path}; rerun with --debug to see it live")
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_after_interrupt(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """Ctrl-C reached the whole process group: the workers stop between steps (complete checkpoints stay).
+    Give them time to exit cleanly, then kill whatever is left."""
+    try:
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        proc.kill()
+        proc.wait()
+
+
 def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
     run_dir = Path(plan.run_dir)
     created = _prepare_run_dir(plan)
@@ -52,15 +66,13 @@ def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
     env = dict(os.environ, **WORKER_ENV, **plan.launch.env)
     if debug:
         env["FTUNE_DEBUG"] = "1"
-    proc = subprocess.Popen(plan.launch.command, env=env, start_new_session=False)
+    # Same process group as ftune: a kill of ftune's group (a scheduler, a test) also stops the workers.
+    # accelerate itself ignores Ctrl-C (it would print its own traceback); the worker re-enables it.
+    proc = subprocess.Popen(plan.launch.command, env=env, preexec_fn=_ignore_sigint)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _wait_after_interrupt(proc)
         raise FtuneError(
             "interrupted; the run dir keeps every complete checkpoint",
             hint="rerun the same command to continue (checkpoint.resume: auto)",

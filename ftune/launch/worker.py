@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -91,6 +92,7 @@ def _write_error(run_dir: Path, payload: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the launcher's accelerate ignores Ctrl-C; we don't
     plan = Plan.load(argv[0])
     run_dir = Path(plan.run_dir)
     debug = os.environ.get("FTUNE_DEBUG") == "1"

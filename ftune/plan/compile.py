@@ -181,9 +181,23 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
         tokenizer_path=recipe.model.tokenizer or recipe.model.path,
         resume_from=resume_from,
-        launch=LaunchSpec(accelerate_config=config, command=command),
+        launch=LaunchSpec(accelerate_config=config, command=command, env=_worker_env(device, num_processes)),
         notes=notes,
     )
+
+
+def _worker_env(device: str, num_processes: int) -> dict[str, str]:
+    """CPU threads per process: physical cores / local processes (accelerate's own choice, made explicit so it is
+    recorded in the plan); a user's OMP_NUM_THREADS wins."""
+    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        cores = os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cores // num_processes))}
 
 
 def _environment_problems(loaded, recipe, device: str, num_processes: int) -> list[Problem]:

@@ -129,3 +129,30 @@ def test_bad_inputs_are_refused_before_anything_is_written(tmp_path, tiny_model_
     assert "empty" in res.err.lower()
 
     assert not (tmp_path / "runs").exists()  # nothing half-written by any refused run
+
+
+def test_ctrl_c_leaves_a_resumable_run_dir(tmp_path, tiny_model_dir, text_data_file):
+    recipe = _resume_recipe(tiny_model_dir, text_data_file, "runs/interrupted")
+    recipe["train"]["max_steps"] = 400
+    path = write_recipe(tmp_path, recipe, "interrupted.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    marker = tmp_path / "runs/interrupted/checkpoints/checkpoint-4/ftune_complete.json"
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "rerun the same command" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    run_dir = tmp_path / "runs/interrupted"
+    assert not (run_dir / "final").exists()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["recipe"]["train"]["max_steps"] == 400
+    # Every checkpoint that exists is either complete (marked, verified) or ignored by resume.
+    from ftune.plan.compile import latest_complete_checkpoint
+
+    latest = latest_complete_checkpoint(run_dir / "checkpoints")
+    assert latest is not None and (latest / "adapter_model.safetensors").is_file()

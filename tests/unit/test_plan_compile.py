@@ -128,3 +128,16 @@ def test_paged_optimizer_on_cpu_is_refused_without_quantization(tmp_path):
     (problem,) = info.value.problems
     assert problem.path == "train.optimizer" and "paged" in problem.message
     assert problem.location.line is not None
+
+
+def test_cpu_threads_per_process_are_decided_in_the_plan(tmp_path, monkeypatch):
+    import psutil
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    plan = compile_plan(load_recipe(_recipe(tmp_path)))
+    cores = psutil.cpu_count(logical=False) or 1
+    assert plan.launch.env == {"OMP_NUM_THREADS": str(max(1, cores))}
+    plan2 = compile_plan(load_recipe(_recipe(tmp_path), ["distributed.strategy=ddp", "distributed.num_processes=2"]))
+    assert plan2.launch.env == {"OMP_NUM_THREADS": str(max(1, cores // 2))}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert compile_plan(load_recipe(_recipe(tmp_path))).launch.env == {}
