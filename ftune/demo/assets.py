@@ -16,7 +16,7 @@ from ftune.demo import tasks
 ASSETS = Path("recipes/demo/assets")
 """Relative to the working directory, like every relative path in a recipe."""
 
-# The model: ~0.8M parameters, wide enough to learn counting in a few hundred steps on two cores.
+# The model: ~0.7M parameters, enough to learn the number facts in a few hundred steps on two cores.
 MODEL_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2}
 VOCAB_SIZE = 512
 CORPUS_LINES = 6000

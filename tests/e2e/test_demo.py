@@ -70,4 +70,4 @@ def test_quick_demo_learns(tmp_path):
     assert (pre / "final/config.json").is_file()
     assert (lora / "final/adapter_config.json").is_file()
     steps = [json.loads(line)["step"] for line in (lora / "metrics.jsonl").read_text().splitlines()]
-    assert max(steps) == 200
+    assert max(steps) == 75
