@@ -19,7 +19,7 @@ from pathlib import Path
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 STAGES = ("pretrain", "arithmetic-lora")
 RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora")}
-QUICK_STEPS = {"pretrain": 200, "arithmetic-lora": 75}
+QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75}
 """`--quick` (or FTUNE_DEMO_QUICK=1): fewer optimizer steps, for the e2e test."""
 MIN_LOSS_DROP = 0.30
 MIN_ACCURACY_GAIN = 0.30
