@@ -54,7 +54,7 @@ def environment(recipe_file: str) -> dict:
 
 def write_inputs(plan, resolved_yaml: str) -> None:
     run_dir = Path(plan.run_dir)
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(run_dir / "recipe.resolved.yaml", resolved_yaml)
     _atomic_write(run_dir / "plan.json", plan.model_dump_json(indent=2) + "\n")
     _atomic_write(run_dir / "accelerate.yaml", yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))

@@ -279,6 +279,8 @@ class EvalSection(Section):
     """Evaluate every N steps (strategy: steps)."""
     batch_size: int | None = Field(None, gt=0)
     """Eval batch size per device; default: train.per_device_batch_size."""
+    on_start: bool = False
+    """Also evaluate before the first step, so metrics.jsonl holds the starting eval loss."""
 
 
 class CheckpointSection(Section):

@@ -72,6 +72,7 @@ def training_arguments(plan, extra: dict | None = None):
         neftune_noise_alpha=t.neftune_alpha,
         eval_strategy=ev.strategy if has_eval else "no",
         eval_steps=ev.steps,
+        eval_on_start=ev.on_start and r.data.eval is not None,
         save_strategy=ck.strategy,
         save_steps=ck.steps,
         save_total_limit=ck.keep,

@@ -54,6 +54,8 @@ CASES = [
      "data.packing", "classification row must hold exactly one sample", 7, 3),
     ("packing-prefix", recipe({"data:": "  packing: true\n  max_seq_length: 64\n"}, "peft:\n  method: prefix\n"),
      "data.packing", "prefix tuning", 5, 3),
+    ("eval-on-start-without-data", recipe(tail="eval:\n  on_start: true\n"), "eval.on_start", "needs eval data",
+     10, 3),
     ("eval-without-data", recipe(tail="eval:\n  strategy: epoch\n"), "eval.strategy", "no eval data", 10, 3),
     ("eval-steps-without-steps", recipe({"data:": "  eval: {split: 0.1}\n"}, "eval:\n  strategy: steps\n"),
      "eval.steps", "`eval.steps` is not set", 10, 1),

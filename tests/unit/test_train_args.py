@@ -36,7 +36,7 @@ def test_fields_map_onto_training_arguments(tmp_path):
     assert (args.per_device_train_batch_size, args.per_device_eval_batch_size) == (3, 6)
     assert args.gradient_accumulation_steps == 4
     assert args.neftune_noise_alpha == 5.0 and args.bf16 and not args.fp16
-    assert args.eval_strategy.value == "steps" and args.eval_steps == 20
+    assert args.eval_strategy.value == "steps" and args.eval_steps == 20 and not args.eval_on_start
     assert args.save_steps == 25 and args.save_total_limit == 2
     assert args.use_cpu and args.output_dir.endswith("run/checkpoints")
     assert (args.log_level, args.log_level_replica) == ("info", "error")
@@ -93,3 +93,10 @@ def test_classification_metrics_values():
     assert m["accuracy"] == pytest.approx(0.75)
     # class 0: tp1 fp1 fn0 -> 2/3 ; class 1: tp2 fp0 fn1 -> 0.8
     assert m["f1"] == pytest.approx((2 / 3 + 0.8) / 2)
+
+
+def test_eval_on_start(tmp_path):
+    plan = _plan(tmp_path, eval={"strategy": "steps", "steps": 5, "on_start": True})
+    assert training_arguments(plan).eval_on_start is True
+    only_start = _plan(tmp_path, eval={"strategy": "no", "on_start": True})
+    assert training_arguments(only_start).eval_on_start is True

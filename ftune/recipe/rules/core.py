@@ -59,6 +59,15 @@ def eval_needs_eval_data(recipe: Recipe) -> Iterator[Violation]:
         )
 
 
+def eval_on_start_needs_data(recipe: Recipe) -> Iterator[Violation]:
+    if recipe.eval.on_start and recipe.data.eval is None:
+        yield Violation(
+            "eval.on_start",
+            "eval.on_start needs eval data, but `data.eval` is not set",
+            "set `data.eval` (e.g. `{split: 0.05}`), or `eval.on_start: false`",
+        )
+
+
 def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Violation]:
     if recipe.eval.strategy == "steps" and recipe.eval.steps is None:
         yield Violation(
@@ -207,6 +216,7 @@ RULES: list[Rule] = [
     packing_needs_max_seq_length,
     packing_supported,
     eval_needs_eval_data,
+    eval_on_start_needs_data,
     eval_steps_needs_steps,
     warmup_once,
     training_length,
