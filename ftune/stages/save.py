@@ -196,6 +196,20 @@ def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+PROMPT_EMBEDDINGS = "prompt_embeddings"
+"""peft saves a prompt-learning method's encoder (prefix tuning) as this one tensor (its output when projected)."""
+
+
+def _adapter_saved_name(param_name: str) -> str:
+    """The name peft gives a trainable adapter parameter when it saves it: no adapter name, no
+    `modules_to_save` wrapper (`score.modules_to_save.default.weight` -> `score.weight`), and prompt
+    encoders as `prompt_embeddings`."""
+    name = _clean(param_name).replace(".default", "").replace(".modules_to_save", "")
+    if name.startswith("prompt_encoder.") or ".prompt_encoder." in name:
+        return PROMPT_EMBEDDINGS
+    return name
+
+
 def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
     """Read a just-written checkpoint back and compare names (and shapes, where they are global).
 
@@ -205,7 +219,7 @@ def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
     found = checkpoint_tensors(folder)
     if is_adapter:  # full adapter checkpoints keep the adapter name; sharded ones and final/ drop it
         found = {k.replace(".default", ""): v for k, v in found.items()}
-        wanted = {_clean(n).replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
+        wanted = {_adapter_saved_name(n): p for n, p in model.named_parameters() if p.requires_grad}
     else:
         wanted = {_clean(n): p for n, p in model.named_parameters()}
     if not found:
@@ -213,7 +227,8 @@ def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
                        hint="the checkpoint would restore nothing; report this with the run dir")
     missing = sorted(n for n in wanted if n not in found)
     # FSDP v1 flattens the local shard (1-D views), so only DTensor / plain shapes are comparable
-    wrong = sorted(n for n, p in wanted.items() if n in found and p.dim() > 1 and tuple(p.shape) != found[n])
+    wrong = sorted(n for n, p in wanted.items()
+                   if n in found and n != PROMPT_EMBEDDINGS and p.dim() > 1 and tuple(p.shape) != found[n])
     if missing or wrong:
         detail = "; ".join(part for part in (
             f"missing {missing[:5]}" if missing else "",
