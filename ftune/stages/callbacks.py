@@ -71,6 +71,7 @@ def _rich_progress(base, console):
             self.t0 = 0.0
             self.tokens0 = 0
             self.fields = {"loss": "-", "lr": "-", "tps": "-"}
+            self.last_refresh = 0.0
 
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
@@ -85,6 +86,7 @@ def _rich_progress(base, console):
                 TimeRemainingColumn(),
                 console=console,
                 transient=False,
+                auto_refresh=False,  # no 10 Hz refresh thread competing with training for the cores
             )
             self.progress.start()
             self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step,
@@ -98,6 +100,10 @@ def _rich_progress(base, console):
                 elapsed = max(time.time() - self.t0, 1e-6)
                 self.fields["tps"] = f"{tokens / elapsed:,.0f}"
                 self.progress.update(self.task, completed=state.global_step, **self.fields)
+                now = time.time()
+                if now - self.last_refresh >= 0.5 or state.global_step == state.max_steps:
+                    self.progress.refresh()
+                    self.last_refresh = now
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.progress is None or not logs:
@@ -117,6 +123,7 @@ def _rich_progress(base, console):
         def on_train_end(self, args, state, control, **kwargs):
             if self.progress is not None:
                 self.progress.update(self.task, completed=state.global_step, **self.fields)
+                self.progress.refresh()
                 self.progress.stop()
                 self.progress = None
 
