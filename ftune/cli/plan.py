@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     except FtuneError as err:  # point at the key where the recipe sets it
         where = err.location.origin if err.location else None
         if where in loaded.origins:
-            err.location = loaded.origins[where]
+            err.location = loaded.locate(where)
         raise
     data = count_data(recipe, plan.world_size, plan.tokenizer_path)
     if args.format == "json":

@@ -87,22 +87,11 @@ def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
     return files, list(dict.fromkeys(skipped))
 
 
-_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def _looks_local(value: str) -> bool:
-    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name)."""
-    return (
-        value.startswith(("/", ".", "~"))
-        or value.endswith(_DATA_SUFFIXES)
-        or not _HUB_ID.match(value)
-    )
 
 
 def missing_paths(loaded) -> list[Problem]:
     """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
-    from ftune.recipe.load import display
+    from ftune.recipe.load import display, looks_local
 
     r = loaded.recipe
     here = Path(loaded.file).parent
@@ -125,9 +114,9 @@ def missing_paths(loaded) -> list[Problem]:
     problems = []
     for path, value, target in checks:
         is_config = path.startswith("distributed.")
-        if target.exists() or (not is_config and not _looks_local(value)):
+        if target.exists() or (not is_config and not looks_local(value)):
             continue
-        where = loaded.origins.get(path, Location(loaded.file, 1, 1))
+        where = loaded.locate(path)
         if where.file:
             where = Location(display(where.file), where.line, where.column)
         base = "the recipe file" if is_config else "the working directory"
@@ -168,10 +157,7 @@ def field_problems(loaded, already: set[str]) -> list[Problem]:
         path = re.sub(r"\[(\d+)\]", r".\1", raw_path)  # data.train[0].path -> data.train.0.path (origins' form)
         if path in already:
             continue  # a missing file is already reported by missing_paths
-        where, probe = None, path
-        while probe and (where is None or where.file is None):  # nearest key the user wrote (not a default)
-            where, probe = loaded.origins.get(probe), probe.rpartition(".")[0]
-        where = where if where is not None and where.file else Location(loaded.file, 1, 1)
+        where = loaded.locate(path)
         if where.file:
             where = Location(display(where.file), where.line, where.column)
         problems.append(Problem(message, path, hint, where))

@@ -8,12 +8,12 @@ continuation up to end-of-sequence.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from ftune.demo.tasks import TaskRow
+from ftune.stages.report import read_metrics  # noqa: F401  (one reader of metrics.jsonl)
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,6 @@ class TaskScore:
     """Fraction of questions answered exactly by greedy decoding."""
     samples: list[tuple[str, str, str]]
     """A few (prompt, expected, generated) triples to show."""
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def series(records: list[dict], key: str) -> list[tuple[int, float]]:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from ftune.recipe._interp import is_secret_name
+
 PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
             "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
 
@@ -48,7 +50,7 @@ def environment(recipe_file: str) -> dict:
         "packages": versions,
         "git_commit": _git_commit(Path(recipe_file).parent),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "argv": [a for a in sys.argv[1:] if "=" not in a or not any(s in a.upper() for s in ("TOKEN", "KEY", "SECRET", "PASSWORD"))],
+        "argv": [a for a in sys.argv[1:] if "=" not in a or not is_secret_name(a)],  # `model.hub_token=...` dropped
     }
 
 

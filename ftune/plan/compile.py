@@ -12,24 +12,16 @@ import sys
 from pathlib import Path
 
 from ftune import __version__
-from ftune.errors import Location, Problem, RecipeError
+from ftune.errors import Problem, RecipeError
 from ftune.plan.model import LaunchSpec, Plan
+from ftune.recipe.load import looks_local
 
 COMPLETE_MARKER = "ftune_complete.json"
 """Written into a checkpoint folder once everything in it is on disk; resume only trusts marked ones."""
 
 
-def _loc(loaded, path: str) -> Location:
-    origins = getattr(loaded, "origins", {}) or {}
-    while path:
-        if path in origins:
-            return origins[path]
-        path = path.rpartition(".")[0]
-    return Location(file=getattr(loaded, "file", None))
-
-
 def _problem(loaded, path: str, message: str, hint: str | None = None) -> Problem:
-    return Problem(message=message, path=path, hint=hint, location=_loc(loaded, path))
+    return Problem(message=message, path=path, hint=hint, location=loaded.locate(path))
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -45,11 +37,6 @@ def latest_complete_checkpoint(checkpoints_dir: Path) -> Path | None:
         return None
     done = [p for p in checkpoints_dir.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
     return max(done, key=checkpoint_step, default=None)
-
-
-def _looks_local(path: str) -> bool:
-    """A path the user means as a local folder (vs a hub id like `org/name`)."""
-    return path.startswith((".", "/", "~")) or os.sep + os.sep in path or path.count("/") != 1
 
 
 def _resolve_resume(loaded, recipe, run_dir: Path, problems: list[Problem]) -> str | None:
@@ -97,7 +84,7 @@ def _check_inputs(loaded, recipe, problems: list[Problem]) -> None:
     model_path = recipe.model.path
     if not Path(model_path).expanduser().exists():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        if _looks_local(model_path) or offline:
+        if looks_local(model_path) or offline:
             problems.append(
                 _problem(loaded, "model.path", f"model folder not found: {model_path}",
                          "point model.path at a local folder holding config.json"
@@ -116,7 +103,7 @@ def _check_inputs(loaded, recipe, problems: list[Problem]) -> None:
         for i, src in enumerate(items):
             if src.type == "hub":
                 continue
-            if not Path(src.path).expanduser().exists() and (_looks_local(src.path) or src.type != "auto"):
+            if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
                 problems.append(
                     _problem(loaded, f"{prefix}.{i}.path", f"data file not found: {src.path}",
                              "paths are relative to the working directory "

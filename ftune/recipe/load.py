@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,33 @@ class LoadedRecipe:
     secrets: dict[str, str] = field(default_factory=dict)
     """Dotted path → environment variable whose (masked) value belongs there."""
 
+    def locate(self, path: str) -> Location:
+        """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
+        wrote; else the recipe file. Every error about a recipe key is located through this."""
+        probe = path
+        while probe:
+            where = self.origins.get(probe)
+            if where is not None and where != DEFAULT:
+                return where
+            probe = probe.rpartition(".")[0]
+        return Location(self.file)
+
     def resolved_yaml(self) -> str:
         """The full resolved recipe as YAML, keys in schema order, secrets masked."""
         import yaml
 
         data = self.recipe.model_dump(mode="json", exclude={"extends"})
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def looks_local(value: str) -> bool:
+    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name).
+    `ftune validate --check-paths` and `ftune run` both decide with this."""
+    return value.startswith(("/", ".", "~")) or value.endswith(_DATA_SUFFIXES) or not _HUB_ID.match(value)
 
 
 def display(path: str | Path) -> str:

@@ -141,3 +141,22 @@ def test_cpu_threads_per_process_are_decided_in_the_plan(tmp_path, monkeypatch):
     assert plan2.launch.env == {"OMP_NUM_THREADS": str(max(1, cores // 2))}
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert compile_plan(load_recipe(_recipe(tmp_path))).launch.env == {}
+
+
+def test_missing_relative_data_file_is_refused_like_validate_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # a hub is "reachable": org/name ids would pass
+    path = _recipe(tmp_path, data={"train": [{"path": "data/train.jsonl"}]})
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    (problem,) = info.value.problems
+    assert problem.path == "data.train.0.path" and "data file not found: data/train.jsonl" in problem.message
+
+
+def test_a_default_is_located_at_the_nearest_key_the_user_wrote(tmp_path):
+    loaded = load_recipe(_recipe(tmp_path))
+    assert loaded.origins["train.optimizer"].origin == "default"
+    where = loaded.locate("train.optimizer")  # not written: the `train:` section that holds it
+    assert where == loaded.origins["train"] and where.line is not None
+    assert loaded.locate("checkpoint.resume").file == loaded.file  # no enclosing key written: the file
+    assert load_recipe(_recipe(tmp_path), ["train.seed=3"]).locate("train.seed").origin == "override"
