@@ -85,10 +85,10 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
     import datasets
 
     from ftune.recipe.schema import DataSource
-    from ftune.stages.data.formats import Context, encoder
-    from ftune.stages.data.packing import pack
-    from ftune.stages.data.pipeline import features
-    from ftune.stages.data.sources import Source
+    from ftune.worker.data.formats import Context, encoder
+    from ftune.worker.data.packing import pack
+    from ftune.worker.data.pipeline import features
+    from ftune.worker.data.sources import Source
 
     ds = datasets.Dataset.from_dict({"text": texts})
     src = Source(DataSource(path="mem"), "data.train[0]", "mem", "json")
@@ -113,7 +113,7 @@ def main() -> dict:
     import datasets
     from transformers import AutoTokenizer
 
-    from ftune.stages.data import build
+    from ftune.worker.data import build
     from ftune.tiny import build_tiny_llama, train_tokenizer
 
     datasets.disable_progress_bars()

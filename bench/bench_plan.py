@@ -137,7 +137,7 @@ def measure(recipes: list[dict], timeout: int = 900) -> list[dict]:
 
 
 def estimated(recipe: dict) -> dict:
-    from ftune.plan.estimate import estimate
+    from ftune.estimate.estimate import estimate
     from ftune.recipe.schema import Recipe
 
     est = estimate(Recipe.model_validate(recipe), world_size=1, num_processes=1, gpu_memory=None, device="cpu")

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_tokenizer(recipe, secrets: dict[str, str]):
     """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
-    from ftune.stages.tokenizer import tokenizer_from_recipe
+    from ftune.worker.tokenizer import tokenizer_from_recipe
 
     env = secrets.get("model.hub_token")
     return tokenizer_from_recipe(recipe, token=os.environ.get(env) if env else None)
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         datasets.disable_progress_bars()
     tok = load_tokenizer(recipe, loaded.secrets)
 
-    from ftune.stages.data import build
+    from ftune.worker.data import build
 
     log: list[str] = []
     bundle = build(recipe, tok, log=log.append)

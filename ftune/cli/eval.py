@@ -22,12 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None):
     """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base."""
-    from ftune.stages.model import load_model
+    from ftune.worker.model import load_model
 
     if (model_dir / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        from ftune.stages import quantize
+        from ftune.worker import quantize
 
         # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
         # k-bit preparation, so eval reproduces the logged loss.
@@ -46,7 +46,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
 
 
 def evaluate(plan, model_dir: Path) -> dict:
-    from ftune.stages import data, tokenizer, train
+    from ftune.worker import data, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)

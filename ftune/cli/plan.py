@@ -3,7 +3,7 @@
 Shows the parameters (peft's own counts) and the modules the method touches, the distributed layout,
 memory per device with a fits / does-not-fit verdict and suggestions, data and steps when the data is
 local, and the exact launch command. The model is built on the meta device from its config alone
-(`ftune.plan.estimate`); no weights are read and no GPU is needed.
+(`ftune.estimate.estimate`); no weights are read and no GPU is needed.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _compile(loaded, gpus: int | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftune.plan.estimate import estimate, parse_bytes
+    from ftune.estimate.estimate import estimate, parse_bytes
     from ftune.recipe import load_recipe
 
     loaded = load_recipe(args.recipe, args.overrides)
@@ -219,7 +219,7 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ftune.plan.estimate import fmt_bytes
+    from ftune.estimate.estimate import fmt_bytes
 
     console = Console(highlight=False, soft_wrap=True)
     recipe = plan.recipe

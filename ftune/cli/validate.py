@@ -150,7 +150,7 @@ def field_problems(loaded, already: set[str]) -> list[Problem]:
     import re
 
     from ftune.recipe.load import display
-    from ftune.stages.data import check_fields
+    from ftune.worker.data import check_fields
 
     problems = []
     for raw_path, message, hint in check_fields(loaded.recipe):

@@ -4,7 +4,7 @@ Light module: no torch at import time. Decisions follow facts measured with acce
 torch 2.13 on CPU (docs/distributed.md):
 - DDP uses the multi-GPU launch type (torchrun) even on CPU; accelerate's MULTI_CPU type silently
   starts one process without MPI. The worker tells the Trainer `use_cpu`, so ranks join over gloo.
-- FSDP on CPU launches as FSDP; the worker's CPU shim (ftune/stages/distributed.py) makes accelerate
+- FSDP on CPU launches as FSDP; the worker's CPU shim (ftune/worker/distributed.py) makes accelerate
   honour it. `sync_module_states` is forced off on CPU.
 - Every run goes through `accelerate launch`, one process included.
 """
@@ -251,8 +251,8 @@ def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
 
 
 def launch_command(config_file: Path, plan_file: Path, *, python: str = sys.executable) -> list[str]:
-    """argv: [python, -m, accelerate.commands.launch, --quiet, --config_file, <cfg>, -m, ftune.launch.worker, <plan>]"""
+    """argv: [python, -m, accelerate.commands.launch, --quiet, --config_file, <cfg>, -m, ftune.worker, <plan>]"""
     # --quiet: when a worker fails, accelerate would add its own launcher traceback; ftune reports the
     # worker's error (from <run>/error.json) instead.
     return [python, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(config_file),
-            "-m", "ftune.launch.worker", str(plan_file)]
+            "-m", "ftune.worker", str(plan_file)]

@@ -190,7 +190,7 @@ def _worker_env(device: str, num_processes: int) -> dict[str, str]:
 def _environment_problems(loaded, recipe, device: str, num_processes: int) -> list[Problem]:
     """Checks that need this machine: devices, processes, installed packages (deepspeed, bitsandbytes)."""
     from ftune.recipe.rules.distributed import check_environment
-    from ftune.stages import quantize
+    from ftune.worker import quantize
 
     found = check_environment(recipe, device, num_processes, Path(loaded.file).parent)
     problems = [_problem(loaded, path, msg, hint) for path, msg, hint in found]

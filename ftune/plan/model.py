@@ -1,7 +1,7 @@
 """The frozen Plan: every decision made before launch, the contract between launcher and worker.
 
 `ftune run` compiles a validated Recipe into a Plan, writes it as `<run>/plan.json`, and launches
-`accelerate launch ... -m ftune.launch.worker <run>/plan.json`. The worker reads the Plan back
+`accelerate launch ... -m ftune.worker <run>/plan.json`. The worker reads the Plan back
 (typed, via `Plan.load`) and carries it out; it decides nothing the Plan already says.
 """
 

@@ -11,18 +11,18 @@ from ftune.plan.compile import _problem
 
 
 def preflight(loaded, plan) -> None:
-    from ftune.stages.model import build_meta_model
-    from ftune.stages.peft import target_problems
+    from ftune.worker.model import build_meta_model
+    from ftune.worker.peft import target_problems
 
     recipe = plan.recipe
     model = build_meta_model(recipe)
     found = list(target_problems(model, recipe))
     if recipe.distributed.strategy == "fsdp":
-        from ftune.stages.distributed import check_wrap_classes
+        from ftune.worker.distributed import check_wrap_classes
 
         found += check_wrap_classes(recipe, model)
     if recipe.quantization is not None:
-        from ftune.stages import quantize
+        from ftune.worker import quantize
 
         found += quantize.check_model_config(recipe, model, plan.device)
     if found:

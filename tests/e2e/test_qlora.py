@@ -28,7 +28,7 @@ def _load(model_dir, recipe: Recipe):
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import lora
-    from ftune.stages import quantize
+    from ftune.worker import quantize
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, quantization_config=quantize.quantization_config(recipe), dtype=getattr(torch, recipe.model.dtype))
@@ -106,7 +106,7 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
         pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never repacks 4-bit weights here")
     from bitsandbytes.nn import Linear4bit
 
-    from ftune.stages import quantize
+    from ftune.worker import quantize
 
     recipe = _recipe(tiny_model_dir, {"bits": 4, "compute_dtype": "float32"})
     ref = _lora_grads(_load(tiny_model_dir, recipe))
@@ -164,7 +164,7 @@ def test_trainer_with_eval_on_start_learns(tiny_model_dir, tmp_path):
 
 
 def test_describe_measures_quantized_weights_and_plan_estimate_agrees(tiny_model_dir):
-    from ftune.stages import quantize
+    from ftune.worker import quantize
 
     for quantization, quantized in (({"bits": 4}, 42368), ({"bits": 4, "double_quant": True}, 53360),
                                     ({"bits": 8}, 77824)):
@@ -237,7 +237,7 @@ def _assert_learned(run_dir) -> None:
 def _reloaded_eval_loss(run_dir, **load) -> float:
     """Eval loss of final/ reloaded with `quantize.load_for_eval` on a freshly quantized base, same eval data."""
     from ftune.plan.model import Plan
-    from ftune.stages import data, quantize, tokenizer, train
+    from ftune.worker import data, quantize, tokenizer, train
 
     plan = Plan.load(run_dir / "plan.json")
     tok = tokenizer.load_tokenizer(plan)

@@ -93,7 +93,7 @@ def test_dry_run_prints_plan_and_command_and_writes_nothing(tmp_path, tiny_model
     path = write_recipe(tmp_path, base_recipe(tiny_model_dir, text_data_file))
     res = ftune("run", str(path), "--dry-run", "train.max_steps=7", cwd=tmp_path)
     assert res.code == 0, res.text
-    assert "accelerate" in res.out and "--config_file" in res.out and "ftune.launch.worker" in res.out
+    assert "accelerate" in res.out and "--config_file" in res.out and "ftune.worker" in res.out
     assert str(tmp_path / "runs" / "e2e" / "plan.json") in res.out
     assert '"max_steps": 7' in res.out
     assert not (tmp_path / "runs").exists()

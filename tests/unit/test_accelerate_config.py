@@ -130,7 +130,7 @@ def test_two_node_job_config_and_command(rank, tmp_path):
     assert cfg["rdzv_backend"] == "c10d" and cfg["same_network"] is False
     cmd = ac.launch_command(tmp_path / "accelerate.yaml", tmp_path / "plan.json", python="/py")
     assert cmd == ["/py", "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(tmp_path / "accelerate.yaml"),
-                   "-m", "ftune.launch.worker", str(tmp_path / "plan.json")]
+                   "-m", "ftune.worker", str(tmp_path / "plan.json")]
 
 
 def test_multi_node_default_port():
@@ -276,7 +276,7 @@ class _Plan:
 
 
 def test_trainer_overrides_ddp_fsdp_deepspeed():
-    from ftune.stages.distributed import trainer_overrides
+    from ftune.worker.distributed import trainer_overrides
 
     assert trainer_overrides(_Plan(recipe(), "cpu", 1)) == {"use_cpu": True, "bf16": False, "fp16": False}
     ddp = trainer_overrides(_Plan(recipe({"strategy": "ddp", "num_processes": 2}), "cpu", 2))
@@ -301,7 +301,7 @@ def test_trainer_overrides_ddp_fsdp_deepspeed():
 def test_fsdp_overrides_make_valid_training_arguments(tmp_path):
     from transformers import TrainingArguments
 
-    from ftune.stages.distributed import trainer_overrides
+    from ftune.worker.distributed import trainer_overrides
 
     for version in (1, 2):
         extra = trainer_overrides(_Plan(recipe({"strategy": "fsdp", "fsdp": {"version": version}},
@@ -318,7 +318,7 @@ def test_fsdp_overrides_make_valid_training_arguments(tmp_path):
 
 
 def test_wrap_classes_checked_against_the_model(tiny_model_dir):
-    from ftune.stages.distributed import check_wrap_classes
+    from ftune.worker.distributed import check_wrap_classes
 
     def problems(fsdp):
         return check_wrap_classes(recipe({"strategy": "fsdp", "fsdp": fsdp}, model={"path": str(tiny_model_dir)}))
@@ -367,14 +367,14 @@ def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_d
     assert (plan["machine_rank"], plan["world_size"]) == (rank, 4)
     run_dir = tmp_path / "run"
     assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
-                              str(run_dir / "accelerate.yaml"), "-m", "ftune.launch.worker", str(run_dir / "plan.json")]
+                              str(run_dir / "accelerate.yaml"), "-m", "ftune.worker", str(run_dir / "plan.json")]
     assert not run_dir.exists()  # a dry run writes nothing
 
 
 def test_cpu_fsdp_shim_only_for_fsdp_without_cuda(monkeypatch):
     import torch
 
-    from ftune.stages import distributed as stage
+    from ftune.worker import distributed as stage
 
     applied = []
     monkeypatch.setattr(stage, "apply_cpu_fsdp_shim", lambda: applied.append(True))

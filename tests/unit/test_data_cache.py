@@ -8,8 +8,8 @@ import json
 import pytest
 
 from ftune.recipe.schema import Recipe
-from ftune.stages.data import build
-from ftune.stages.data.cache import Cache, default_root, make_key
+from ftune.worker.data import build
+from ftune.worker.data.cache import Cache, default_root, make_key
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftune.recipe.schema import Recipe
-from ftune.stages.data import build
-from ftune.stages.data.packing import PackedCollator, first_fit_decreasing, mechanism
+from ftune.worker.data import build
+from ftune.worker.data.packing import PackedCollator, first_fit_decreasing, mechanism
 
 
 def make_recipe(path, source: dict | None = None, **data) -> Recipe:

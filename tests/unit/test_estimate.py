@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ftune.errors import FtuneError
-from ftune.plan.estimate import estimate, parse_bytes, resolve_config
+from ftune.estimate.estimate import estimate, parse_bytes, resolve_config
 from ftune.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def test_parse_bytes():
 
 
 def test_plan_modules_import_nothing_heavy():
-    code = ("import sys, ftune.cli.plan, ftune.plan.estimate, ftune.plan.memory; "
+    code = ("import sys, ftune.cli.plan, ftune.estimate.estimate, ftune.estimate.memory; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'datasets', 'bitsandbytes', 'accelerate') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -215,7 +215,7 @@ def test_eager_attention_keeps_the_seq_by_seq_scores():
 
 
 def test_models_the_probe_cannot_run_fall_back_to_the_formula(monkeypatch):
-    import ftune.plan.probe as probe
+    import ftune.estimate.probe as probe
 
     def fail(*args, **kwargs):
         raise RuntimeError("data-dependent operator on meta")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftune.plan.estimate import estimate
-from ftune.plan.memory import (
+from ftune.estimate.estimate import estimate
+from ftune.estimate.memory import (
     ActivationProfile,
     Layout,
     ParamFact,
@@ -99,8 +99,8 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.plan.estimate import _apply_method, _build, resolve_config
-    from ftune.plan.probe import probe_activations
+    from ftune.estimate.estimate import _apply_method, _build, resolve_config
+    from ftune.estimate.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
     meta, _, _ = _build(r, resolve_config(r)[0])
@@ -221,9 +221,9 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.plan.estimate import _apply_method, _build, _quantize_layout, resolve_config
-    from ftune.plan.probe import probe_activations
-    from ftune.stages import quantize
+    from ftune.estimate.estimate import _apply_method, _build, _quantize_layout, resolve_config
+    from ftune.estimate.probe import probe_activations
+    from ftune.worker import quantize
 
     r = Recipe.model_validate({
         "name": "t", "model": {"path": str(tiny_model_dir), "dtype": "float32"},

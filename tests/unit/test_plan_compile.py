@@ -50,7 +50,7 @@ def test_single_process_cpu_plan(tmp_path):
     assert plan.resume_from is None
     cmd = plan.launch.command
     assert "accelerate" in " ".join(cmd) and cmd[-1] == str(tmp_path / "runs" / "unit" / "plan.json")
-    assert "ftune.launch.worker" in cmd
+    assert "ftune.worker" in cmd
 
 
 def test_default_run_dir_is_runs_name(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
 from ftune.recipe.rules import check
 from ftune.recipe.schema import Recipe
-from ftune.stages import quantize
+from ftune.worker import quantize
 
 
 def recipe(**sections) -> Recipe:
@@ -173,7 +173,7 @@ def test_installed_bitsandbytes_passes():
 
 
 def test_importing_quantize_is_light():
-    code = "import sys, ftune.stages.quantize; print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', " \
+    code = "import sys, ftune.worker.quantize; print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', " \
            "'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftune.errors import RunError
-from ftune.stages.save import expected_tensors, verify, verify_checkpoint
+from ftune.worker.save import expected_tensors, verify, verify_checkpoint
 
 
 def _peft(model_dir, config, cls_name="AutoModelForCausalLM"):

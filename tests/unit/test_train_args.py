@@ -7,7 +7,7 @@ import pytest
 from ftune.errors import FtuneError
 from ftune.plan.model import LaunchSpec, Plan
 from ftune.recipe.schema import Recipe
-from ftune.stages.train import check_optimizer, classification_metrics, training_arguments
+from ftune.worker.train import check_optimizer, classification_metrics, training_arguments
 
 
 def _plan(tmp_path, **sections) -> Plan:

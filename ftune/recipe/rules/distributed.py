@@ -2,7 +2,7 @@
 
 `RULES` read only the recipe (light, run by `ftune validate`). `check_environment` needs the device
 and the installed packages, so the plan compiler calls it before launch; the wrap-class check needs
-the model's structure and lives with the meta-device preflight (`ftune/stages/distributed.py`).
+the model's structure and lives with the meta-device preflight (`ftune/worker/distributed.py`).
 `fsdp` options with another strategy are a core rule (`core.fsdp_options_need_fsdp`).
 """
 

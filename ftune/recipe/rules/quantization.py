@@ -1,7 +1,7 @@
 """Quantization rules: bitsandbytes 4/8-bit options that can't work together, refused before any weight loads.
 
 Elsewhere: quantization with `full`/`freeze` is refused in `core.py`, 8-bit with FSDP in `distributed.py`;
-checks that need the installed packages, the device or the model's shapes live in `ftune.stages.quantize`.
+checks that need the installed packages, the device or the model's shapes live in `ftune.worker.quantize`.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftune.recipe.schema import Recipe
-from ftune.stages.data.check import check_fields
-from ftune.stages.data.errors import DataError
-from ftune.stages.data.report import DataReport
+from ftune.worker.data.check import check_fields
+from ftune.worker.data.errors import DataError
+from ftune.worker.data.report import DataReport
 
 __all__ = ["DataBundle", "DataError", "DataReport", "build", "check_fields", "chat_template_of"]
 
@@ -39,7 +39,7 @@ class DataBundle:
 
 def chat_template_of(recipe: Recipe, tokenizer) -> str:
     """data.chat_template, else the tokenizer's, else ftune's default."""
-    from ftune.stages.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
 
     if recipe.data.chat_template:
         return recipe.data.chat_template
@@ -85,10 +85,10 @@ def build(
     """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`."""
     import datasets
 
-    from ftune.stages.data import packing
-    from ftune.stages.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
-    from ftune.stages.data.pipeline import preprocess
-    from ftune.stages.data.sources import content_hash, resolve
+    from ftune.worker.data import packing
+    from ftune.worker.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
+    from ftune.worker.data.pipeline import preprocess
+    from ftune.worker.data.sources import content_hash, resolve
 
     _check_recipe(recipe)
     data = recipe.data

@@ -23,7 +23,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def make_callbacks(plan, console=None) -> list:
     from transformers import TrainerCallback
 
-    from ftune.stages.save import verify_checkpoint
+    from ftune.worker.save import verify_checkpoint
 
     run_dir = Path(plan.run_dir)
 

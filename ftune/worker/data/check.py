@@ -7,9 +7,9 @@ Light on purpose: it reads the first rows with the standard library (pyarrow for
 from __future__ import annotations
 
 from ftune.recipe.schema import Recipe
-from ftune.stages.data.errors import DataError, field_hint
-from ftune.stages.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
-from ftune.stages.data.sources import peek, resolve
+from ftune.worker.data.errors import DataError, field_hint
+from ftune.worker.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
+from ftune.worker.data.sources import peek, resolve
 
 PEEK_ROWS = 5
 

@@ -35,7 +35,7 @@ def count_parameters(model) -> ParamCounts:
 
 
 def _target_error(model, cfg) -> FtuneError:
-    from ftune.stages.model import linear_layer_names
+    from ftune.worker.model import linear_layer_names
 
     names = linear_layer_names(model)
     return FtuneError(

@@ -144,7 +144,7 @@ def _meta_model(recipe: Recipe, config):
     import transformers
     from accelerate import init_empty_weights
 
-    from ftune.stages.model import TASK_CLASSES
+    from ftune.worker.model import TASK_CLASSES
 
     cls = getattr(transformers, TASK_CLASSES[recipe.model.task])
     with init_empty_weights():
@@ -392,7 +392,7 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
     import transformers
     from peft import PeftModel
 
-    from ftune.stages.model import TASK_CLASSES
+    from ftune.worker.model import TASK_CLASSES
 
     q = recorded_quantization(final_dir)
     meta = json.loads((Path(final_dir) / RECORD_FILE).read_text())

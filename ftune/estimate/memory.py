@@ -1,7 +1,7 @@
 """Byte accounting for `ftune plan`: weights, gradients, optimizer states, activations, sharding.
 
 Pure functions of parameter facts (shape, dtype, trainable, quantized) and an activation profile
-(measured by `ftune.plan.probe`), so they are unit-tested without torch and re-run cheaply for the
+(measured by `ftune.estimate.probe`), so they are unit-tested without torch and re-run cheaply for the
 what-if suggestions ("with checkpointing the peak would be ...").
 """
 

@@ -11,11 +11,11 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
-from ftune.stages.data import packing
-from ftune.stages.data.errors import DataError, row_location
-from ftune.stages.data.formats import Context, check_columns, check_template, encoder, required_fields
-from ftune.stages.data.report import DataReport, SourceReport, length_stats
-from ftune.stages.data.sources import Source, load
+from ftune.worker.data import packing
+from ftune.worker.data.errors import DataError, row_location
+from ftune.worker.data.formats import Context, check_columns, check_template, encoder, required_fields
+from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.worker.data.sources import Source, load
 
 BOOKKEEPING = ["_len", "_trainable"]
 

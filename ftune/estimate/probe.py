@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ftune.plan.memory import ActivationProfile
+from ftune.estimate.memory import ActivationProfile
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The model is built on the meta device (shapes, no data), the recipe's PEFT method is applied with
 the same `ftune.methods.<m>.inject` the worker uses, and the quantization layout is applied as
 bitsandbytes would store it. Parameter counts are then peft's own; memory comes from
-`ftune.plan.memory`. No weights are read and nothing is allocated per parameter.
+`ftune.estimate.memory`. No weights are read and nothing is allocated per parameter.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Location
-from ftune.plan.memory import (
+from ftune.estimate.memory import (
     Layout,
     MemoryItem,
     ParamFact,
@@ -192,7 +192,7 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
     the k-bit preparation's upcast: without FSDP every other weight becomes fp32, as on the real model."""
     if recipe.quantization is None:
         return set()
-    from ftune.stages.quantize import quantized_linears
+    from ftune.worker.quantize import quantized_linears
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}
@@ -330,7 +330,7 @@ def estimate(
 
 def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, num_processes: int,
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
-    from ftune.plan.probe import formula_profile, probe_activations
+    from ftune.estimate.probe import formula_profile, probe_activations
 
     model, config, dtype = _build(recipe, config_file)
     quantized = _quantize_layout(model, recipe)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftune.errors import Location
 from ftune.recipe.schema import DataSource
-from ftune.stages.data.errors import DataError, first_bad_json_line
+from ftune.worker.data.errors import DataError, first_bad_json_line
 
 EXTENSIONS = {
     ".jsonl": "json",

@@ -1,4 +1,4 @@
-"""The worker: `accelerate launch ... -m ftune.launch.worker <run>/plan.json` runs the stages in order.
+"""The worker: `accelerate launch ... -m ftune.worker <run>/plan.json` runs the stages in order.
 
 It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
 launcher can report them without a traceback; the traceback is kept there for --debug.
@@ -35,10 +35,10 @@ def _quiet_libraries() -> None:
 def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
-    from ftune.stages import data, distributed, report, save, tokenizer, train
-    from ftune.stages.callbacks import make_callbacks
-    from ftune.stages.model import load_model
-    from ftune.stages.peft import apply_method
+    from ftune.worker import data, distributed, report, save, tokenizer, train
+    from ftune.worker.callbacks import make_callbacks
+    from ftune.worker.model import load_model
+    from ftune.worker.peft import apply_method
 
     recipe = plan.recipe
     run_dir = Path(plan.run_dir)
@@ -55,7 +55,7 @@ def run_stages(plan: Plan) -> dict:
                         log=console.print if console else (lambda *a, **k: None))
     quant_config = None
     if recipe.quantization is not None:
-        from ftune.stages import quantize
+        from ftune.worker import quantize
 
         quant_config = quantize.quantization_config(recipe)
     model = load_model(plan, tok, quant_config, labels=bundle.label_names)

@@ -224,7 +224,7 @@ def check_wrap_classes(recipe, model=None) -> list[tuple[str, str, str]]:
     if fsdp.auto_wrap_policy != "transformer":
         return []
     if model is None:
-        from ftune.stages.model import build_meta_model
+        from ftune.worker.model import build_meta_model
 
         model = build_meta_model(recipe)
     present = {type(m).__name__ for m in model.modules()}

@@ -11,15 +11,15 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ftune.stages.data.errors import DataError, field_hint, row_location
-from ftune.stages.data.masking import (
+from ftune.worker.data.errors import DataError, field_hint, row_location
+from ftune.worker.data.masking import (
     IGNORE,
     labels_from_spans,
     prompt_completion_labels,
     trainable,
     truncate,
 )
-from ftune.stages.data.sources import Source
+from ftune.worker.data.sources import Source
 
 ALPACA_TEMPLATE = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "

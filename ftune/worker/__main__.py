@@ -1,0 +1,5 @@
+import sys
+
+from ftune.worker.main import main
+
+sys.exit(main())
