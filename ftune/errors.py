@@ -43,6 +43,12 @@ class Problem:
     location: Location = field(default_factory=Location)
     severity: str = "error"  # error | warning
 
+    @classmethod
+    def at(cls, path: str, message: str, hint: str | None = None) -> Problem:
+        """A problem at a recipe key, not located yet: every check (recipe rules, environment, model preflight)
+        returns these, and `LoadedRecipe.error` locates them all through `LoadedRecipe.locate`."""
+        return cls(message=message, path=path, hint=hint)
+
     def render(self) -> str:
         head = f"{self.location}: {self.severity}: "
         body = f"{self.path}: {self.message}" if self.path else self.message

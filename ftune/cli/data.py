@@ -27,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_tokenizer(recipe, secrets: dict[str, str]):
     """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
-    from ftune.worker.tokenizer import tokenizer_from_recipe
+    from ftune.plan.compile import tokenizer_source
+    from ftune.worker import tokenizer
 
     env = secrets.get("model.hub_token")
-    return tokenizer_from_recipe(recipe, token=os.environ.get(env) if env else None)
+    return tokenizer.load(tokenizer_source(recipe), recipe, token=os.environ.get(env) if env else None)
 
 
 def samples(ds, n: int, task: str) -> list[dict]:

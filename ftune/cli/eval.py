@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None):
     """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base."""
+    from ftune.plan.loading import model_load
     from ftune.worker.model import load_model
 
     if (model_dir / "adapter_config.json").is_file():
@@ -33,14 +34,12 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         # k-bit preparation, so eval reproduces the logged loss.
         section = quantize.recorded_quantization(model_dir) or plan.recipe.quantization
         recipe = plan.recipe.model_copy(update={"quantization": section})
-        base = load_model(plan, tokenizer, quantize.config_from_section(section), labels=labels)
+        base = load_model(plan, tokenizer, labels=labels, spec=model_load(recipe))
         if section is not None:
             base = quantize.prepare_for_eval(base, recipe)
         return PeftModel.from_pretrained(base, str(model_dir))
     if (model_dir / "config.json").is_file():
-        full = plan.model_copy(update={"recipe": plan.recipe.model_copy(
-            update={"model": plan.recipe.model.model_copy(update={"path": str(model_dir), "init": "pretrained"})})})
-        return load_model(full, tokenizer)
+        return load_model(plan, tokenizer, spec=model_load(plan.recipe, path=str(model_dir)))
     raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
                      hint="pass --model pointing at a run's final/ folder or a checkpoint")
 
@@ -53,8 +52,8 @@ def evaluate(plan, model_dir: Path) -> dict:
     if bundle.eval is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
-    args = train.training_arguments(plan, {"output_dir": str(Path(plan.run_dir) / "eval-tmp"), "report_to": "none",
-                                           "eval_strategy": "no", "save_strategy": "no"})
+    args = train.training_arguments(plan, output_dir=str(plan.run.eval_scratch), report_to="none",
+                                    eval_strategy="no", save_strategy="no", load_best_model_at_end=False)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
     return trainer.evaluate(eval_dataset=bundle.eval)
 
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_recipe(args.recipe, args.overrides)
     plan = compile_plan(loaded, check_inputs=False)
-    model_dir = Path(args.model) if args.model else Path(plan.run_dir) / "final"
+    model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
     metrics = evaluate(plan, model_dir)

@@ -100,7 +100,7 @@ def _tokenizer(path: str):
     return Tokenizer.from_file(str(file))
 
 
-def count_data(recipe, world_size: int, tokenizer_path: str) -> DataCount | None:
+def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> DataCount | None:
     """A cheap count of the local training data: rows, tokens (when the tokenizer is local), and steps.
 
     Instruction and chat rows are counted without their template or chat format, so tokens are a
@@ -133,7 +133,6 @@ def count_data(recipe, world_size: int, tokenizer_path: str) -> DataCount | None
         tokens = round(tokens * (samples - held_out) / samples) if samples else 0
         samples -= held_out
     ga = train.gradient_accumulation_steps
-    epochs = train.epochs if train.epochs is not None else 3.0  # the Trainer's default
     rows_iterated: int | None = samples
     if data.packing and data.max_seq_length:
         rows_iterated = math.ceil(tokens / data.max_seq_length) if tok is not None else None
@@ -198,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         if where in loaded.origins:
             err.location = loaded.locate(where)
         raise
-    data = count_data(recipe, plan.world_size, plan.tokenizer_path)
+    data = count_data(recipe, plan.world_size, plan.tokenizer_path, plan.trainer["num_train_epochs"])
     if args.format == "json":
         out = {
             "recipe": loaded.file,
@@ -206,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
             "data": asdict(data) if data else None,
             "effective_batch_size": plan.effective_batch_size,
             "launch": {"command": plan.launch.command, "env": plan.launch.env},
+            "model_load": plan.model_load.model_dump(mode="json"),
+            "trainer": plan.trainer,
             "notes": plan.notes + est.notes,
         }
         print(json.dumps(out, indent=2))
@@ -232,7 +233,7 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""
     console.print(f"[bold]method[/]       {recipe.peft.method}: {len(est.matched_modules)} matched: {shown}{more}")
     dist = recipe.distributed
-    layout = f"{dist.strategy}, {plan.world_size} process(es) on {plan.num_machines} machine(s), {est.device}"
+    layout = f"{dist.strategy}, {plan.world_size} process(es) on {dist.num_machines} machine(s), {est.device}"
     if est.fsdp is not None:
         classes = ", ".join(f"{c} x{n}" for c, n in est.fsdp.unit_classes.items())
         layout += (f"\n             FSDP {dist.fsdp.sharding_strategy}: {est.fsdp.units} units ({classes}); "

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from ftune.rundir import RunDir
+
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 STAGES = ("pretrain", "arithmetic-lora")
 RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora")}
@@ -63,13 +65,13 @@ def measure(workdir: Path) -> dict:
 
     from ftune.demo import assets, evaluate
 
-    pre, lora = workdir / RUN_DIRS["pretrain"], workdir / RUN_DIRS["arithmetic-lora"]
+    pre, lora = RunDir(workdir / RUN_DIRS["pretrain"]), RunDir(workdir / RUN_DIRS["arithmetic-lora"])
     a_metrics = evaluate.read_metrics(pre)
     b_metrics = evaluate.read_metrics(lora)
     rows = assets.read_task_rows(assets.Assets(workdir / assets.ASSETS).task_eval)
-    tokenizer = AutoTokenizer.from_pretrained(str(pre / "final"))
-    before = evaluate.score(evaluate.load_causal_lm(pre / "final"), tokenizer, rows)
-    after = evaluate.score(evaluate.load_causal_lm(pre / "final", lora / "final"), tokenizer, rows)
+    tokenizer = AutoTokenizer.from_pretrained(str(pre.final))
+    before = evaluate.score(evaluate.load_causal_lm(pre.final), tokenizer, rows)
+    after = evaluate.score(evaluate.load_causal_lm(pre.final, lora.final), tokenizer, rows)
     b_eval = evaluate.series(b_metrics, "eval_loss")
     return {
         "pretrain": {

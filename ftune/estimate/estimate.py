@@ -192,7 +192,7 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
     the k-bit preparation's upcast: without FSDP every other weight becomes fp32, as on the real model."""
     if recipe.quantization is None:
         return set()
-    from ftune.worker.quantize import quantized_linears
+    from ftune.plan.quantization import quantized_linears
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}

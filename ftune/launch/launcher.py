@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ftune.errors import EXIT_INTERRUPTED, FtuneError, RunError
 from ftune.launch.rundir import write_inputs
+from ftune.rundir import RunDir
 
 # Inherited by the workers; never carries secrets (those stay in the user's environment).
 WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_DISABLE_RICH": "1"}
@@ -18,24 +19,23 @@ WORKER_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "ACCEL
 
 def _prepare_run_dir(plan) -> Path | None:
     """Create or reuse the run dir; returns the topmost folder this call created (so a failed start can remove it)."""
-    run_dir = Path(plan.run_dir)
+    run = plan.run
     created = None
-    probe = run_dir
+    probe = run.root
     while not probe.exists():
         created, probe = probe, probe.parent
     if plan.recipe.output.overwrite and not plan.resume_from:
-        for name in ("final", "checkpoints", "metrics.jsonl", "summary.json", "loss_curve.png", "tensorboard"):
-            target = run_dir / name
+        for target in run.outputs():
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run.root.mkdir(parents=True, exist_ok=True)
     return created
 
 
-def _worker_error(run_dir: Path) -> FtuneError | None:
-    path = run_dir / "error.json"
+def _worker_error(run: RunDir) -> FtuneError | None:
+    path = run.error
     if not path.is_file():
         return None
     info = json.loads(path.read_text())
@@ -60,7 +60,7 @@ def _wait_after_interrupt(proc: subprocess.Popen, grace: float = 60.0) -> None:
 
 
 def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
-    run_dir = Path(plan.run_dir)
+    run = plan.run
     created = _prepare_run_dir(plan)
     write_inputs(plan, resolved_yaml)
     env = dict(os.environ, **WORKER_ENV, **plan.launch.env)
@@ -80,10 +80,9 @@ def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
         ) from None
     if code == 0:
         return 0
-    err = _worker_error(run_dir) or RunError(
-        f"accelerate launch exited with code {code}", hint=f"see the output above; the run dir is {run_dir}"
+    err = _worker_error(run) or RunError(
+        f"accelerate launch exited with code {code}", hint=f"see the output above; the run dir is {run.root}"
     )
-    started = any((run_dir / "checkpoints").glob("checkpoint-*")) or (run_dir / "metrics.jsonl").exists()
-    if created is not None and not started:
+    if created is not None and not run.has_started():
         shutil.rmtree(created, ignore_errors=True)  # nothing trained: leave nothing half-written behind
     raise err

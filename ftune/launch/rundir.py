@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ftune.recipe._interp import is_secret_name
+from ftune.recipe import is_secret_name
 
 PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
             "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
@@ -55,12 +55,10 @@ def environment(recipe_file: str) -> dict:
 
 
 def write_inputs(plan, resolved_yaml: str) -> None:
-    run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "recipe.resolved.yaml", resolved_yaml)
-    _atomic_write(run_dir / "plan.json", plan.model_dump_json(indent=2) + "\n")
-    _atomic_write(run_dir / "accelerate.yaml", yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
-    _atomic_write(run_dir / "env.json", json.dumps(environment(plan.recipe_file), indent=2) + "\n")
-    stale = run_dir / "error.json"
-    if stale.exists():
-        stale.unlink()
+    run = plan.run
+    run.root.mkdir(parents=True, exist_ok=True)
+    _atomic_write(run.recipe, resolved_yaml)
+    _atomic_write(run.plan, plan.model_dump_json(indent=2) + "\n")
+    _atomic_write(run.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
+    _atomic_write(run.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
+    run.error.unlink(missing_ok=True)

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ftune.recipe import MASK  # noqa: F401  (re-exported: the plan masks secrets the same way)
 from ftune.recipe.schema import Recipe
+from ftune.rundir import RunDir
 
 
 class LaunchSpec(BaseModel):
@@ -26,6 +26,19 @@ class LaunchSpec(BaseModel):
     """The exact `accelerate launch ...` argv."""
     env: dict[str, str] = {}
     """Environment variables the launcher sets for the workers (never secrets)."""
+
+
+class ModelLoad(BaseModel):
+    """How the worker gets the model: `getattr(transformers, auto_class).from_pretrained(path, **kwargs)`
+    (or `.from_config(config, **kwargs)` for `init: random`), kwargs unchanged."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    auto_class: Literal["AutoModelForCausalLM", "AutoModelForSequenceClassification"]
+    path: str
+    init: Literal["pretrained", "random"]
+    kwargs: dict[str, Any]
+    """dtype, trust_remote_code, attn_implementation, revision, quantization_config (a bitsandbytes dict)."""
 
 
 class Plan(BaseModel):
@@ -43,40 +56,30 @@ class Plan(BaseModel):
     device: Literal["cpu", "cuda"]
     num_processes: int
     """Processes on this machine."""
-    num_machines: int
-    machine_rank: int
     world_size: int
-    torch_dtype: Literal["float32", "bfloat16", "float16", "auto"]
     mixed_precision: Literal["no", "fp16", "bf16"]
+    """The one autocast precision: the accelerate config and `trainer` (bf16/fp16) both carry it."""
     effective_batch_size: int
     """per_device_batch_size x gradient_accumulation_steps x world_size."""
     tokenizer_path: str
+    """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
+    model_load: ModelLoad
+    trainer: dict[str, Any]
+    """The exact keyword arguments of `TrainingArguments`; the worker passes them through unchanged."""
     resume_from: str | None = None
     """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
     launch: LaunchSpec
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
 
-    # ---------------------------------------------------------------- helpers for the worker
     @property
-    def run_path(self) -> Path:
-        return Path(self.run_dir)
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.run_path / "checkpoints"
-
-    @property
-    def final_dir(self) -> Path:
-        return self.run_path / "final"
+    def run(self) -> RunDir:
+        return RunDir(Path(self.run_dir))
 
     def secret(self, path: str) -> str | None:
         """The real value of a masked field, read from its environment variable at run time."""
         env = self.secrets.get(path)
         return os.environ.get(env) if env else None
-
-    def dump(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:

@@ -6,24 +6,63 @@ kernels can't run are reported as located recipe errors, before the run dir is w
 
 from __future__ import annotations
 
-from ftune.errors import RecipeError
-from ftune.plan.compile import _problem
+import re
+
+from ftune.errors import Problem
+from ftune.modeling import build_meta_model, linear_layer_names
+from ftune.plan import quantization
+from ftune.recipe.schema import FsdpSection, Recipe
 
 
 def preflight(loaded, plan) -> None:
-    from ftune.worker.model import build_meta_model
-    from ftune.worker.peft import target_problems
-
     recipe = plan.recipe
     model = build_meta_model(recipe)
-    found = list(target_problems(model, recipe))
-    if recipe.distributed.strategy == "fsdp":
-        from ftune.worker.distributed import check_wrap_classes
-
-        found += check_wrap_classes(recipe, model)
-    if recipe.quantization is not None:
-        from ftune.worker import quantize
-
-        found += quantize.check_model_config(recipe, model, plan.device)
+    found = target_problems(model, recipe) + wrap_class_problems(recipe, model)
+    found += quantization.check_model_config(recipe, model, plan.device)
     if found:
-        raise RecipeError([_problem(loaded, path, msg, hint) for path, msg, hint in found], file=loaded.file)
+        raise loaded.error(found)
+
+
+def target_problems(model, recipe: Recipe) -> list[Problem]:
+    """LoRA target_modules that match no module of the model."""
+    cfg = recipe.peft
+    if cfg.method != "lora" or cfg.target_modules == "all-linear":
+        return []
+    names = [n for n, _ in model.named_modules()]
+    for target in cfg.target_modules:
+        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
+            return []
+    return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
+                       target_hint(model))]
+
+
+def target_hint(model) -> str:
+    return (f"linear layers in this model: {', '.join(linear_layer_names(model))} "
+            "(or use `peft.target_modules=all-linear`)")
+
+
+def wrap_class_problems(recipe: Recipe, model) -> list[Problem]:
+    """FSDP transformer wrap classes that are not in the model: they would silently wrap nothing but the root."""
+    d = recipe.distributed
+    fsdp = d.fsdp or FsdpSection()
+    if d.strategy != "fsdp" or fsdp.auto_wrap_policy != "transformer":
+        return []
+    present = {type(m).__name__ for m in model.modules()}
+    layers = sorted(n for n in present if n.endswith(("DecoderLayer", "EncoderLayer", "Block", "Layer")))
+    if fsdp.transformer_layer_cls:
+        missing = [c for c in fsdp.transformer_layer_cls if c not in present]
+        if missing:
+            return [Problem.at("distributed.fsdp.transformer_layer_cls",
+                               f"wrap class{'es' if len(missing) > 1 else ''} {', '.join(missing)} not found in "
+                               f"{type(model).__name__}",
+                               f"layer classes in this model: {', '.join(layers) or 'none'}; "
+                               "or leave transformer_layer_cls unset to use the model's _no_split_modules")]
+        return []
+    declared = list(getattr(model, "_no_split_modules", None) or [])
+    if not any(c in present for c in declared):
+        return [Problem.at("distributed.fsdp.auto_wrap_policy",
+                           f"{type(model).__name__} declares no usable _no_split_modules "
+                           f"({', '.join(declared) or 'none'}), so the transformer policy would wrap only the root",
+                           f"set `distributed.fsdp.transformer_layer_cls` (classes in this model: "
+                           f"{', '.join(layers) or 'none'}) or `auto_wrap_policy: size`")]
+    return []

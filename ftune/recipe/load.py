@@ -10,7 +10,7 @@ import copy
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ftune.errors import Location, Problem, RecipeError, UsageError
@@ -51,6 +51,10 @@ class LoadedRecipe:
                 return where
             probe = probe.rpartition(".")[0]
         return Location(self.file)
+
+    def error(self, problems: list[Problem]) -> RecipeError:
+        """Problems found by any check, each located at the key the user wrote, as one error."""
+        return RecipeError([replace(p, location=self.locate(p.path)) for p in problems], file=self.file)
 
     def resolved_yaml(self) -> str:
         """The full resolved recipe as YAML, keys in schema order, secrets masked."""

@@ -256,6 +256,12 @@ class TrainSection(Section):
     """Autocast precision (bf16 works on CPU)."""
     optimizer: str = "adamw_torch"
     """Any transformers `optim` name (adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, adalomo, ...)."""
+    optimizer_args: dict[str, bool | int | float | str | list[float] | list[str]] | None = None
+    """Optimizer settings: `betas: [0.9, 0.95]` and `eps` for Adam-style optimizers; `target_modules` (required by
+    galore_*/apollo_*) plus optimizer-specific keys such as `rank`, `update_proj_gap`, `scale` (transformers' optim_args)."""
+    lr_scheduler_args: dict[str, bool | int | float | str] | None = None
+    """Scheduler settings (transformers' lr_scheduler_kwargs): `min_lr` or `min_lr_rate` for cosine_with_min_lr,
+    `num_decay_steps` for warmup_stable_decay, `num_cycles`, `lr_end`/`power` for polynomial, ..."""
     max_grad_norm: float = Field(1.0, ge=0.0)
     """Gradient clipping norm; 0 disables it."""
     seed: int = 42

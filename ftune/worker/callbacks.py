@@ -11,13 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from ftune.plan.compile import COMPLETE_MARKER
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+from ftune.rundir import mark_complete
 
 
 def make_callbacks(plan, console=None) -> list:
@@ -25,13 +19,13 @@ def make_callbacks(plan, console=None) -> list:
 
     from ftune.worker.save import verify_checkpoint
 
-    run_dir = Path(plan.run_dir)
+    run = plan.run
 
     class MetricsJsonl(TrainerCallback):
         """One JSON object per logged event (rank 0): step, epoch, and the metrics."""
 
         def __init__(self) -> None:
-            self.path = run_dir / "metrics.jsonl"
+            self.path = run.metrics
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
@@ -51,7 +45,7 @@ def make_callbacks(plan, console=None) -> list:
             if folder.is_dir():
                 # A checkpoint that would restore nothing (or part of the model) is an error, never "complete".
                 verify_checkpoint(folder, model, plan.recipe.peft.uses_peft_library)
-                write_json_atomic(folder / COMPLETE_MARKER, {"step": state.global_step, "time": time.time()})
+                mark_complete(folder, {"step": state.global_step, "time": time.time()})
 
     callbacks = [MetricsJsonl(), CheckpointMarker()]
     if console is not None:

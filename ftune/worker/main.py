@@ -11,10 +11,10 @@ import os
 import signal
 import sys
 import traceback
-from pathlib import Path
 
 from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError
 from ftune.plan.model import Plan
+from ftune.rundir import RunDir, write_json_atomic
 
 
 def _quiet_libraries() -> None:
@@ -35,43 +35,39 @@ def _quiet_libraries() -> None:
 def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
-    from ftune.worker import data, distributed, report, save, tokenizer, train
+    from ftune.worker import data, distributed, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
     from ftune.worker.peft import apply_method
 
     recipe = plan.recipe
-    run_dir = Path(plan.run_dir)
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir / "tensorboard"))
+    run = plan.run
 
     _quiet_libraries()
     distributed.prepare(plan)
-    args = train.training_arguments(plan, distributed.trainer_overrides(plan))  # sets up the process group
+    args = train.training_arguments(plan)  # sets up the process group
     main = args.process_index == 0
     console = Console(stderr=False, highlight=False) if main else None
 
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(recipe, tok, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
                         log=console.print if console else (lambda *a, **k: None))
-    quant_config = None
-    if recipe.quantization is not None:
-        from ftune.worker import quantize
-
-        quant_config = quantize.quantization_config(recipe)
-    model = load_model(plan, tok, quant_config, labels=bundle.label_names)
+    model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None
     if recipe.quantization is not None:
+        from ftune.estimate.quant import describe, describe_line
+        from ftune.worker import quantize
+
         model = quantize.prepare(model, recipe)
-        quant_line = quantize.describe_line(quantize.describe(recipe, model))
+        quant_line = describe_line(describe(recipe, model))
     model, counts = apply_method(model, plan)
     if console:
         report.header(console, plan, counts, bundle, quant_line)
-        (run_dir / "params.json").write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
+        run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
 
     trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console))
-    facts = distributed.describe(trainer.model, trainer)
-    facts["rank"] = args.process_index
-    (run_dir / f"distributed.rank{args.process_index}.json").write_text(json.dumps(facts, default=str) + "\n")
+    if facts.enabled():
+        facts.record(trainer, run, args.process_index)
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
     final_metrics = trainer.evaluate() if trainer.eval_dataset is not None else {}
@@ -80,27 +76,27 @@ def run_stages(plan: Plan) -> dict:
     if console:
         result = report.summary(console, plan, final_metrics, saved)
         if recipe.output.loss_curve:
-            report.loss_curve(run_dir)
+            report.loss_curve(run)
     return result
 
 
-def _write_error(run_dir: Path, payload: dict) -> None:
-    if int(os.environ.get("RANK", "0")) != 0 and (run_dir / "error.json").exists():
+def _write_error(run: RunDir, payload: dict) -> None:
+    if int(os.environ.get("RANK", "0")) != 0 and run.error.exists():
         return
-    (run_dir / "error.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_atomic(run.error, payload)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the launcher's accelerate ignores Ctrl-C; we don't
     plan = Plan.load(argv[0])
-    run_dir = Path(plan.run_dir)
+    run = plan.run
     debug = os.environ.get("FTUNE_DEBUG") == "1"
     try:
         run_stages(plan)
         return 0
     except FtuneError as err:
-        _write_error(run_dir, {"kind": "user", "message": err.message, "hint": err.hint,
+        _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,
                                "exit_code": err.exit_code, "traceback": traceback.format_exc()})
         if debug:
             traceback.print_exc()
@@ -108,12 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as err:  # noqa: BLE001 - reported by the launcher, traceback kept in error.json
-        _write_error(run_dir, {"kind": "internal", "message": f"{type(err).__name__}: {err}",
+        _write_error(run, {"kind": "internal", "message": f"{type(err).__name__}: {err}",
                                "hint": None, "exit_code": EXIT_RUNTIME, "traceback": traceback.format_exc()})
         if debug:
             traceback.print_exc()
         return EXIT_RUNTIME
 
-
-if __name__ == "__main__":
-    sys.exit(main())

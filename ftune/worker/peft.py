@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ftune.errors import FtuneError
@@ -34,29 +33,6 @@ def count_parameters(model) -> ParamCounts:
     return ParamCounts(trainable, total)
 
 
-def _target_error(model, cfg) -> FtuneError:
-    from ftune.worker.model import linear_layer_names
-
-    names = linear_layer_names(model)
-    return FtuneError(
-        f"peft.target_modules {list(cfg.target_modules)} match no module of the model",
-        hint=f"linear layers in this model: {', '.join(names)} (or use `peft.target_modules=all-linear`)",
-    )
-
-
-def target_problems(model, recipe) -> list[tuple[str, str, str]]:
-    """(path, message, hint) when LoRA target_modules match nothing; checked on the meta model before launch."""
-    cfg = recipe.peft
-    if cfg.method != "lora" or cfg.target_modules == "all-linear":
-        return []
-    names = [n for n, _ in model.named_modules()]
-    for target in cfg.target_modules:
-        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
-            return []
-    err = _target_error(model, cfg)
-    return [("peft.target_modules", err.message.partition(": ")[2] or err.message, err.hint)]
-
-
 def apply_method(model, plan):
     """Inject the recipe's method; the seed is set first so adapter initialisation is reproducible."""
     from transformers import set_seed
@@ -68,6 +44,9 @@ def apply_method(model, plan):
         model = module.inject(model, recipe.peft, recipe.model.task)
     except ValueError as err:
         if "target" in str(err).lower() and recipe.peft.method == "lora":
-            raise _target_error(model, recipe.peft) from err
+            from ftune.plan.preflight import target_hint
+
+            raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",
+                             hint=target_hint(model)) from err
         raise
     return model, count_parameters(model)

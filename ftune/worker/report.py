@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from ftune.rundir import RunDir
+
 
 def header(console, plan, counts, bundle, quantization: str | None = None) -> None:
     from rich.table import Table
@@ -14,7 +16,7 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     table = Table(title=f"ftune run · {r.name}", show_header=False, title_justify="left")
     table.add_column(style="bold cyan")
     table.add_column()
-    table.add_row("model", f"{r.model.path} ({r.model.task}, {plan.torch_dtype})")
+    table.add_row("model", f"{r.model.path} ({r.model.task}, {plan.model_load.kwargs['dtype']})")
     table.add_row("method", r.peft.method + (f" · {r.quantization.bits}-bit" if r.quantization else ""))
     if quantization:
         table.add_row("quantized", quantization)
@@ -33,16 +35,16 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
         console.print(f"[dim]note: {note}[/dim]")
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+def read_metrics(run: RunDir) -> list[dict]:
+    path = run.metrics
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def summary(console, plan, final_metrics: dict, saved: dict) -> dict:
-    run_dir = Path(plan.run_dir)
-    records = read_metrics(run_dir)
+    run = plan.run
+    records = read_metrics(run)
     losses = [r["loss"] for r in records if "loss" in r]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     result = {
@@ -60,16 +62,16 @@ def summary(console, plan, final_metrics: dict, saved: dict) -> dict:
     for key in ("eval_accuracy", "eval_f1"):
         if key in final_metrics:
             lines.append(f"{key[5:]} {final_metrics[key]:.4f}")
-    lines.append(f"final/  {run_dir / 'final'}  ({'adapter' if saved.get('adapter') else 'model'}, "
+    lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "
                  f"{saved.get('tensors', 0)} tensors, verified)")
-    lines.append(f"metrics {run_dir / 'metrics.jsonl'}")
+    lines.append(f"metrics {run.metrics}")
     console.print("\n".join(lines))
-    (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    run.summary.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def loss_curve(run_dir: Path) -> Path | None:
-    records = read_metrics(run_dir)
+def loss_curve(run: RunDir) -> Path | None:
+    records = read_metrics(run)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
     evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     if not train:
@@ -85,11 +87,11 @@ def loss_curve(run_dir: Path) -> Path | None:
         ax.plot(*zip(*evals), "o-", label="eval loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(run_dir.name)
+    ax.set_title(run.root.name)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = run_dir / "loss_curve.png"
+    out = run.loss_curve
     fig.savefig(out)
     plt.close(fig)
     return out

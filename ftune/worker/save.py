@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ftune.errors import RunError
-from ftune.plan.compile import COMPLETE_MARKER
+from ftune.rundir import mark_complete
 
 
 def saved_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -129,7 +129,7 @@ def save_final(trainer, plan, tokenizer) -> dict:
     Under FSDP the Trainer's save_model writes nothing with a sharded state-dict type, so every rank
     joins in gathering the full state dict and rank 0 writes a normal HF/PEFT folder from it.
     """
-    final = Path(plan.run_dir) / "final"
+    final = plan.run.final
     is_adapter = plan.recipe.peft.uses_peft_library
     model = trainer.model
     main = trainer.is_world_process_zero()
@@ -163,7 +163,7 @@ def save_final(trainer, plan, tokenizer) -> dict:
         "tensors": len(expected),
     }
     (final / "ftune.json").write_text(json.dumps(meta, indent=2) + "\n")
-    (final / COMPLETE_MARKER).write_text(json.dumps({"tensors": len(expected)}) + "\n")
+    mark_complete(final, {"tensors": len(expected)})
     return meta
 
 

@@ -1,15 +1,14 @@
-"""Stage 1: the tokenizer, from `model.tokenizer` or the model folder."""
+"""Stage 1: the tokenizer, from where the plan says (`plan.tokenizer_path`: `model.tokenizer`, else `model.path`)."""
 
 from __future__ import annotations
 
 from ftune.errors import FtuneError
 
 
-def tokenizer_from_recipe(recipe, token: str | None = None):
-    """The recipe's tokenizer, ready for training (a pad token, right padding). Also used by `ftune data`."""
+def load(path: str, recipe, token: str | None = None):
+    """The tokenizer at `path`, ready for training (a pad token, right padding). Also used by `ftune data`."""
     from transformers import AutoTokenizer
 
-    path = recipe.model.tokenizer or recipe.model.path
     try:
         tok = AutoTokenizer.from_pretrained(
             path,
@@ -30,4 +29,4 @@ def tokenizer_from_recipe(recipe, token: str | None = None):
 
 
 def load_tokenizer(plan):
-    return tokenizer_from_recipe(plan.recipe, token=plan.secret("model.hub_token"))
+    return load(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"))

@@ -28,10 +28,13 @@ def _load(model_dir, recipe: Recipe):
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import lora
+    from ftune.estimate.quant import describe
+    from ftune.modeling import build_meta_model
+    from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, quantization_config=quantize.quantization_config(recipe), dtype=getattr(torch, recipe.model.dtype))
+        model_dir, quantization_config=bnb_config(recipe.quantization), dtype=getattr(torch, recipe.model.dtype))
     model = quantize.prepare(model, recipe)
     torch.manual_seed(0)
     model = lora.inject(model, recipe.peft, "causal-lm")
@@ -106,6 +109,9 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
         pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never repacks 4-bit weights here")
     from bitsandbytes.nn import Linear4bit
 
+    from ftune.estimate.quant import describe
+    from ftune.modeling import build_meta_model
+    from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 
     recipe = _recipe(tiny_model_dir, {"bits": 4, "compute_dtype": "float32"})
@@ -164,29 +170,32 @@ def test_trainer_with_eval_on_start_learns(tiny_model_dir, tmp_path):
 
 
 def test_describe_measures_quantized_weights_and_plan_estimate_agrees(tiny_model_dir):
+    from ftune.estimate.quant import describe
+    from ftune.modeling import build_meta_model
+    from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 
     for quantization, quantized in (({"bits": 4}, 42368), ({"bits": 4, "double_quant": True}, 53360),
                                     ({"bits": 8}, 77824)):
         recipe = _recipe(tiny_model_dir, quantization)
         model = _load(tiny_model_dir, recipe)  # with LoRA injected: adapters are not counted as base weights
-        measured = quantize.describe(recipe, model)
+        measured = describe(recipe, model)
         # tiny llama: 2 x 36,864 quantized weights; embeddings + head + norms stay fp32 after preparation
         other = 2 * model.get_base_model().config.vocab_size * 64 + 5 * 64
         assert measured["quantized_weight_bytes"] == quantized, quantization
         assert measured["other_weight_bytes"] == 4 * other
         assert measured["bf16_weight_bytes"] == 2 * (2 * 36864 + other)
         assert measured["quantized_layers"] == 14 and measured["estimated"] is False
-        estimated = quantize.describe(recipe, quantize._meta_model(recipe, model.get_base_model().config))
+        estimated = describe(recipe, build_meta_model(recipe, model.get_base_model().config))
         assert estimated == {**measured, "estimated": True}
     # FSDP + QLoRA: nothing is upcast (one dtype per shard), so the other weights stay bf16
     fsdp = _recipe(tiny_model_dir, {"bits": 4, "double_quant": True, "quant_storage": "bfloat16"},
                    model={"path": str(tiny_model_dir), "dtype": "bfloat16"},
                    distributed={"strategy": "fsdp", "num_processes": 2})
     model = _load(tiny_model_dir, fsdp)
-    measured = quantize.describe(fsdp, model)
+    measured = describe(fsdp, model)
     assert (measured["quantized_weight_bytes"], measured["other_weight_bytes"]) == (53360, 2 * other)
-    assert quantize.describe(fsdp, quantize._meta_model(fsdp, model.get_base_model().config)) == {
+    assert describe(fsdp, build_meta_model(fsdp, model.get_base_model().config)) == {
         **measured, "estimated": True}
     # 4-bit nf4 without double quant: 0.5 byte per weight + a fp32 absmax per 64 + a 16-entry code per layer
     assert 42368 == 2 * 36864 // 2 + 4 * (2 * 36864 // 64) + 14 * 64

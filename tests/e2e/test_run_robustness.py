@@ -152,7 +152,7 @@ def test_ctrl_c_leaves_a_resumable_run_dir(tmp_path, tiny_model_dir, text_data_f
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["recipe"]["train"]["max_steps"] == 400
     # Every checkpoint that exists is either complete (marked, verified) or ignored by resume.
-    from ftune.plan.compile import latest_complete_checkpoint
+    from ftune.rundir import RunDir
 
-    latest = latest_complete_checkpoint(run_dir / "checkpoints")
+    latest = RunDir(run_dir).latest_complete_checkpoint()
     assert latest is not None and (latest / "adapter_model.safetensors").is_file()

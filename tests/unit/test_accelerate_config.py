@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ftune.errors import FtuneError
-from ftune.launch import accelerate_config as ac
+from ftune.plan import accelerate as ac
 from ftune.recipe.rules import check
 from ftune.recipe.rules import distributed as rules
 from ftune.recipe.schema import Recipe
@@ -27,8 +27,10 @@ def recipe(distributed: dict | None = None, **top) -> Recipe:
     return Recipe.model_validate(data)
 
 
-def build(r: Recipe, device: str = "cpu", n: int = 2, recipe_dir: Path = Path("."), check: bool = False):
-    return ac.build(r, device=device, num_processes=n, recipe_dir=recipe_dir, check=check)
+def build(r: Recipe, device: str = "cpu", n: int = 2, recipe_dir: Path = Path(".")):
+    from ftune.plan.compile import mixed_precision
+
+    return ac.build(r, device=device, num_processes=n, recipe_dir=recipe_dir, mixed_precision=mixed_precision(r))
 
 
 # ------------------------------------------------------------------------------ strategies
@@ -203,7 +205,7 @@ def test_resolve_num_processes_without_gpus(monkeypatch):
 
 
 def test_module_is_light():
-    code = "import sys, ftune.launch.accelerate_config, ftune.recipe.rules.distributed; print('torch' in sys.modules)"
+    code = "import sys, ftune.plan.accelerate, ftune.recipe.rules.distributed; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -246,68 +248,69 @@ def test_valid_recipes_pass_rules():
 
 
 def test_environment_checks(monkeypatch, tmp_path):
-    monkeypatch.setattr(rules.importlib.util, "find_spec", lambda name: None)
-    found = {p: m for p, m, _ in rules.check_environment(recipe({"strategy": "deepspeed"}), "cpu", 2)}
-    assert "needs the deepspeed package" in found["distributed.strategy"]
+    from ftune.plan import environment
+
+    def found(r, device, n):
+        return {p.path: p.message for p in environment.devices(r, device, n, tmp_path)}
+
+    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: None)
+    assert "needs the deepspeed package" in found(recipe({"strategy": "deepspeed"}), "cpu", 2)["distributed.strategy"]
     monkeypatch.setattr(ac, "visible_gpus", lambda: 2)
-    found = {p: m for p, m, _ in rules.check_environment(recipe({"strategy": "ddp", "num_processes": 4}),
-                                                       "cuda", 4)}
-    assert found["distributed.num_processes"] == "num_processes is 4 but this machine sees 2 GPU(s)"
-    found = {p: m for p, m, _ in rules.check_environment(
-        recipe({"strategy": "fsdp", "fsdp": {"cpu_ram_efficient_loading": True}, "accelerate_config": "x.yaml"}),
-        "cpu", 2, tmp_path)}
-    assert "needs GPUs" in found["distributed.fsdp.cpu_ram_efficient_loading"]
-    assert "accelerate config not found" in found["distributed.accelerate_config"]
+    assert (found(recipe({"strategy": "ddp", "num_processes": 4}), "cuda", 4)["distributed.num_processes"]
+            == "num_processes is 4 but this machine sees 2 GPU(s)")
+    got = found(recipe({"strategy": "fsdp", "fsdp": {"cpu_ram_efficient_loading": True},
+                        "accelerate_config": "x.yaml"}), "cpu", 2)
+    assert "needs GPUs" in got["distributed.fsdp.cpu_ram_efficient_loading"]
+    assert "accelerate config not found" in got["distributed.accelerate_config"]
 
 
-# ------------------------------------------------------------------------------ worker side (no processes)
-class _Plan:
-    """The Plan fields trainer_overrides reads, without compiling a whole plan."""
+# ------------------------------------------------------------------------------ compiled TrainingArguments
+def trainer(r: Recipe, device: str, n: int) -> dict:
+    from ftune.plan.compile import mixed_precision
+    from ftune.plan.trainer import training_arguments
+    from ftune.rundir import RunDir
 
-    def __init__(self, r: Recipe, device: str, n: int) -> None:
-        self.recipe, self.device, self.world_size = r, device, n
-        self.mixed_precision = r.train.mixed_precision
-        cfg, _ = build(r, device=device, n=n)
-
-        class Launch:
-            accelerate_config = cfg
-
-        self.launch = Launch()
+    cfg, _ = build(r, device=device, n=n)
+    return training_arguments(r, run=RunDir(Path("/tmp/run")), device=device, world_size=n,
+                              mixed_precision=mixed_precision(r), accelerate_config=cfg)
 
 
-def test_trainer_overrides_ddp_fsdp_deepspeed():
-    from ftune.worker.distributed import trainer_overrides
-
-    assert trainer_overrides(_Plan(recipe(), "cpu", 1)) == {"use_cpu": True, "bf16": False, "fp16": False}
-    ddp = trainer_overrides(_Plan(recipe({"strategy": "ddp", "num_processes": 2}), "cpu", 2))
+def test_trainer_kwargs_ddp_fsdp_deepspeed():
+    one = trainer(recipe(), "cpu", 1)
+    assert (one["use_cpu"], one["bf16"], one["fp16"]) == (True, False, False) and "ddp_backend" not in one
+    ddp = trainer(recipe({"strategy": "ddp", "num_processes": 2}), "cpu", 2)
     assert ddp["ddp_backend"] == "gloo" and ddp["use_cpu"] is True and "fsdp" not in ddp
-    fsdp = trainer_overrides(_Plan(recipe({"strategy": "fsdp", "fsdp": {
+    fsdp = trainer(recipe({"strategy": "fsdp", "fsdp": {
         "transformer_layer_cls": ["LlamaDecoderLayer"], "activation_checkpointing": True}},
-        train={"gradient_checkpointing": True}), "cpu", 2))
+        train={"max_steps": 1, "gradient_checkpointing": True}), "cpu", 2)
     assert fsdp["fsdp"] is True and fsdp["activation_checkpointing"] is False  # FSDP-native AC instead
     assert fsdp["fsdp_config"]["version"] == 2
     assert fsdp["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
     assert fsdp["fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert fsdp["fsdp_config"]["sync_module_states"] is False and fsdp["fsdp_config"]["cpu_offload"] is False
-    ds = trainer_overrides(_Plan(recipe({"strategy": "deepspeed", "deepspeed": {"stage": 3,
-                                                                                "offload_optimizer": True}}),
-                                 "cuda", 8))
+    ds = trainer(recipe({"strategy": "deepspeed", "deepspeed": {"stage": 3, "offload_optimizer": True}}), "cuda", 8)
     zero = ds["deepspeed"]["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     assert ds["deepspeed"]["train_micro_batch_size_per_gpu"] == "auto" and "ddp_backend" not in ds
+    assert ds["use_cpu"] is False
 
 
-def test_fsdp_overrides_make_valid_training_arguments(tmp_path):
+def test_one_precision_for_accelerate_and_the_trainer():
+    r = recipe({"strategy": "fsdp", "fsdp": {"mixed_precision": "bf16"}}, train={"max_steps": 1})
+    cfg, _ = build(r)
+    kwargs = trainer(r, "cpu", 2)
+    assert cfg["mixed_precision"] == "bf16" and kwargs["bf16"] is True and kwargs["fp16"] is False
+
+
+def test_fsdp_trainer_kwargs_make_valid_training_arguments(tmp_path):
     from transformers import TrainingArguments
 
-    from ftune.worker.distributed import trainer_overrides
-
     for version in (1, 2):
-        extra = trainer_overrides(_Plan(recipe({"strategy": "fsdp", "fsdp": {"version": version}},
-                                               peft={"method": "full"}), "cpu", 2))
-        extra.pop("ddp_backend")  # a backend makes TrainingArguments join a process group; none here
-        args = TrainingArguments(output_dir=str(tmp_path), **extra)
+        kwargs = trainer(recipe({"strategy": "fsdp", "fsdp": {"version": version}}, peft={"method": "full"}),
+                         "cpu", 2)
+        kwargs.pop("ddp_backend")  # a backend makes TrainingArguments join a process group; none here
+        args = TrainingArguments(**(kwargs | {"output_dir": str(tmp_path)}))
         plugin = args.fsdp_plugin_args
         assert plugin["fsdp_version"] == version
         assert plugin["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
@@ -318,10 +321,12 @@ def test_fsdp_overrides_make_valid_training_arguments(tmp_path):
 
 
 def test_wrap_classes_checked_against_the_model(tiny_model_dir):
-    from ftune.worker.distributed import check_wrap_classes
+    from ftune.modeling import build_meta_model
+    from ftune.plan.preflight import wrap_class_problems
 
     def problems(fsdp):
-        return check_wrap_classes(recipe({"strategy": "fsdp", "fsdp": fsdp}, model={"path": str(tiny_model_dir)}))
+        r = recipe({"strategy": "fsdp", "fsdp": fsdp}, model={"path": str(tiny_model_dir)})
+        return [(p.path, p.message, p.hint) for p in wrap_class_problems(r, build_meta_model(r))]
 
     assert problems({}) == []  # the model's _no_split_modules (LlamaDecoderLayer)
     assert problems({"transformer_layer_cls": ["LlamaDecoderLayer"]}) == []
@@ -332,14 +337,22 @@ def test_wrap_classes_checked_against_the_model(tiny_model_dir):
     assert problems({"auto_wrap_policy": "size"}) == []
 
 
-def test_build_refuses_what_this_machine_cannot_run(monkeypatch, tmp_path):
+def test_compile_refuses_what_this_machine_cannot_run(monkeypatch, tmp_path):
     from ftune.errors import RecipeError
+    from ftune.plan import environment
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
 
-    monkeypatch.setattr(rules.importlib.util, "find_spec", lambda name: None)
+    real = environment.importlib.util.find_spec
+    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: None if name == "deepspeed" else real(name))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "model": {"path": "m"}, "data": {"train": [{"path": "d.jsonl"}]},
+                                    "train": {"max_steps": 1},
+                                    "distributed": {"strategy": "deepspeed", "accelerate_config": "team.yaml"}}))
     with pytest.raises(RecipeError) as err:
-        build(recipe({"strategy": "deepspeed", "accelerate_config": "team.yaml"}), recipe_dir=tmp_path, check=True)
+        compile_plan(load_recipe(path), check_inputs=False)
     text = err.value.render()
-    assert "distributed.strategy: strategy 'deepspeed' needs the deepspeed package" in text
+    assert "r.yaml:6:3: error: distributed.strategy: strategy 'deepspeed' needs the deepspeed package" in text
     assert "pip install 'ftune[deepspeed]'" in text
     assert "distributed.accelerate_config: accelerate config not found" in text
     assert "2 errors" in text
@@ -364,7 +377,7 @@ def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_d
     cfg = plan["launch"]["accelerate_config"]
     assert (cfg["distributed_type"], cfg["num_processes"], cfg["num_machines"]) == ("FSDP", 4, 2)
     assert (cfg["machine_rank"], cfg["main_process_ip"], cfg["main_process_port"]) == (rank, "10.0.0.1", 29500)
-    assert (plan["machine_rank"], plan["world_size"]) == (rank, 4)
+    assert plan["world_size"] == 4
     run_dir = tmp_path / "run"
     assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
                               str(run_dir / "accelerate.yaml"), "-m", "ftune.worker", str(run_dir / "plan.json")]

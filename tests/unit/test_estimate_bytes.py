@@ -223,6 +223,9 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from ftune.methods import method_module
     from ftune.estimate.estimate import _apply_method, _build, _quantize_layout, resolve_config
     from ftune.estimate.probe import probe_activations
+    from ftune.estimate.quant import describe
+    from ftune.modeling import build_meta_model
+    from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 
     r = Recipe.model_validate({
@@ -236,7 +239,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     profile = probe_activations(meta, batch=BATCH, seq=SEQ, attn_implementation="sdpa",
                                 layer_classes={"LlamaDecoderLayer"}, quantized=set())
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantize.quantization_config(r),
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=bnb_config(r.quantization),
                                                  dtype=torch.float32, attn_implementation="sdpa")
     model = method_module("lora").inject(quantize.prepare(model, r), r.peft, "causal-lm")
     model.train()

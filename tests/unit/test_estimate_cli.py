@@ -123,7 +123,7 @@ def test_packing_counts_packed_rows(tmp_path, tiny_model_dir, text_data_file):
 
     path = write_recipe(tmp_path, tiny_model_dir, text_data_file, max_steps=7)
     loaded = load_recipe(path, ["data.packing=true"])
-    data = count_data(loaded.recipe, world_size=2, tokenizer_path=str(tiny_model_dir))
+    data = count_data(loaded.recipe, world_size=2, tokenizer_path=str(tiny_model_dir), epochs=1.0)
     tokens = sum(token_lengths(tiny_model_dir, text_data_file))
     assert data.tokens == tokens and data.rows == math.ceil(tokens / 16)
     assert data.steps_per_epoch == math.ceil(math.ceil(math.ceil(data.rows / 2) / 4) / 2)
@@ -135,7 +135,7 @@ def test_eval_split_and_limit_reduce_samples(tmp_path, tiny_model_dir, text_data
 
     path = write_recipe(tmp_path, tiny_model_dir, text_data_file)
     loaded = load_recipe(path, ["data.eval={split: 0.1}", "data.train.0.limit=150"])
-    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir))
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=1.0)
     assert data.samples == 150 - 15
 
 
@@ -166,6 +166,6 @@ def test_packing_without_a_local_tokenizer_leaves_steps_unknown(tmp_path, tiny_m
     from ftune.recipe import load_recipe
 
     loaded = load_recipe(write_recipe(tmp_path, tiny_model_dir, text_data_file), ["data.packing=true"])
-    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tmp_path / "no-tokenizer"))
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tmp_path / "no-tokenizer"), epochs=1.0)
     assert (data.samples, data.tokens, data.rows, data.steps_per_epoch, data.total_steps) == (200, None, None, None,
                                                                                                 None)

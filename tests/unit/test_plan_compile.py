@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from ftune.errors import RecipeError
-from ftune.plan.compile import COMPLETE_MARKER, compile_plan, latest_complete_checkpoint
+from ftune.plan.compile import compile_plan
+from ftune.rundir import COMPLETE_MARKER, RunDir
 from ftune.recipe import load_recipe
 
 
@@ -64,7 +65,7 @@ def test_resume_auto_takes_latest_complete_checkpoint(tmp_path):
     _checkpoint(run_dir, 4, complete=True)
     good = _checkpoint(run_dir, 8, complete=True)
     _checkpoint(run_dir, 12, complete=False)  # killed mid-save: no marker, never trusted
-    assert latest_complete_checkpoint(run_dir / "checkpoints") == good
+    assert RunDir(run_dir).latest_complete_checkpoint() == good
     plan = compile_plan(load_recipe(_recipe(tmp_path)))
     assert plan.resume_from == str(good)
 
@@ -116,7 +117,7 @@ def test_plan_round_trips_through_json(tmp_path):
     from ftune.plan.model import Plan
 
     plan = compile_plan(load_recipe(_recipe(tmp_path)))
-    plan.dump(tmp_path / "plan.json")
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
     again = Plan.load(tmp_path / "plan.json")
     assert again == plan
     assert again.recipe.peft.method == "lora" and again.recipe.peft.r == 8
@@ -136,11 +137,11 @@ def test_cpu_threads_per_process_are_decided_in_the_plan(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     plan = compile_plan(load_recipe(_recipe(tmp_path)))
     cores = psutil.cpu_count(logical=False) or 1
-    assert plan.launch.env == {"OMP_NUM_THREADS": str(max(1, cores))}
+    assert plan.launch.env["OMP_NUM_THREADS"] == str(max(1, cores))
     plan2 = compile_plan(load_recipe(_recipe(tmp_path), ["distributed.strategy=ddp", "distributed.num_processes=2"]))
-    assert plan2.launch.env == {"OMP_NUM_THREADS": str(max(1, cores // 2))}
+    assert plan2.launch.env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert compile_plan(load_recipe(_recipe(tmp_path))).launch.env == {}
+    assert "OMP_NUM_THREADS" not in compile_plan(load_recipe(_recipe(tmp_path))).launch.env
 
 
 def test_missing_relative_data_file_is_refused_like_validate_does(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
 from ftune.recipe.rules import check
 from ftune.recipe.schema import Recipe
-from ftune.worker import quantize
+from ftune.modeling import build_meta_model
+from ftune.plan import quantization as quantize
 
 
 def recipe(**sections) -> Recipe:
@@ -122,9 +123,9 @@ def test_quantizing_a_random_init_model_is_refused():
 # ------------------------------------------------------------------------------- plan-time checks
 def test_paged_optimizer_on_cpu_is_refused_with_the_unpaged_name():
     r = recipe(train={"max_steps": 10, "optimizer": "paged_adamw_8bit"})
-    [(path, message, hint)] = quantize.check_device(r, "cpu")
-    assert path == "train.optimizer" and "silently runs it unpaged" in message
-    assert hint == "use `train.optimizer: adamw_8bit` (same optimizer, unpaged) on CPU"
+    [p] = quantize.check_device(r, "cpu")
+    assert p.path == "train.optimizer" and "silently runs it unpaged" in p.message
+    assert p.hint == "use `train.optimizer: adamw_8bit` (same optimizer, unpaged) on CPU"
     assert quantize.check_device(r, "cuda") == []
     assert quantize.check_device(recipe(train={"max_steps": 1, "optimizer": "adamw_8bit"}), "cpu") == []
 
@@ -136,9 +137,12 @@ def test_missing_bitsandbytes_gives_an_install_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     assert quantize.needs_bitsandbytes(recipe())
-    assert quantize.check_environment(recipe()) == ["quantization.bits: 4 needs bitsandbytes, which is not installed"]
+    [p] = quantize.check_environment(recipe())
+    assert (p.path, p.message) == ("quantization", "quantization.bits: 4 needs bitsandbytes, which is not installed")
+    assert "pip install 'ftune[quant]'" in p.hint
     r = recipe(quantization=None, train={"max_steps": 1, "optimizer": "adamw_8bit"})
-    assert quantize.check_environment(r) == ["train.optimizer: adamw_8bit needs bitsandbytes, which is not installed"]
+    assert [(p.path, p.message) for p in quantize.check_environment(r)] == [
+        ("train.optimizer", "train.optimizer: adamw_8bit needs bitsandbytes, which is not installed")]
     assert quantize.check_environment(recipe(quantization=None)) == []
     assert "pip install 'ftune[quant]'" in quantize.INSTALL_HINT
 
@@ -165,7 +169,8 @@ def test_old_bitsandbytes_is_reported(monkeypatch):
     import importlib.metadata
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.41.3")
-    assert quantize.check_environment(recipe()) == ["quantization.bits: 4 needs bitsandbytes >= 0.45, found 0.41.3"]
+    assert [p.message for p in quantize.check_environment(recipe())] == [
+        "quantization.bits: 4 needs bitsandbytes >= 0.45, found 0.41.3"]
 
 
 def test_installed_bitsandbytes_passes():
@@ -173,7 +178,7 @@ def test_installed_bitsandbytes_passes():
 
 
 def test_importing_quantize_is_light():
-    code = "import sys, ftune.worker.quantize; print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', " \
+    code = "import sys, ftune.worker.quantize, ftune.plan.quantization; print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', " \
            "'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -194,7 +199,8 @@ def test_4bit_cpu_shapes_multiple_of_32_pass():
 
 def test_4bit_cpu_shapes_not_multiple_of_32_are_refused_naming_dims():
     # hidden 64 is fine; k/v project to 2 kv heads x 16 = 32 (fine); intermediate 80 is not
-    [(path, message, hint)] = quantize.check_model_config(recipe(), _config(64, 80), "cpu")
+    [p] = quantize.check_model_config(recipe(), _config(64, 80), "cpu")
+    path, message, hint = p.path, p.message, p.hint
     assert path == "quantization.bits"
     assert "divisible by 32" in message
     assert "down_proj (80x64), gate_proj (64x80), up_proj (64x80)" in message
@@ -207,7 +213,8 @@ def test_4bit_cpu_shapes_not_multiple_of_32_are_refused_naming_dims():
 
 
 def test_4bit_cpu_every_layer_bad_hints_8bit_not_skipping_everything():
-    [(_, message, hint)] = quantize.check_model_config(recipe(), _config(48, 96), "cpu")
+    [p] = quantize.check_model_config(recipe(), _config(48, 96), "cpu")
+    message, hint = p.message, p.hint
     assert "k_proj (48x24)" in message and "q_proj (48x48)" in message
     assert hint == "use `quantization.bits: 8`, or run on a GPU"
 
@@ -217,11 +224,11 @@ def test_quantized_linears_match_what_transformers_quantizes(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     r = recipe(model={"path": str(tiny_model_dir)})
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantize.quantization_config(r),
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantize.bnb_config(r.quantization),
                                                  dtype=torch.float32)
     loaded = {n for n, m in model.named_modules() if type(m).__name__ == "Linear4bit"}
     assert quantize.quantized_linears(r, model) == {}  # every quantizable Linear was swapped for Linear4bit
-    meta = quantize._meta_model(r, model.config)
+    meta = build_meta_model(r, model.config)
     assert set(quantize.quantized_linears(r, meta)) == loaded
     assert len(loaded) == 2 * 7 and "lm_head" not in loaded
 
@@ -229,17 +236,19 @@ def test_quantized_linears_match_what_transformers_quantizes(tiny_model_dir):
 # ---------------------------------------------------------------------------- BitsAndBytesConfig
 def test_bitsandbytes_config_follows_the_section():
     import torch
+    from transformers import BitsAndBytesConfig
 
-    q = quantize.quantization_config(recipe(quantization={
+    d = quantize.bnb_config(recipe(quantization={
         "bits": 4, "type": "fp4", "double_quant": True, "compute_dtype": "float16", "quant_storage": "bfloat16",
-        "skip_modules": ["mlp"]}))
+        "skip_modules": ["mlp"]}).quantization)
+    q = BitsAndBytesConfig.from_dict(d)  # what transformers makes of the plan's dict
     assert q.load_in_4bit and not q.load_in_8bit
     assert (q.bnb_4bit_quant_type, q.bnb_4bit_use_double_quant) == ("fp4", True)
     assert (q.bnb_4bit_compute_dtype, q.bnb_4bit_quant_storage) == (torch.float16, torch.bfloat16)
     assert q.llm_int8_skip_modules == ["classifier", "lm_head", "mlp", "score"]  # the head stays skipped
-    q8 = quantize.quantization_config(recipe(quantization={"bits": 8}))
+    q8 = BitsAndBytesConfig.from_dict(quantize.bnb_config(recipe(quantization={"bits": 8}).quantization))
     assert q8.load_in_8bit and q8.llm_int8_skip_modules is None  # transformers' default skips the head
-    assert quantize.quantization_config(recipe(quantization=None)) is None
+    assert quantize.bnb_config(None) is None
 
 
 def test_classification_head_is_never_quantized():
@@ -249,6 +258,6 @@ def test_classification_head_is_never_quantized():
                          num_attention_heads=4, num_key_value_heads=2, num_labels=3)
     for q in ({"bits": 4}, {"bits": 4, "skip_modules": ["o_proj"]}):
         r = recipe(model={"path": "m", "task": "sequence-classification", "num_labels": 3}, quantization=q)
-        names = quantize.quantized_linears(r, quantize._meta_model(r, config))
+        names = quantize.quantized_linears(r, build_meta_model(r, config))
         assert "score" not in names and len(names) == (7 if "skip_modules" not in q else 6)
         assert quantize.check_model_config(r, config, "cpu") == []  # score is 64x3, but it stays unquantized

@@ -8,7 +8,7 @@ import pytest
 
 from ftune.errors import RecipeError
 from ftune.recipe import load_recipe, rules
-from ftune.recipe.rules import Violation
+from ftune.errors import Problem
 from ftune.recipe.schema import Recipe
 
 BASE = """\
@@ -70,7 +70,16 @@ CASES = [
      "checkpoint.load_best", "eval.strategy is 'no'", 10, 3),
     ("load-best-strategy-mismatch",
      recipe({"data:": "  eval: {split: 0.1}\n"}, "eval: {strategy: epoch}\ncheckpoint: {strategy: steps, load_best: true}\n"),
-     "checkpoint.load_best", "checkpoint.strategy is 'steps'", 11, 31),
+     "checkpoint.strategy", "checkpoint.strategy is 'steps'", 11, 14),
+    # early stopping loads the best checkpoint at the end: the Trainer refuses these after launch
+    ("early-stopping-save-per-epoch",
+     recipe({"data:": "  eval: {split: 0.1}\n"},
+            "  early_stopping: {patience: 2}\neval: {strategy: steps, steps: 5}\ncheckpoint: {strategy: epoch}\n"),
+     "checkpoint.strategy", "train.early_stopping needs a checkpoint saved at every evaluation", 12, 14),
+    ("early-stopping-save-not-multiple",
+     recipe({"data:": "  eval: {split: 0.1}\n"},
+            "  early_stopping: {patience: 2}\neval: {strategy: steps, steps: 5}\ncheckpoint: {steps: 12}\n"),
+     "checkpoint.steps", "checkpoint.steps (12) to be a multiple of eval.steps (5)", 12, 14),
     ("classification-with-causal-lm", recipe({"    - path: d.jsonl": "      format: classification\n"}),
      "data.train.0.format", "needs model.task 'sequence-classification'", 7, 7),
     ("causal-format-with-classification", recipe(CLS), "data.train.0.format", "has format 'text'", 8, 7),
@@ -135,7 +144,7 @@ def test_check_runs_on_a_typed_recipe():
     recipe = Recipe.model_validate(
         {"name": "t", "model": {"path": "m"}, "data": {"train": [{"path": "d"}], "packing": True}, "train": {"epochs": 1}}
     )
-    assert Violation(
+    assert Problem.at(
         "data.packing",
         "packing needs `data.max_seq_length` (the length rows are packed to)",
         "set `data.max_seq_length`, e.g. 2048, or `data.packing: false`",

@@ -1,23 +1,70 @@
-"""Recipe fields map onto TrainingArguments exactly; optional optimizers fail with an install hint."""
+"""The compiler builds the exact TrainingArguments kwargs (`plan.trainer`); the worker passes them through unchanged."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from ftune.errors import FtuneError
-from ftune.plan.model import LaunchSpec, Plan
-from ftune.recipe.schema import Recipe
-from ftune.worker.train import check_optimizer, classification_metrics, training_arguments
+from ftune.errors import RecipeError
+from ftune.plan.compile import compile_plan
+from ftune.recipe import load_recipe
+from ftune.worker.train import classification_metrics, training_arguments
 
 
-def _plan(tmp_path, **sections) -> Plan:
+def _plan(tmp_path, gpus: int | None = None, **sections):
     raw = {"name": "t", "model": {"path": "m"}, "data": {"train": [{"path": "d.jsonl"}], "eval": {"split": 0.1}},
-           "train": {"max_steps": 10}}
+           "train": {"max_steps": 10}, "output": {"dir": str(tmp_path / "run")}}
     raw.update(sections)
-    return Plan(ftune_version="0", recipe_file=str(tmp_path / "r.yaml"), recipe=Recipe.model_validate(raw),
-                run_dir=str(tmp_path / "run"), device="cpu", num_processes=1, num_machines=1, machine_rank=0,
-                world_size=1, torch_dtype="float32", mixed_precision=raw.get("train", {}).get("mixed_precision", "no"),
-                effective_batch_size=1, tokenizer_path="m", launch=LaunchSpec(accelerate_config={}, command=[]))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return compile_plan(load_recipe(path), check_inputs=False, gpus=gpus)
+
+
+def test_worker_builds_training_arguments_from_the_plan_unchanged(tmp_path):
+    plan = _plan(tmp_path, train={"max_steps": 50, "learning_rate": 1e-3, "optimizer": "adamw_torch_fused",
+                                  "optimizer_args": {"betas": [0.9, 0.95], "eps": 1e-6}},
+                 eval={"strategy": "steps", "steps": 20}, checkpoint={"steps": 20})
+    args = training_arguments(plan)
+    for key, value in plan.trainer.items():
+        got = getattr(args, key)
+        got = getattr(got, "value", got)  # enums (strategies, scheduler type, optim)
+        if key == "report_to":
+            value = [value] if isinstance(value, str) else value
+        assert got == value, key
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.95, 1e-6)
+
+
+def test_plan_json_holds_the_trainer_and_model_loading_dicts(tmp_path):
+    plan = _plan(tmp_path, model={"path": "m", "dtype": "bfloat16", "attn_implementation": "sdpa"},
+                 quantization={"bits": 4, "compute_dtype": "bfloat16"}, train={"max_steps": 3, "mixed_precision": "bf16"})
+    data = plan.model_dump(mode="json")
+    assert data["trainer"]["max_steps"] == 3 and data["trainer"]["bf16"] is True
+    assert data["trainer"]["output_dir"] == str(tmp_path / "run" / "checkpoints")
+    load = data["model_load"]
+    assert (load["auto_class"], load["path"], load["init"]) == ("AutoModelForCausalLM", "m", "pretrained")
+    assert load["kwargs"]["dtype"] == "bfloat16" and load["kwargs"]["attn_implementation"] == "sdpa"
+    assert load["kwargs"]["quantization_config"]["load_in_4bit"] is True
+    assert load["kwargs"]["quantization_config"]["bnb_4bit_compute_dtype"] == "bfloat16"
+
+
+def test_optimizer_args_reach_the_trainer(tmp_path):
+    plan = _plan(tmp_path, gpus=0, train={"max_steps": 1, "optimizer": "galore_adamw",  # galore-torch: not needed
+                                  "optimizer_args": {"target_modules": ["q_proj", "v_proj"], "rank": 64,
+                                                     "update_proj_gap": 200, "scale": 0.25}})
+    t = plan.trainer
+    assert t["optim_target_modules"] == ["q_proj", "v_proj"]
+    assert sorted(t["optim_args"].split(",")) == ["rank=64", "scale=0.25", "update_proj_gap=200"]
+
+
+def test_scheduler_args_reach_the_trainer(tmp_path):
+    plan = _plan(tmp_path, train={"max_steps": 1, "lr_scheduler": "cosine_with_min_lr",
+                                  "lr_scheduler_args": {"min_lr": 1e-6}})
+    assert plan.trainer["lr_scheduler_kwargs"] == {"min_lr": 1e-6}
+
+
+def test_epochs_default_is_the_same_for_plan_and_worker(tmp_path):
+    plan = _plan(tmp_path, train={"epochs": 2})
+    assert plan.trainer["num_train_epochs"] == 2 and plan.trainer["max_steps"] == -1
 
 
 def test_fields_map_onto_training_arguments(tmp_path):
@@ -67,21 +114,16 @@ def test_no_eval_data_means_no_eval(tmp_path):
     assert args.eval_strategy.value == "no" and args.metric_for_best_model is None
 
 
-def test_unknown_optimizer_suggests_names():
-    with pytest.raises(FtuneError) as info:
-        check_optimizer("adamw_troch")
-    assert "unknown optimizer 'adamw_troch'" in info.value.message
-    assert "adamw_torch" in info.value.hint
-
-
-def test_missing_optional_optimizer_package_gives_install_hint():
+def test_missing_optional_optimizer_package_is_a_located_plan_error(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("galore_torch") is not None:
         pytest.skip("galore-torch is installed here")
-    with pytest.raises(FtuneError) as info:
-        check_optimizer("galore_adamw")
-    assert "galore-torch" in info.value.message and "pip install galore-torch" in info.value.hint
+    with pytest.raises(RecipeError) as info:
+        _plan(tmp_path, train={"max_steps": 1, "optimizer": "galore_adamw", "optimizer_args": {"target_modules": ["x"]}})
+    [p] = info.value.problems
+    assert p.path == "train.optimizer" and "galore-torch" in p.message and "pip install 'galore-torch'" in p.hint
+    assert p.location.line is not None
 
 
 def test_classification_metrics_values():

@@ -1,35 +1,28 @@
 """Cross-field rules: checks the schema alone can't express, run after the Recipe validates.
 
 Each module (`core`, `quantization`, `distributed`) exposes `RULES`, a list of functions
-`rule(recipe) -> Iterable[Violation]`. A violation names the dotted key path as the user wrote it
-(`peft.r`, not pydantic's `peft.lora.r`); the loader turns it into a located `Problem`.
+`rule(recipe) -> Iterable[Problem]` (`Problem.at(path, message, hint)`, the one problem type of every check).
+The path is the dotted key as the user wrote it (`peft.r`, not pydantic's `peft.lora.r`); the loader locates it.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ftune.errors import Problem
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import Recipe
 
 
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule: where (dotted path as written), what, and how to fix it."""
-
-    path: str
-    message: str
-    hint: str | None = None
-
-
-Rule = Callable[["Recipe"], Iterable[Violation]]
+Rule = Callable[["Recipe"], Iterable[Problem]]
 
 # Rule modules, in the order their violations are reported.
 MODULES: tuple[str, ...] = (
     "ftune.recipe.rules.core",
+    "ftune.recipe.rules.train",
     "ftune.recipe.rules.quantization",
     "ftune.recipe.rules.distributed",
 )
@@ -43,6 +36,6 @@ def all_rules() -> list[Rule]:
     return rules
 
 
-def check(recipe: Recipe) -> list[Violation]:
-    """Run every rule on a validated recipe; all violations, in rule order."""
+def check(recipe: Recipe) -> list[Problem]:
+    """Run every rule on a validated recipe; all problems, in rule order."""
     return [v for rule in all_rules() for v in rule(recipe)]

@@ -1,6 +1,6 @@
 """Core cross-field rules: combinations of valid values that can't work together.
 
-Each rule reads the typed Recipe and yields `Violation`s whose path is the key the user should
+Each rule reads the typed Recipe and yields `Problem`s whose path is the key the user should
 change, written as in the recipe (`peft.r`, `data.train.0.format`).
 """
 
@@ -8,139 +8,144 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ftune.recipe.rules import Rule, Violation
+from ftune.errors import Problem
+from ftune.recipe.rules import Rule
 from ftune.recipe.schema import SCHEMA_VERSION, Recipe
 
 
-def schema_version_supported(recipe: Recipe) -> Iterator[Violation]:
+def schema_version_supported(recipe: Recipe) -> Iterator[Problem]:
     if recipe.schema_version != SCHEMA_VERSION:
-        yield Violation(
+        yield Problem.at(
             "schema_version",
             f"unsupported schema_version {recipe.schema_version}; this ftune reads version {SCHEMA_VERSION}",
             f"set `schema_version: {SCHEMA_VERSION}`, or use the ftune release that wrote this recipe",
         )
 
 
-def fsdp_options_need_fsdp(recipe: Recipe) -> Iterator[Violation]:
+def fsdp_options_need_fsdp(recipe: Recipe) -> Iterator[Problem]:
     d = recipe.distributed
     if d.fsdp is not None and d.strategy != "fsdp":
-        yield Violation(
+        yield Problem.at(
             "distributed.fsdp",
             f"`distributed.fsdp` options are set but distributed.strategy is '{d.strategy}'",
             "set `distributed.strategy: fsdp`, or remove the `fsdp:` block",
         )
 
 
-def deepspeed_options_need_deepspeed(recipe: Recipe) -> Iterator[Violation]:
+def deepspeed_options_need_deepspeed(recipe: Recipe) -> Iterator[Problem]:
     d = recipe.distributed
     if d.deepspeed is not None and d.strategy != "deepspeed":
-        yield Violation(
+        yield Problem.at(
             "distributed.deepspeed",
             f"`distributed.deepspeed` options are set but distributed.strategy is '{d.strategy}'",
             "set `distributed.strategy: deepspeed`, or remove the `deepspeed:` block",
         )
 
 
-def packing_needs_max_seq_length(recipe: Recipe) -> Iterator[Violation]:
+def packing_needs_max_seq_length(recipe: Recipe) -> Iterator[Problem]:
     if recipe.data.packing and recipe.data.max_seq_length is None:
-        yield Violation(
+        yield Problem.at(
             "data.packing",
             "packing needs `data.max_seq_length` (the length rows are packed to)",
             "set `data.max_seq_length`, e.g. 2048, or `data.packing: false`",
         )
 
 
-def eval_needs_eval_data(recipe: Recipe) -> Iterator[Violation]:
+def eval_needs_eval_data(recipe: Recipe) -> Iterator[Problem]:
     if recipe.eval.strategy != "no" and recipe.data.eval is None:
-        yield Violation(
+        yield Problem.at(
             "eval.strategy",
             f"eval.strategy is '{recipe.eval.strategy}' but there is no eval data",
             "set `data.eval: {split: 0.05}` (or a list of sources), or `eval.strategy: no`",
         )
 
 
-def eval_on_start_needs_data(recipe: Recipe) -> Iterator[Violation]:
+def eval_on_start_needs_data(recipe: Recipe) -> Iterator[Problem]:
     if recipe.eval.on_start and recipe.data.eval is None:
-        yield Violation(
+        yield Problem.at(
             "eval.on_start",
             "eval.on_start needs eval data, but `data.eval` is not set",
             "set `data.eval` (e.g. `{split: 0.05}`), or `eval.on_start: false`",
         )
 
 
-def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Violation]:
+def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Problem]:
     if recipe.eval.strategy == "steps" and recipe.eval.steps is None:
-        yield Violation(
+        yield Problem.at(
             "eval.steps",
             "eval.strategy is 'steps' but `eval.steps` is not set",
             "set `eval.steps`, e.g. 200, or `eval.strategy: epoch`",
         )
 
 
-def warmup_once(recipe: Recipe) -> Iterator[Violation]:
+def warmup_once(recipe: Recipe) -> Iterator[Problem]:
     t = recipe.train
     if t.warmup_ratio is not None and t.warmup_steps is not None:
-        yield Violation(
+        yield Problem.at(
             "train.warmup_steps",
             "can't set both `train.warmup_ratio` and `train.warmup_steps`",
             "keep one of them",
         )
 
 
-def training_length(recipe: Recipe) -> Iterator[Violation]:
+def training_length(recipe: Recipe) -> Iterator[Problem]:
     t = recipe.train
     if t.epochs is None and t.max_steps is None:
-        yield Violation(
+        yield Problem.at(
             "train",
             "set how long to train: neither `train.epochs` nor `train.max_steps` is set",
             "add `epochs: 3` or `max_steps: 1000` under `train:`",
         )
 
 
-def lora_rank_positive(recipe: Recipe) -> Iterator[Violation]:
+def lora_rank_positive(recipe: Recipe) -> Iterator[Problem]:
     if recipe.peft.method == "lora" and recipe.peft.r <= 0:
-        yield Violation(
+        yield Problem.at(
             "peft.r",
             f"LoRA rank must be > 0, got {recipe.peft.r}",
             "use a rank such as 8, 16 or 64",
         )
 
 
-def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Violation]:
+def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Problem]:
     if recipe.train.early_stopping is not None and recipe.eval.strategy == "no":
-        yield Violation(
+        yield Problem.at(
             "train.early_stopping",
             "early stopping needs evaluation, but eval.strategy is 'no'",
             "set `eval.strategy: steps` (with `eval.steps`) or `epoch`, and `data.eval`",
         )
 
 
-def load_best_needs_eval(recipe: Recipe) -> Iterator[Violation]:
+def load_best_needs_eval(recipe: Recipe) -> Iterator[Problem]:
+    """load_best (and early stopping, which loads the best checkpoint at the end) needs a checkpoint at every
+    evaluation: the Trainer refuses other schedules when it starts, after launch."""
     c, e = recipe.checkpoint, recipe.eval
-    if not c.load_best:
+    why = ("checkpoint.load_best" if c.load_best else "train.early_stopping" if recipe.train.early_stopping else None)
+    if why is None:
         return
     if e.strategy == "no":
-        yield Violation(
-            "checkpoint.load_best",
-            "load_best needs evaluation to know which checkpoint is best, but eval.strategy is 'no'",
-            "set `eval.strategy` (and `data.eval`), or `checkpoint.load_best: false`",
-        )
+        if c.load_best:  # early stopping without eval is its own rule
+            yield Problem.at(
+                "checkpoint.load_best",
+                "load_best needs evaluation to know which checkpoint is best, but eval.strategy is 'no'",
+                "set `eval.strategy` (and `data.eval`), or `checkpoint.load_best: false`",
+            )
     elif c.strategy != e.strategy:
-        yield Violation(
-            "checkpoint.load_best",
-            f"load_best needs checkpoints saved when evaluating: checkpoint.strategy is '{c.strategy}', "
+        yield Problem.at(
+            "checkpoint.strategy",
+            f"{why} needs a checkpoint saved at every evaluation: checkpoint.strategy is '{c.strategy}', "
             f"eval.strategy is '{e.strategy}'",
             f"set `checkpoint.strategy: {e.strategy}`",
         )
     elif e.strategy == "steps" and e.steps and c.steps % e.steps:
-        yield Violation(
+        yield Problem.at(
             "checkpoint.steps",
-            f"load_best needs checkpoint.steps ({c.steps}) to be a multiple of eval.steps ({e.steps})",
+            f"{why} needs checkpoint.steps ({c.steps}) to be a multiple of eval.steps ({e.steps})",
             f"set `checkpoint.steps: {e.steps * max(1, c.steps // e.steps)}`",
         )
 
 
-def task_matches_format(recipe: Recipe) -> Iterator[Violation]:
+def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
     task = recipe.model.task
     sources = [("train", s) for s in recipe.data.train]
     if isinstance(recipe.data.eval, list):
@@ -150,58 +155,60 @@ def task_matches_format(recipe: Recipe) -> Iterator[Violation]:
         i = counts[split] = counts.get(split, -1) + 1
         path = f"data.{split}.{i}.format"
         if task == "causal-lm" and source.format == "classification":
-            yield Violation(
+            yield Problem.at(
                 path,
                 "format 'classification' needs model.task 'sequence-classification', but it is 'causal-lm'",
                 "set `model.task: sequence-classification` (with model.labels), or another data format",
             )
-        elif task == "sequence-classification" and source.format not in ("classification", "pretokenized"):
-            yield Violation(
+        elif task == "sequence-classification" and source.format != "classification":
+            yield Problem.at(
                 path,
-                f"model.task is 'sequence-classification' but this source has format '{source.format}'",
+                f"model.task is 'sequence-classification' but this source has format '{source.format}'"
+                + (" (pretokenized rows carry token labels, not one class per row)"
+                   if source.format == "pretokenized" else ""),
                 "use `format: classification` (a text column and a label column)",
             )
 
 
-def classification_labels(recipe: Recipe) -> Iterator[Violation]:
+def classification_labels(recipe: Recipe) -> Iterator[Problem]:
     m = recipe.model
     if m.num_labels is not None and m.labels is not None and m.num_labels != len(m.labels):
-        yield Violation(
+        yield Problem.at(
             "model.num_labels",
             f"num_labels is {m.num_labels} but model.labels names {len(m.labels)} classes",
             "drop `num_labels` (it defaults to len(labels)) or make them agree",
         )
     if m.task == "sequence-classification" and m.num_labels is None and m.labels is None:
-        yield Violation(
+        yield Problem.at(
             "model.task",
             "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",
             "e.g. `labels: [negative, positive]`",
         )
     if m.labels is not None and len(set(m.labels)) != len(m.labels):
-        yield Violation("model.labels", "model.labels has duplicate names", "each class name must be unique")
+        yield Problem.at("model.labels", "model.labels has duplicate names", "each class name must be unique")
 
 
-def quantized_needs_adapter(recipe: Recipe) -> Iterator[Violation]:
+def quantized_needs_adapter(recipe: Recipe) -> Iterator[Problem]:
     q, method = recipe.quantization, recipe.peft.method
     if q is not None and method in ("full", "freeze"):
-        yield Violation(
+        yield Problem.at(
             "quantization.bits",
             f"{q.bits}-bit quantized weights can't be trained directly with peft.method '{method}'",
             "use `peft.method: lora` on a quantized base (QLoRA), or remove `quantization`",
         )
 
 
-def packing_supported(recipe: Recipe) -> Iterator[Violation]:
+def packing_supported(recipe: Recipe) -> Iterator[Problem]:
     if not recipe.data.packing:
         return
     if recipe.model.task == "sequence-classification":
-        yield Violation(
+        yield Problem.at(
             "data.packing",
             "packing applies to causal-lm; a classification row must hold exactly one sample",
             "set `data.packing: false`",
         )
     if recipe.peft.method == "prefix":
-        yield Violation(
+        yield Problem.at(
             "data.packing",
             "packing can't be combined with prefix tuning: the prefix is fed as a KV cache, which turns off the "
             "packed-sample detection that keeps samples from attending to each other",

@@ -1,14 +1,15 @@
 """Quantization rules: bitsandbytes 4/8-bit options that can't work together, refused before any weight loads.
 
 Elsewhere: quantization with `full`/`freeze` is refused in `core.py`, 8-bit with FSDP in `distributed.py`;
-checks that need the installed packages, the device or the model's shapes live in `ftune.worker.quantize`.
+checks that need the installed packages, the device or the model's shapes live in `ftune.plan.quantization`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ftune.recipe.rules import Rule, Violation
+from ftune.errors import Problem
+from ftune.recipe.rules import Rule
 from ftune.recipe.schema import Recipe
 
 
@@ -22,21 +23,21 @@ def _shards_4bit(recipe: Recipe) -> str | None:
     return None
 
 
-def sharded_qlora_quant_storage(recipe: Recipe) -> Iterator[Violation]:
+def sharded_qlora_quant_storage(recipe: Recipe) -> Iterator[Problem]:
     q = recipe.quantization
     how = _shards_4bit(recipe)
     if q is None or q.bits != 4 or how is None:
         return
     dtype = recipe.model.dtype
     if dtype == "auto":
-        yield Violation(
+        yield Problem.at(
             "model.dtype",
             f"{how} + QLoRA needs an explicit model.dtype that quantization.quant_storage matches "
             f"(model.dtype is '{dtype}')",
             "set `model.dtype: bfloat16` and `quantization.quant_storage: bfloat16`",
         )
     elif q.quant_storage != dtype:
-        yield Violation(
+        yield Problem.at(
             "quantization.quant_storage",
             f"{how} + QLoRA needs quant_storage equal to model.dtype so packed 4-bit weights shard with the "
             f"rest; got quant_storage '{q.quant_storage}', model.dtype '{dtype}'",
@@ -44,7 +45,7 @@ def sharded_qlora_quant_storage(recipe: Recipe) -> Iterator[Violation]:
         )
 
 
-def four_bit_only_options(recipe: Recipe) -> Iterator[Violation]:
+def four_bit_only_options(recipe: Recipe) -> Iterator[Problem]:
     q = recipe.quantization
     if q is None or q.bits != 8:
         return
@@ -54,16 +55,16 @@ def four_bit_only_options(recipe: Recipe) -> Iterator[Violation]:
         value = getattr(q, key)
         if key in fields and value != default:
             shown = str(value).lower() if isinstance(value, bool) else value
-            yield Violation(
+            yield Problem.at(
                 f"quantization.{key}",
                 f"`{key}: {shown}` applies to 4-bit quantization only; with bits 8 it would be ignored",
                 f"remove `quantization.{key}`, or set `quantization.bits: 4`",
             )
 
 
-def quantized_needs_pretrained(recipe: Recipe) -> Iterator[Violation]:
+def quantized_needs_pretrained(recipe: Recipe) -> Iterator[Problem]:
     if recipe.quantization is not None and recipe.model.init == "random":
-        yield Violation(
+        yield Problem.at(
             "quantization",
             "a quantized base is frozen, so quantizing a randomly initialised model (model.init: random) "
             "trains adapters on noise",

@@ -49,32 +49,6 @@ def chat_template_of(recipe: Recipe, tokenizer) -> str:
     return own or DEFAULT_CHAT_TEMPLATE
 
 
-def _check_recipe(recipe: Recipe) -> None:
-    data = recipe.data
-    if data.packing and not data.max_seq_length:
-        raise DataError("data.packing needs data.max_seq_length", hint="set data.max_seq_length, e.g. 2048")
-    if data.packing and recipe.model.task == "sequence-classification":
-        raise DataError(
-            "data.packing: classification samples can't be packed (one label per row)",
-            hint="set data.packing: false",
-        )
-    if data.packing and recipe.peft.method == "prefix":
-        raise DataError(
-            "data.packing can't be used with peft.method: prefix",
-            hint="prefix tuning feeds its prefix as a KV cache, which turns off transformers' packed-sequence "
-            "masking; set data.packing: false",
-        )
-    formats = [s.format for s in data.train + (data.eval if isinstance(data.eval, list) else [])]
-    is_cls = recipe.model.task == "sequence-classification"
-    for i, fmt in enumerate(formats):
-        if (fmt == "classification") != is_cls:
-            want = "classification" if is_cls else "text, instruction, chat or pretokenized"
-            raise DataError(
-                f"data source {i}: format `{fmt}` does not fit model.task `{recipe.model.task}`",
-                hint=f"use format {want}",
-            )
-
-
 def build(
     recipe: Recipe,
     tokenizer,
@@ -90,7 +64,6 @@ def build(
     from ftune.worker.data.pipeline import preprocess
     from ftune.worker.data.sources import content_hash, resolve
 
-    _check_recipe(recipe)
     data = recipe.data
     train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
     eval_srcs = [resolve(s, f"data.eval[{i}]") for i, s in enumerate(data.eval)] if isinstance(data.eval, list) else []

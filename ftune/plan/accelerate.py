@@ -118,14 +118,13 @@ def _json_stage(path: Path) -> int | None:
         return None
 
 
-def generate(recipe, *, device: str, num_processes: int, recipe_dir: Path) -> tuple[dict, list[str]]:
+def generate(recipe, *, device: str, num_processes: int, recipe_dir: Path,
+             mixed_precision: str) -> tuple[dict, list[str]]:
     """The config the recipe alone describes (before merging a team file)."""
     d = recipe.distributed
     notes: list[str] = []
     multi_node = d.num_machines > 1
-    mp = recipe.train.mixed_precision
-    if d.strategy == "fsdp" and d.fsdp is not None and d.fsdp.mixed_precision != "auto":
-        mp = d.fsdp.mixed_precision
+    mp = mixed_precision
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -225,20 +224,12 @@ def _pick(key: str, ours: Any, team: dict, recipe, sub: str | None, notes: list[
 
 
 def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
-          check: bool = True) -> tuple[dict, list[str]]:
+          mixed_precision: str) -> tuple[dict, list[str]]:
     """The accelerate config (written as <run>/accelerate.yaml) and notes explaining decisions.
 
-    With `check`, problems that depend on this machine (deepspeed missing, more processes than GPUs,
-    missing files) raise a RecipeError first, so nothing launches that can't run.
-    """
-    if check:
-        from ftune.errors import Problem, RecipeError
-        from ftune.recipe.rules.distributed import check_environment
-
-        found = check_environment(recipe, device, num_processes, recipe_dir)
-        if found:
-            raise RecipeError([Problem(message, path, hint) for path, message, hint in found])
-    cfg, notes = generate(recipe, device=device, num_processes=num_processes, recipe_dir=Path(recipe_dir))
+    The compiler has checked this machine first (`ftune.plan.environment`), located in the recipe."""
+    cfg, notes = generate(recipe, device=device, num_processes=num_processes, recipe_dir=Path(recipe_dir),
+                          mixed_precision=mixed_precision)
     if recipe.distributed.accelerate_config:
         team = _read_team_file((Path(recipe_dir) / recipe.distributed.accelerate_config).resolve())
         cfg = merge(team, cfg, recipe, notes)

@@ -1,0 +1,56 @@
+"""A model's structure from its config, shared by both sides: the meta-device preflight and the estimator
+(before launch) and the worker's model stage. Heavy libraries are imported inside the functions."""
+
+from __future__ import annotations
+
+from ftune.errors import FtuneError
+
+TASK_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+}
+
+
+def load_config(recipe, token: str | None = None, labels: list[str] | None = None):
+    """The model's config with the recipe's task settings applied (labels for classification).
+
+    Label names come from `model.labels`, else from the data (`labels`), else the config's own count."""
+    from transformers import AutoConfig
+
+    model = recipe.model
+    try:
+        config = AutoConfig.from_pretrained(
+            model.path, trust_remote_code=model.trust_remote_code, revision=model.revision, token=token
+        )
+    except (OSError, ValueError) as err:
+        raise FtuneError(
+            f"cannot load the model config from {model.path}: {str(err).splitlines()[0]}",
+            hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
+        ) from err
+    if model.task == "sequence-classification":
+        labels = model.labels or labels or [str(i) for i in range(model.num_labels or config.num_labels)]
+        config.num_labels = len(labels)
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {name: i for i, name in enumerate(labels)}
+    if model.attn_implementation:
+        config._attn_implementation = model.attn_implementation
+    return config
+
+
+def build_meta_model(recipe, config=None):
+    """The model on the meta device: shapes and names only, no weights read, no memory used."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    config = load_config(recipe) if config is None else config
+    cls = getattr(transformers, TASK_CLASSES[recipe.model.task])
+    with init_empty_weights():
+        return cls.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
+
+
+def linear_layer_names(model) -> list[str]:
+    """Distinct leaf names of the model's linear layers (what `target_modules` can name)."""
+    import torch
+
+    names = {name.rpartition(".")[2] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    return sorted(names)

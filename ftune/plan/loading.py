@@ -1,0 +1,26 @@
+"""How the model is loaded, decided by the compiler: the auto class and the exact `from_pretrained` kwargs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftune.modeling import TASK_CLASSES
+from ftune.plan.model import ModelLoad
+from ftune.plan.quantization import bnb_config
+from ftune.recipe.schema import Recipe
+
+
+def model_load(recipe: Recipe, quantization=None, path: str | None = None) -> ModelLoad:
+    """The recipe's model as loaded (`quantization` and `path` override the recipe's, as `ftune eval` needs)."""
+    m = recipe.model
+    q = recipe.quantization if quantization is None else quantization
+    kwargs: dict[str, Any] = {"dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
+    if m.attn_implementation:
+        kwargs["attn_implementation"] = m.attn_implementation
+    init = "pretrained" if path is not None else m.init
+    if init == "pretrained":
+        if m.revision is not None and path is None:
+            kwargs["revision"] = m.revision
+        if q is not None:
+            kwargs["quantization_config"] = bnb_config(q)
+    return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs)

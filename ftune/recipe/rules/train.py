@@ -1,0 +1,107 @@
+"""Training rules: what `TrainingArguments(...)`, the optimizer and the scheduler would refuse after launch.
+
+Names come from `ftune.recipe.trainer_names` (kept in sync with transformers by a drift test). Whether an
+optimizer's optional package is installed is an environment check (`ftune.plan.environment`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from ftune.errors import Problem
+from ftune.recipe.rules import Rule
+from ftune.recipe.schema import Recipe
+from ftune.recipe.trainer_names import DEVICE_OPTIMIZERS, OPTIMIZERS, SCHEDULER_ARGS, is_low_rank
+
+ADAM_ARGS = ("betas", "eps")
+
+
+def _quoted(names) -> str:
+    return ", ".join(f"`{n}`" for n in sorted(names))
+
+
+def optimizer_known(recipe: Recipe) -> Iterator[Problem]:
+    name = recipe.train.optimizer
+    if name in DEVICE_OPTIMIZERS:
+        yield Problem.at("train.optimizer", f"'{name}' needs {DEVICE_OPTIMIZERS[name]}, which ftune does not run on",
+                         "use `adamw_torch_fused` (or `adamw_torch`)")
+    elif name not in OPTIMIZERS:
+        close = difflib.get_close_matches(name, OPTIMIZERS, n=3)
+        yield Problem.at("train.optimizer", f"unknown optimizer '{name}'",
+                         (f"did you mean {', '.join(repr(c) for c in close)}? " if close else "")
+                         + "any transformers `optim` name works, e.g. adamw_torch_fused, adamw_8bit, paged_adamw_8bit")
+
+
+def optimizer_args_fit(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    args = t.optimizer_args or {}
+    if is_low_rank(t.optimizer) and "target_modules" not in args:
+        yield Problem.at("train.optimizer", f"'{t.optimizer}' projects only the modules named in "
+                         "`train.optimizer_args.target_modules`, which is not set",
+                         "add e.g. `optimizer_args: {target_modules: [attn, mlp], rank: 128}` under `train:`")
+    if "target_modules" in args and not is_low_rank(t.optimizer):
+        yield Problem.at("train.optimizer_args.target_modules",
+                         f"target_modules is used by galore_*/apollo_* optimizers only; '{t.optimizer}' would ignore it",
+                         "remove it, or pick a galore_* / apollo_* optimizer")
+    betas = args.get("betas")
+    if betas is not None and not (isinstance(betas, list) and len(betas) == 2
+                                  and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        yield Problem.at("train.optimizer_args.betas", f"betas must be two numbers in [0, 1), got {betas!r}",
+                         "e.g. `betas: [0.9, 0.999]`")
+    eps = args.get("eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0):
+        yield Problem.at("train.optimizer_args.eps", f"eps must be a positive number, got {eps!r}", "e.g. `eps: 1.0e-8`")
+    for key, value in args.items():
+        if key not in (*ADAM_ARGS, "target_modules") and isinstance(value, list):
+            yield Problem.at(f"train.optimizer_args.{key}", f"{key}: a list can't be passed as an optimizer argument",
+                             "give a single number, string or boolean")
+        if key not in (*ADAM_ARGS, "target_modules") and isinstance(value, str) and ("," in value or "=" in value):
+            yield Problem.at(f"train.optimizer_args.{key}", f"{key}: the value {value!r} contains ',' or '='",
+                             "optimizer arguments are passed as `key=value,...`: use a plain value")
+
+
+def layerwise_alone(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    if t.optimizer.endswith("_layerwise") and recipe.distributed.strategy != "none":
+        yield Problem.at("train.optimizer", f"layer-wise '{t.optimizer}' runs in one process only (transformers "
+                         f"refuses it with distributed.strategy '{recipe.distributed.strategy}')",
+                         f"use `{t.optimizer.removesuffix('_layerwise')}`, or `distributed.strategy: none`")
+    if t.optimizer.endswith("_layerwise") and t.gradient_accumulation_steps > 1:
+        yield Problem.at("train.gradient_accumulation_steps", f"layer-wise '{t.optimizer}' steps every layer in "
+                         "backward, so it can't accumulate gradients",
+                         "set `train.gradient_accumulation_steps: 1`, or use the non-layer-wise optimizer")
+
+
+def scheduler_args_fit(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    accepted, required = SCHEDULER_ARGS.get(t.lr_scheduler, (frozenset(), ()))
+    given = set(t.lr_scheduler_args or {})
+    for key in sorted(given - accepted):
+        yield Problem.at(f"train.lr_scheduler_args.{key}",
+                         f"lr_scheduler '{t.lr_scheduler}' takes no argument '{key}'",
+                         f"it takes {_quoted(accepted)}" if accepted else "remove `train.lr_scheduler_args`")
+    for group in required:
+        found = given & group
+        if len(found) != 1:
+            what = "one of " + _quoted(group) if len(group) > 1 else _quoted(group)
+            yield Problem.at("train.lr_scheduler" if not found else f"train.lr_scheduler_args.{sorted(found)[-1]}",
+                             f"lr_scheduler '{t.lr_scheduler}' needs exactly {what} in `train.lr_scheduler_args`"
+                             + (f", got {_quoted(found)}" if found else ""),
+                             f"e.g. `lr_scheduler_args: {{{sorted(group)[0]}: "
+                             f"{'1.0e-6' if 'min_lr' in group else '100'}}}` under `train:`")
+    lr_end = (t.lr_scheduler_args or {}).get("lr_end")
+    if t.lr_scheduler == "polynomial" and isinstance(lr_end, (int, float)) and lr_end >= t.learning_rate:
+        yield Problem.at("train.lr_scheduler_args.lr_end",
+                         f"lr_end ({lr_end}) must be below train.learning_rate ({t.learning_rate})",
+                         "polynomial decay goes from learning_rate down to lr_end")
+
+
+def plateau_needs_eval(recipe: Recipe) -> Iterator[Problem]:
+    if recipe.train.lr_scheduler == "reduce_lr_on_plateau" and recipe.eval.strategy == "no":
+        yield Problem.at("train.lr_scheduler", "reduce_lr_on_plateau lowers the rate when the eval metric stalls, "
+                         "but eval.strategy is 'no'",
+                         "set `eval.strategy` (and `data.eval`), or another lr_scheduler")
+
+
+RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval]

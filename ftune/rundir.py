@@ -1,0 +1,119 @@
+"""The run directory's layout: every file and folder name ftune writes under `output.dir`, in one place.
+
+Light (no torch): the compiler, the launcher, the worker, its callbacks, save, eval and the demo all
+reach the run dir through `RunDir`, so no module spells out `"final"` or `"checkpoints"` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+COMPLETE_MARKER = "ftune_complete.json"
+"""Written into a checkpoint or final/ once everything in it is on disk; resume and reuse trust only marked ones."""
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON to a temporary name and rename it: a crash never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def checkpoint_step(folder: Path) -> int:
+    """N of a `checkpoint-N` folder (-1 when the name holds no step)."""
+    try:
+        return int(folder.name.rpartition("-")[2])
+    except ValueError:
+        return -1
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / COMPLETE_MARKER).is_file()
+
+
+def mark_complete(folder: Path, info: dict) -> None:
+    write_json_atomic(folder / COMPLETE_MARKER, info)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory."""
+
+    root: Path
+
+    # inputs, written by the launcher before the workers start
+    @property
+    def recipe(self) -> Path:
+        return self.root / "recipe.resolved.yaml"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def accelerate_config(self) -> Path:
+        return self.root / "accelerate.yaml"
+
+    @property
+    def env(self) -> Path:
+        return self.root / "env.json"
+
+    # outputs, written by the workers
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def params(self) -> Path:
+        return self.root / "params.json"
+
+    @property
+    def loss_curve(self) -> Path:
+        return self.root / "loss_curve.png"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def error(self) -> Path:
+        return self.root / "error.json"
+
+    @property
+    def eval_scratch(self) -> Path:
+        """Output dir `ftune eval` gives its Trainer (nothing is saved there)."""
+        return self.root / "eval-tmp"
+
+    def rank_facts(self, rank: int) -> Path:
+        """Distributed facts of one rank (written only when FTUNE_RECORD_FACTS=1, for tests)."""
+        return self.root / f"distributed.rank{rank}.json"
+
+    def outputs(self) -> tuple[Path, ...]:
+        """What a run produces: removed when `output.overwrite` starts over."""
+        return (self.final, self.checkpoints, self.metrics, self.summary, self.params, self.loss_curve,
+                self.tensorboard)
+
+    def latest_complete_checkpoint(self) -> Path | None:
+        """The newest `checkpoint-N` folder holding the completion marker (a killed save has none)."""
+        if not self.checkpoints.is_dir():
+            return None
+        done = [p for p in self.checkpoints.glob("checkpoint-*") if is_complete(p)]
+        return max(done, key=checkpoint_step, default=None)
+
+    def has_started(self) -> bool:
+        """Whether a run trained anything here (a checkpoint or a metrics line)."""
+        return any(self.checkpoints.glob("checkpoint-*")) or self.metrics.exists()
