@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ftune.rundir import RunDir
+
 from tests.e2e._util import ftune, losses, write_recipe
 
 pytestmark = pytest.mark.distributed
@@ -67,7 +69,8 @@ def runner(tmp_path_factory, tiny_model_dir, text_data_file):
         extra = {"checkpoint": {"strategy": "steps", "steps": 2, "resume": resume_from}} if resume_from else {}
         r = recipe(tiny_model_dir, text_data_file, out, peft, distributed, batch, **extra)
         path = write_recipe(root, r, name=f"{name}.yaml")
-        res = ftune("run", str(path), cwd=root, env={"OMP_NUM_THREADS": "1"}, timeout=400)
+        # FTUNE_RECORD_FACTS: the workers write distributed.rank<N>.json (test instrumentation, off in real runs)
+        res = ftune("run", str(path), cwd=root, env={"OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"}, timeout=400)
         assert res.code == 0, res.text[-3000:]
         return out
 
@@ -75,7 +78,7 @@ def runner(tmp_path_factory, tiny_model_dir, text_data_file):
 
 
 def facts(run_dir: Path) -> list[dict]:
-    return [json.loads((run_dir / f"distributed.rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads(RunDir(run_dir).rank_facts(r).read_text()) for r in (0, 1)]
 
 
 def reload(final: Path, model_dir: Path, method: str):

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from ftune.rundir import RunDir
+
 from ftune.recipe.schema import Recipe
 from tests.e2e._util import base_recipe, eval_losses, ftune, losses, write_recipe
 
@@ -226,7 +228,7 @@ def _run(tmp_path, model_dir, data_file, name: str, quantization: dict, train: d
                          train={"learning_rate": 1e-2, **(train or {})},
                          output={"dir": f"runs/{name}", "report_to": ["none"]}, **sections)
     path = write_recipe(tmp_path, recipe)
-    res = ftune("run", str(path), cwd=tmp_path, timeout=600)
+    res = ftune("run", str(path), cwd=tmp_path, timeout=600, env={"FTUNE_RECORD_FACTS": "1"})
     assert res.code == 0, res.text
     return path, tmp_path / "runs" / name, res
 
@@ -288,7 +290,7 @@ def test_fsdp_qlora_on_two_cpu_processes(tmp_path, tiny_model_dir, cyclic_data_f
     _, run_dir, _ = _run(tmp_path, tiny_model_dir, cyclic_data_file, "qfsdp", quantization,
                          model={"path": str(tiny_model_dir), "dtype": "bfloat16"},
                          distributed={"strategy": "fsdp", "num_processes": 2})
-    facts = [json.loads((run_dir / f"distributed.rank{r}.json").read_text()) for r in (0, 1)]
+    facts = [json.loads(RunDir(run_dir).rank_facts(r).read_text()) for r in (0, 1)]
     for fact in facts:
         assert fact["distributed_type"] == "FSDP" and fact["world_size"] == 2
         assert fact["dtensor_params"] == fact["params"]  # every parameter, 4-bit ones included, is sharded
