@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Location
+from ftune.estimate import catalog
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -27,17 +28,6 @@ from ftune.estimate.memory import (
 )
 from ftune.recipe.schema import Recipe
 
-CATALOG = Path(__file__).resolve().parent.parent / "catalog"
-# Fine-tuned variants that share their base's architecture.
-CATALOG_ALIASES = {
-    "meta-llama/Llama-2-7b-chat-hf": "meta-llama/Llama-2-7b-hf",
-    "meta-llama/Llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
-    "meta-llama/Llama-2-70b-chat-hf": "meta-llama/Llama-2-70b-hf",
-    "meta-llama/Meta-Llama-3-8B-Instruct": "meta-llama/Meta-Llama-3-8B",
-    "meta-llama/Meta-Llama-3-70B-Instruct": "meta-llama/Meta-Llama-3-70B",
-    "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
-    "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B",
-}
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -59,7 +49,7 @@ class FsdpLayout:
 class Estimate:
     model: str
     config_source: str
-    """Where the config came from: `local <dir>`, `hf-cache <file>` or `catalog <file>`."""
+    """Where the config came from: `local <dir>`, `hf-cache <file>`, `model.config <file>` or `catalog <file>`."""
     dtype: str
     params_total: int
     params_trainable: int
@@ -93,7 +83,12 @@ class Estimate:
 
 # ------------------------------------------------------------------------------------------ config
 def resolve_config(recipe: Recipe) -> tuple[Path, str]:
-    """The config.json to build from: a local folder, the offline HF cache, or the bundled catalog."""
+    """The config.json to build from, in this order: `model.path` as a local folder or file, the offline
+    HF cache, `model.config`, the bundled catalog (by id, or by name for mirrors and variants).
+
+    The model's own config wins; `model.config` is what the user names for everything else, so it comes
+    before the catalog's match by name.
+    """
     path = recipe.model.path
     local = Path(path).expanduser()
     if local.is_dir():
@@ -110,17 +105,32 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
         cached = None
     if isinstance(cached, str):
         return Path(cached), f"hf-cache {cached}"
-    wanted = CATALOG_ALIASES.get(path, path).replace("/", "--").lower()
-    for file in sorted(CATALOG.glob("*.json")):
-        if file.stem.lower() == wanted:
-            return file, f"catalog {file.name}"
-    known = ", ".join(sorted(f.stem.replace("--", "/") for f in CATALOG.glob("*.json")))
+    if recipe.model.config is not None:
+        return _own_config(recipe.model.config)
+    found = catalog.lookup(path)
+    if found is not None:
+        return found[1], f"catalog {found[1].name}"
+    near = catalog.near(path)
+    guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise FtuneError(
         f"no config found for model.path {path!r}: not a local folder, not in the HF cache, not in the catalog",
-        hint=f"use a local folder with config.json, fetch the config once (`hf download {path} config.json`), "
-        f"or a catalog id: {known}",
+        hint=f"{guess}set model.config to a local config.json of the model, or fetch it once "
+        f"(`hf download {path} config.json`); the catalog (docs/plan.md) matches a name under its own org "
+        f"or a mirror ({', '.join(catalog.MIRROR_ORGS)})",
         location=Location(origin="model.path"),
     )
+
+
+def _own_config(value: str) -> tuple[Path, str]:
+    """`model.config`: a config.json, or a folder holding one."""
+    file = Path(value).expanduser()
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise FtuneError(f"model.config {value!r} does not exist", hint="name a config.json (or a folder holding "
+                         "one); a relative path is relative to the working directory",
+                         location=Location(origin="model.config"))
+    return file, f"model.config {file}"
 
 
 def resolve_dtype(recipe: Recipe, config) -> str:
@@ -148,10 +158,19 @@ def _build(recipe: Recipe, config_file: Path):
         auto = AutoModelForSequenceClassification
         config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
     attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
-    try:
+
+    def build(attn: str):
         with torch.device("meta"):
-            model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
-                                     trust_remote_code=remote)
+            return auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
+                                    trust_remote_code=remote)
+
+    try:
+        try:
+            model = build(attn)
+        except ValueError as e:  # no SDPA (Gemma 2's softcapping): transformers' own default is eager
+            if attn != "sdpa" or recipe.model.attn_implementation == "sdpa" or "scaled_dot_product" not in str(e):
+                raise
+            model = build("eager")
     except (ValueError, ImportError, RuntimeError, TypeError) as e:
         raise FtuneError(f"cannot build {recipe.model.path} on the meta device: {e}",
                          hint="check model.task and model.trust_remote_code for this architecture") from None
@@ -355,7 +374,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
     if not (seq_length or recipe.data.max_seq_length):
         notes.append(f"data.max_seq_length unset: activations assume the model's maximum, {seq} tokens")
-    attn = recipe.model.attn_implementation or "sdpa"
+    built = getattr(model.config, "_attn_implementation", None)
+    attn = "eager" if built == "eager" else recipe.model.attn_implementation or "sdpa"
     batch = recipe.train.per_device_batch_size
     try:
         keeps_input = quantized if recipe.quantization and recipe.quantization.bits == 8 else set()

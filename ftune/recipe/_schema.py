@@ -202,6 +202,18 @@ _EXPECTED = {
 _RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
+# What YAML 1.1 (PyYAML's safe loader) reads as a boolean when unquoted, in lower, Title or UPPER case.
+_YAML_BOOLEANS = {True: ("yes", "on", "true"), False: ("no", "off", "false")}
+
+
+def _as_boolean(value: bool, allowed: list[str] | None = None) -> tuple[str, str]:
+    """(what to add to the message, the word to quote) for a boolean where a string is wanted: the allowed value
+    YAML turned into this boolean when there is one (`no` -> false), else the usual word."""
+    word = next((a for a in allowed or [] if a.lower() in _YAML_BOOLEANS[value]), _YAML_BOOLEANS[value][0])
+    yes, on, true = _YAML_BOOLEANS[value]
+    return f"an unquoted {yes}, {on} or {true} is read as the boolean {show(value)}", word
+
+
 def _describe(step: _Step) -> str | None:
     if step.field is None or not step.field.description:
         return None
@@ -213,6 +225,10 @@ def _expected(err: dict) -> str:
         expected = err["ctx"]["expected"]
         return "one of " + expected.replace(" or ", ", ") if "," in expected or " or " in expected else expected
     return _EXPECTED.get(err["type"], err["msg"][0].lower() + err["msg"][1:])
+
+
+def _literal_values(err: dict) -> list[str]:
+    return [a.strip().strip("'") for a in err["ctx"]["expected"].replace(" or ", ", ").split(",")]
 
 
 def _unknown_key(step: _Step, key: str) -> Issue:
@@ -248,7 +264,16 @@ def translate(errors: list[dict]) -> list[Issue]:
             continue
         err, step = alts[0]
         wanted = " or ".join(dict.fromkeys(_expected(e) for e, _ in alts))
-        issues.append(Issue(at, f"expected {wanted}, got {show(err['input'])}", _describe(step)))
+        value, hint = err["input"], _describe(step)
+        message = f"expected {wanted}, got {show(value)}"
+        kinds = {e["type"] for e, _ in alts}
+        if isinstance(value, bool) and kinds & {"string_type", "literal_error"}:
+            allowed = [a for e, _ in alts if e["type"] == "literal_error" for a in _literal_values(e)]
+            read, word = _as_boolean(value, allowed)
+            message = f"{message}: {read}"
+            if "string_type" in kinds or word in allowed:
+                hint = f"quote it: '{word}'" if word in allowed else f"quote it, e.g. '{word}'"
+        issues.append(Issue(at, message, hint))
     return issues
 
 
@@ -265,10 +290,16 @@ def _one(err: dict, step: _Step) -> Issue:
         message = f"unknown method {show(err['ctx']['tag'])}" + (f" (did you mean '{guess}'?)" if guess else "")
         return Issue((*path, "method"), message, f"methods: {', '.join(tags)}")
     if kind == "literal_error":
-        allowed = [a.strip().strip("'") for a in err["ctx"]["expected"].replace(" or ", ", ").split(",")]
+        allowed = _literal_values(err)
+        hint = f"allowed values: {', '.join(allowed)}"
+        if isinstance(value, bool):
+            read, word = _as_boolean(value, allowed)
+            if word in allowed:  # `mixed_precision: no`: the user wrote an allowed value, YAML changed it
+                return Issue(path, f"invalid value {show(value)}: {read}", f"quote it: '{word}' ({hint})")
+            return Issue(path, f"invalid value {show(value)}: {read}", hint)
         guess = did_you_mean(str(value), allowed) if isinstance(value, str) else None
         message = f"invalid value {show(value)}" + (f" (did you mean '{guess}'?)" if guess else "")
-        return Issue(path, message, f"allowed values: {', '.join(allowed)}")
+        return Issue(path, message, hint)
     if kind in _RANGE:
         ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
         ctx = err.get("ctx", {})
@@ -285,7 +316,10 @@ def _one(err: dict, step: _Step) -> Issue:
         hint = _describe(step)
         if kind == "list_type" and isinstance(value, str):
             hint = f"write a list: [{value}]"
-        elif kind == "string_type" and isinstance(value, (int, float, bool)):
+        elif kind == "string_type" and isinstance(value, bool):
+            read, word = _as_boolean(value)
+            return Issue(path, f"expected {_EXPECTED[kind]}, got {show(value)}: {read}", f"quote it, e.g. '{word}'")
+        elif kind == "string_type" and isinstance(value, (int, float)):
             hint = f"quote it: '{show(value)}'"
         return Issue(path, f"expected {_EXPECTED[kind]}, got {show(value)}", hint)
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")

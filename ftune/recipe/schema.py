@@ -38,6 +38,9 @@ class ModelSection(Section):
     """`pretrained` loads the weights; `random` builds the model from the folder's config (from-scratch runs)."""
     revision: str | None = None
     """Hub revision (branch, tag or commit) when `path` is a hub id."""
+    config: str | None = None
+    """A local config.json (or a folder holding one) that `ftune plan` builds the model from when `path` has
+    none of its own: `path` as a local folder, then the offline HF cache, then this, then the bundled catalog."""
     tokenizer: str | None = None
     """Tokenizer folder or hub id; default: `path`."""
     num_labels: int | None = Field(None, ge=2)

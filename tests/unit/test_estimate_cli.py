@@ -169,3 +169,28 @@ def test_packing_without_a_local_tokenizer_leaves_steps_unknown(tmp_path, tiny_m
     data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tmp_path / "no-tokenizer"), epochs=1.0)
     assert (data.samples, data.tokens, data.rows, data.steps_per_epoch, data.total_steps) == (200, None, None, None,
                                                                                                 None)
+
+
+def test_json_format_prints_recipe_errors_as_json(tmp_path, capsys):
+    (tmp_path / "r.yaml").write_text("name: t\nmodel: {path: m}\ndata:\n  train: [{path: d.jsonl}]\n"
+                                     "train:\n  max_steps: 2\n  mixed_precision: no\n")
+    assert main(["plan", str(tmp_path / "r.yaml"), "--format", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert json.loads(out) == {"recipe": str(tmp_path / "r.yaml"), "errors": [{
+        "file": str(tmp_path / "r.yaml"), "line": 7, "column": 20, "path": "train.mixed_precision",
+        "message": "invalid value false: an unquoted no, off or false is read as the boolean false",
+        "hint": "quote it: 'no' (allowed values: no, fp16, bf16)"}]}
+
+
+def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["plan", "recipes/llama7b-lora.yaml", "model.path=someone/Llama-3.1-8B", "--format", "json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    (error,) = out["errors"]
+    assert out["recipe"] == str(REPO / "recipes/llama7b-lora.yaml")
+    assert (error["file"], error["line"], error["path"]) == (None, None, "model.path")  # set by an override
+    assert error["message"].startswith("no config found for model.path 'someone/Llama-3.1-8B'")
+    assert error["hint"].startswith("did you mean meta-llama/Llama-3.1-8B, ")
+    assert main(["plan", "no-such.yaml", "--format", "json"]) == 2
+    assert json.loads(capsys.readouterr().out)["errors"][0]["message"] == "recipe file not found: no-such.yaml"

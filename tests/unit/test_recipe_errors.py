@@ -274,3 +274,34 @@ def test_empty_list(tmp_path):
 def test_bad_extends_value_reported_once(tmp_path):
     (p,) = errors(tmp_path, GOOD + "extends: 5\n")
     assert (p.path, p.message) == ("extends", "expected a path or a list of paths")
+
+
+def test_yaml_boolean_in_an_enum_says_to_quote_it(tmp_path):
+    found = errors(tmp_path, GOOD.replace("max_steps: 5", "max_steps: 5\n  mixed_precision: no\n  lr_scheduler: on")
+                   + "eval: {strategy: Off}\n")
+    assert [(p.path, where(p)[1:], p.message, p.hint) for p in found] == [
+        ("train.mixed_precision", (9, 20), "invalid value false: an unquoted no, off or false is read as the boolean "
+         "false", "quote it: 'no' (allowed values: no, fp16, bf16)"),
+        ("train.lr_scheduler", (10, 17), "invalid value true: an unquoted yes, on or true is read as the boolean true",
+         found[1].hint),
+        ("eval.strategy", (11, 18), "invalid value false: an unquoted no, off or false is read as the boolean false",
+         "quote it: 'no' (allowed values: no, steps, epoch)"),
+    ]
+    assert found[1].hint.startswith("allowed values: linear, cosine")  # no allowed value YAML reads as true
+
+
+def test_yaml_boolean_in_a_string_or_union_says_so(tmp_path):
+    found = errors(tmp_path, GOOD.replace("name: t", "name: yes") + "peft: {method: lora, target_modules: on}\n")
+    assert [(p.path, p.message, p.hint) for p in found] == [
+        ("name", "expected a string, got true: an unquoted yes, on or true is read as the boolean true",
+         "quote it, e.g. 'yes'"),
+        ("peft.target_modules", "expected a list or 'all-linear', got true: an unquoted yes, on or true is read as "
+         "the boolean true", found[1].hint),
+    ]
+    assert found[1].hint.startswith("target_modules: ")  # quoting `on` would not help: no quote hint
+
+
+def test_yaml_boolean_in_an_override_says_to_quote_it(tmp_path):
+    (p,) = errors(tmp_path, GOOD, ["train.mixed_precision=off"])
+    assert (p.path, where(p), p.hint) == ("train.mixed_precision", ("override", None, None),
+                                          "quote it: 'no' (allowed values: no, fp16, bf16)")

@@ -1,0 +1,77 @@
+"""The bundled catalog of base-model configs, so that `ftune plan` works offline for known models.
+
+`ftune/catalog/<org>--<name>.json` holds the structural facts of one base model's config.json. A hub
+id finds its entry by exact id, or by name when its org is the original's or a known mirror's: the
+name is compared case-insensitively, without a `Meta-` prefix and without suffixes that mark a
+variant of the same architecture (`-Instruct`, `-it`, `-chat`, `-Base`, unsloth's `-bnb-4bit`, ...).
+Suffixes that change the model (`-128k`, `-1M`, `-GPTQ`, `-AWQ`, ...) are never stripped.
+"""
+
+from __future__ import annotations
+
+import difflib
+from functools import cache
+from pathlib import Path
+
+CATALOG = Path(__file__).resolve().parent.parent / "catalog"
+
+MIRROR_ORGS = ("NousResearch", "unsloth", "mistral-community")
+"""Orgs that re-upload base models under the original name (unsloth also adds the suffixes below)."""
+
+VARIANT_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit", "-unsloth", "-instruct", "-chat", "-hf", "-base", "-it", "-pt")
+"""Name suffixes of variants with the base's architecture: instruction/chat tuning, base and pretrained
+tags, unsloth's bitsandbytes uploads (the recipe's `quantization` decides the planned layout)."""
+
+NAME_ALIASES = {
+    "mistral-7b-instruct-v0.1": "mistral-7b-v0.1",
+    "mistral-7b-instruct-v0.3": "mistral-7b-v0.3",
+    "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b-v0.1",
+}
+"""Variants whose name puts the tag mid-name (Mistral's `-Instruct-v0.3`), as name keys."""
+
+
+def name_key(name: str) -> str:
+    """`Meta-Llama-3.1-8B-Instruct-bnb-4bit` -> `llama-3.1-8b`: the name as the catalog compares it."""
+    key = name.lower().removeprefix("meta-")
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in VARIANT_SUFFIXES:
+            if key.endswith(suffix) and len(key) > len(suffix):
+                key, stripped = key[: -len(suffix)], True
+    return NAME_ALIASES.get(key, key)
+
+
+@cache
+def entries() -> dict[str, Path]:
+    """Catalog ids (`org/name`, as the hub spells them) -> their config files."""
+    return {f.stem.replace("--", "/", 1): f for f in sorted(CATALOG.glob("*.json"))}
+
+
+@cache
+def by_name() -> dict[str, str]:
+    """Name keys -> catalog ids. Each key names one entry (a test checks it)."""
+    return {name_key(i.split("/", 1)[1]): i for i in entries()}
+
+
+def lookup(model_id: str) -> tuple[str, Path] | None:
+    """The catalog entry (id, config file) for a hub id, or None."""
+    ids = {i.lower(): i for i in entries()}
+    if model_id.lower() in ids:
+        found = ids[model_id.lower()]
+        return found, entries()[found]
+    org, sep, name = model_id.partition("/")
+    if not sep or "/" in name:
+        return None
+    found = by_name().get(name_key(name))
+    if found is None:
+        return None
+    orgs = {found.split("/", 1)[0].lower(), *(m.lower() for m in MIRROR_ORGS)}
+    return (found, entries()[found]) if org.lower() in orgs else None
+
+
+def near(model_id: str, n: int = 3) -> list[str]:
+    """Catalog ids closest to `model_id` by name, best first."""
+    name = model_id.rpartition("/")[2]
+    keys = difflib.get_close_matches(name_key(name), list(by_name()), n=n, cutoff=0.6)
+    return [by_name()[k] for k in keys]
