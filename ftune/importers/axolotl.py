@@ -14,10 +14,13 @@ from ftune.importers._core import (
     PeerPath,
     Skip,
     Unmappable,
+    build,
+    run_name,
+)
+from ftune.importers._values import (
     as_bool,
     as_float,
     as_int,
-    build,
     choose,
     deepspeed_from_file,
     fsdp_config_table,
@@ -26,7 +29,6 @@ from ftune.importers._core import (
     hf_optimizer,
     hf_scheduler,
     report_to_wandb,
-    run_name,
 )
 
 PEER = "axolotl"

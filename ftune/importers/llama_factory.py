@@ -18,10 +18,13 @@ from ftune.importers._core import (
     PeerPath,
     Skip,
     Unmappable,
+    build,
+    run_name,
+)
+from ftune.importers._values import (
     as_bool,
     as_float,
     as_int,
-    build,
     choose,
     deepspeed_from_file,
     fsdp_config_table,
@@ -29,7 +32,6 @@ from ftune.importers._core import (
     hf_optimizer,
     hf_scheduler,
     report_to,
-    run_name,
 )
 
 PEER = "llama-factory"

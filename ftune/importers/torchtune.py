@@ -17,12 +17,14 @@ from ftune.importers._core import (
     PeerPath,
     Skip,
     Unmappable,
+    build,
+    run_name,
+)
+from ftune.importers._values import (
     as_bool,
     as_float,
     as_int,
-    build,
     report_to_wandb,
-    run_name,
 )
 
 PEER = "torchtune"
