@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("ftune.cli.plan", "what a recipe will do and cost: parameters, memory, steps, launch command"),
     "data": ("ftune.cli.data", "inspect the training data as the model will see it"),
     "eval": ("ftune.cli.eval", "evaluate a trained model on the recipe's eval data"),
+    "import": ("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
+    "launch-script": ("ftune.cli.launch_script", "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),
 }
 
 EPILOG = """exit codes: 0 ok · 1 invalid recipe or input · 2 usage or I/O error · 3 run failed · 130 interrupted

@@ -27,8 +27,10 @@ sys.exit(code)
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["validate", "recipes/"], ["show", "recipes/llama7b-lora.yaml"], ["show", "recipes/llama7b-qlora.yaml", "--origin"]],
-    ids=["help", "validate", "show", "show-origin"],
+    [["--help"], ["validate", "recipes/"], ["show", "recipes/llama7b-lora.yaml"], ["show", "recipes/llama7b-qlora.yaml", "--origin"],
+     ["import", "axolotl", "tests/data/import/axolotl/qlora.yml"],
+     ["launch-script", "slurm", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2"]],
+    ids=["help", "validate", "show", "show-origin", "import", "launch-script"],
 )
 def test_light_command_imports_nothing_heavy(argv):
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,0 +1,60 @@
+"""`ftune import axolotl|llama-factory|torchtune FILE [-o OUT]`: a peer's config as an ftune recipe.
+
+Every key with an ftune equivalent is translated; every other key is listed on stderr with its line
+and the reason, and as comments at the top of the recipe. The recipe is checked with ftune's own
+loader before it is written. Exit codes: 0 written (even with unmapped keys), 1 the file can't be
+read or parsed, or the imported recipe doesn't validate (it is still written, to be fixed by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ftune.errors import EXIT_INVALID, EXIT_OK, UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ftune.importers import PEERS
+
+    parser.add_argument("peer", choices=list(PEERS), metavar="PEER", help=f"the config's tool: {', '.join(PEERS)}")
+    parser.add_argument("file", metavar="FILE", help="the peer's YAML config")
+    parser.add_argument("-o", "--output", metavar="OUT", help="write the recipe here (default: stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ftune.importers import convert
+    from ftune.importers._core import validate
+
+    imported = convert(args.peer, args.file)
+    command = shlex.join(["ftune", "import", args.peer, imported.source] + (["-o", args.output] if args.output else []))
+    text = imported.yaml(command)
+    where = args.output or "<stdout>"
+    problems = validate(text, where)
+    if args.output:
+        out = Path(args.output)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"can't write {args.output}: {err}", hint="check the folder and its permissions") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    for u in imported.unmapped:
+        print(f"{imported.source}:{u.line or 1}: not imported: {u.key}: {u.reason}", file=sys.stderr)
+    n = len(imported.unmapped)
+    summary = f"imported {imported.source} ({args.peer})" + (f" → {args.output}" if args.output else "")
+    summary += f": {n} key{'s' if n != 1 else ''} not imported" if n else ": every key imported"
+    if imported.notes:
+        summary += f", {len(imported.notes)} note{'s' if len(imported.notes) != 1 else ''} to check (comments at the top)"
+    print(summary, file=sys.stderr)
+    if problems:
+        from ftune.cli._console import print_problems
+
+        print("the imported recipe does not validate yet; fix these by hand:", file=sys.stderr)
+        print_problems(problems, sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK

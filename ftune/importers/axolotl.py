@@ -1,0 +1,428 @@
+"""Axolotl config (one flat YAML: base_model, datasets, adapter, lora_*, micro_batch_size, ...) → ftune recipe.
+
+Facts about Axolotl's keys are from its documented config reference; the table is documented in docs/import.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftune.importers._core import (
+    NOTHING,
+    Context,
+    Key,
+    PeerPath,
+    Skip,
+    Unmappable,
+    build,
+    run_name,
+)
+from ftune.importers._values import (
+    as_bool,
+    as_float,
+    as_int,
+    choose,
+    deepspeed_from_file,
+    fsdp_config_table,
+    fsdp_version,
+    hf_fsdp_options,
+    hf_optimizer,
+    hf_scheduler,
+    report_to_wandb,
+)
+
+PEER = "axolotl"
+UNKNOWN = "no ftune key for this axolotl option"
+
+
+# ------------------------------------------------------------------------------------------ datasets
+def _roles(value: Any, ctx: Context, path: PeerPath) -> dict[str, str]:
+    """axolotl `roles: {user: [human], assistant: [gpt]}` (target → source names) → ftune `roles` (source → target)."""
+    if not isinstance(value, dict):
+        raise Unmappable("expected a mapping of role → source names")
+    out = {}
+    for target, sources in value.items():
+        if target not in ("system", "user", "assistant", "tool"):
+            ctx.skip((*path, target), f"role {target!r} is not one ftune renders (system, user, assistant, tool)")
+            continue
+        for source in sources if isinstance(sources, list) else [sources]:
+            if str(source) != target:
+                out[str(source)] = target
+    return out
+
+
+def source(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
+    """One axolotl dataset entry → an ftune data source (None when its type has no ftune format)."""
+    from ftune.recipe.load import looks_local
+
+    kind = entry.get("type")
+    if "path" not in entry:
+        ctx.skip(path, "a dataset without `path` can't be imported")
+        return None
+    out: dict[str, Any] = {"path": str(entry["path"])}
+    fields: dict[str, str] = {}
+    handled = {"path", "type"}
+    if isinstance(kind, dict):  # a custom instruction format: field_instruction, field_output, format, ...
+        out["format"] = "instruction"
+        for peer_key, ftune_key in (("field_instruction", "instruction"), ("field_input", "input"),
+                                    ("field_output", "output")):
+            if peer_key in kind:
+                fields[ftune_key] = str(kind[peer_key])
+        if "format" in kind:
+            out["template"] = str(kind["format"])
+        for key in kind:
+            if key not in ("field_instruction", "field_input", "field_output", "format"):
+                ctx.skip((*path, "type", key), "no ftune equivalent in a custom instruction format "
+                         "(ftune's template has one form, with {instruction} and {input})")
+    elif kind == "alpaca":
+        out["format"] = "instruction"
+    elif kind == "completion":
+        out["format"] = "text"
+        if "field" in entry:
+            fields["text"] = str(entry["field"])
+        handled.add("field")
+    elif kind == "sharegpt":
+        out["format"] = "chat"
+        fields.update(messages="conversations", role="from", content="value")
+    elif kind == "chat_template":
+        out["format"] = "chat"
+        fields["messages"] = str(entry.get("field_messages", "messages"))
+        mapping = entry.get("message_property_mappings") or {}
+        role = mapping.get("role", entry.get("message_field_role", "role"))
+        content = mapping.get("content", entry.get("message_field_content", "content"))
+        fields.update(role=str(role), content=str(content))
+        handled |= {"field_messages", "message_property_mappings", "message_field_role", "message_field_content"}
+        for key in mapping:
+            if key not in ("role", "content"):
+                ctx.skip((*path, "message_property_mappings", key), "ftune reads only a message's role and content")
+        if "roles" in entry:
+            roles = _roles(entry["roles"], ctx, (*path, "roles"))
+            if roles:
+                out["roles"] = roles
+            handled.add("roles")
+        if "roles_to_train" in entry:
+            handled.add("roles_to_train")
+            if sorted(entry["roles_to_train"] or []) != ["assistant"]:
+                ctx.skip((*path, "roles_to_train"), "ftune trains every assistant turn (data.train_on: completion) "
+                         "or every token (all); it can't pick other roles")
+    else:
+        ctx.skip((*path, "type"), f"dataset type {kind!r} has no ftune data format "
+                 "(imported: alpaca, completion, sharegpt, chat_template, custom instruction formats)")
+        return None
+    if fields:
+        defaults = {"messages": "messages", "role": "role", "content": "content", "text": "text",
+                    "instruction": "instruction", "input": "input", "output": "output"}
+        fields = {k: v for k, v in fields.items() if defaults[k] != v}
+        if fields:
+            out["fields"] = fields
+    for key, value in entry.items():
+        if key in handled:
+            continue
+        here = (*path, key)
+        if key == "split":
+            out["split"] = str(value)
+        elif key == "ds_type":
+            if value not in ("json", "csv", "parquet", "text"):
+                ctx.skip(here, f"ds_type {value!r} has no ftune loader")
+            else:
+                out["type"] = value
+        elif key == "data_files" and looks_local(str(entry["path"])) is False:
+            ctx.skip(here, "ftune reads a whole hub dataset (by split), not chosen files of it")
+        elif key == "data_files":
+            files = value if isinstance(value, list) else [value]
+            if len(files) == 1:
+                out["path"] = str(files[0])
+            else:
+                ctx.skip(here, "an ftune source is one file: list one source per file under data.train")
+        elif key == "chat_template":
+            ctx.skip(here, "a per-dataset chat template: ftune has one for all data (data.chat_template, Jinja text)")
+        elif key == "name":
+            ctx.skip(here, "ftune's hub loader has no dataset config name; save the config to disk and use its folder")
+        elif value not in (None, False):
+            ctx.skip(here, "no ftune equivalent for this dataset option")
+    if "type" not in out and not looks_local(out["path"]):
+        out["type"] = "hub"
+        ctx.note((*path, "path"), f"{out['path']!r} is read as a hub dataset (type: hub); "
+                 "a hub must be reachable, or download it and give the local path")
+    return out
+
+
+def sources(value: Any, ctx: Context, path: PeerPath) -> list[dict]:
+    if not isinstance(value, list):
+        raise Unmappable("expected a list of datasets")
+    out = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            ctx.skip((*path, i), "expected a dataset mapping (path, type, ...)")
+            continue
+        converted = source(entry, ctx, (*path, i))
+        if converted is not None:
+            out.append(converted)
+    if not out:
+        raise Unmappable("no dataset could be imported; ftune needs at least one under data.train")
+    return out
+
+
+def val_set_size(value: Any, ctx: Context, path: PeerPath) -> Any:
+    size = as_float(value)
+    if size == 0:
+        return NOTHING
+    if not 0 < size < 1:
+        raise Unmappable(f"a held-out count ({value}) : ftune holds out a fraction (data.eval.split)")
+    return {"split": size}
+
+
+# ---------------------------------------------------------------------------------------- the model
+def adapter(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if value in ("lora", "qlora"):
+        ctx.set("peft.method", "lora")
+        return NOTHING
+    raise Unmappable(f"adapter {value!r}: ftune imports lora and qlora (a config without adapter is full fine-tuning)")
+
+
+def target_modules(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if ctx.config.get("lora_target_linear"):
+        return NOTHING  # all-linear wins, as in axolotl
+    return [value] if isinstance(value, str) else list(value)
+
+
+def precision(kind: str):
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}[kind]
+
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if value == "auto":
+            ctx.note(path, f"`{kind}: auto` imported as {kind} (ftune has no auto precision)")
+        elif not as_bool(value):
+            return NOTHING
+        ctx.set("train.mixed_precision", kind)
+        ctx.set("model.dtype", dtype)  # axolotl loads the weights in this dtype too
+        return NOTHING
+
+    return translate
+
+
+def load_dtype(dtype: str):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        return dtype if as_bool(value) else NOTHING
+
+    return translate
+
+
+def attention(impl: str):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        return impl if as_bool(value) else NOTHING
+
+    return translate
+
+
+def quant_bits(bits: int):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if not as_bool(value):
+            return NOTHING
+        ctx.set("quantization.bits", bits)
+        if bits == 4:  # axolotl's QLoRA defaults
+            ctx.set("quantization.type", "nf4")
+            ctx.set("quantization.double_quant", True)
+        return NOTHING
+
+    return translate
+
+
+def bnb_kwargs(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if not isinstance(value, dict):
+        raise Unmappable("expected a mapping of BitsAndBytesConfig arguments")
+    for key, v in value.items():
+        if key == "bnb_4bit_quant_type" and v in ("nf4", "fp4"):
+            ctx.set("quantization.type", v)
+        elif key == "bnb_4bit_use_double_quant":
+            ctx.set("quantization.double_quant", as_bool(v))
+        elif key == "llm_int8_skip_modules":
+            ctx.set("quantization.skip_modules", list(v))
+        else:
+            ctx.skip((*path, key), "no ftune quantization key for this BitsAndBytesConfig argument")
+    return NOTHING
+
+
+# ----------------------------------------------------------------------------------- schedules
+def eval_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
+    steps = as_float(value)
+    if steps < 1:
+        raise Unmappable("a fraction of the total steps: ftune evaluates every N steps (eval.steps)")
+    ctx.set("eval.strategy", "steps")
+    ctx.set("eval.steps", int(steps))
+    return NOTHING
+
+
+def per_epoch(section: str):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if as_int(value) != 1:
+            raise Unmappable(f"{section} several times per epoch: ftune's {section}.strategy is steps (every N) or "
+                             f"epoch (once); set {section}.steps")
+        ctx.set(f"{section}.strategy", "epoch")
+        return NOTHING
+
+    return translate
+
+
+def save_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
+    steps = as_float(value)
+    if steps < 1:
+        raise Unmappable("a fraction of the total steps: ftune saves every N steps (checkpoint.steps)")
+    ctx.set("checkpoint.strategy", "steps")
+    ctx.set("checkpoint.steps", int(steps))
+    return NOTHING
+
+
+def wandb_project(value: Any, ctx: Context, path: PeerPath) -> Any:
+    report_to_wandb(ctx)
+    raise Unmappable("ftune reports to wandb (output.report_to: [wandb]) but has no key for the project: "
+                     f"export WANDB_PROJECT={value}")
+
+
+def _wandb_env(var: str):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        raise Unmappable(f"no ftune key; export {var}={value}")
+
+    return translate
+
+
+SPECIAL_TOKENS = Skip("ftune takes special tokens from the tokenizer and adds none; set them in the "
+                      "tokenizer folder (model.tokenizer) before training")
+
+TABLE: dict[str, Key | Skip] = {
+    # model
+    "base_model": Key("model.path"),
+    "base_model_config": Skip("ftune reads the model config from model.path"),
+    "revision_of_model": Key("model.revision"),
+    "tokenizer_config": Key("model.tokenizer"),
+    "model_type": Skip("ftune picks the model class from model.task (causal-lm)"),
+    "tokenizer_type": Skip("ftune loads the tokenizer with AutoTokenizer"),
+    "trust_remote_code": Key("model.trust_remote_code", lambda v, c, p: as_bool(v)),
+    "flash_attention": Key("model.attn_implementation", attention("flash_attention_2")),
+    "sdp_attention": Key("model.attn_implementation", attention("sdpa")),
+    "eager_attention": Key("model.attn_implementation", attention("eager")),
+    "xformers_attention": Skip("ftune has no xformers attention; model.attn_implementation takes eager, sdpa, "
+                               "flash_attention_2 or flex_attention"),
+    "bf16": Key(None, precision("bf16")),
+    "fp16": Key(None, precision("fp16")),
+    "bfloat16": Key("model.dtype", load_dtype("bfloat16")),
+    "float16": Key("model.dtype", load_dtype("float16")),
+    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
+    "special_tokens.*": SPECIAL_TOKENS,
+    "tokens": Skip("ftune adds no tokens to the vocabulary"),
+    # adapter and quantization
+    "adapter": Key(None, adapter),
+    "load_in_8bit": Key(None, quant_bits(8)),
+    "load_in_4bit": Key(None, quant_bits(4)),
+    "bnb_config_kwargs": Key(None, bnb_kwargs),
+    "lora_r": Key("peft.r", lambda v, c, p: as_int(v)),
+    "lora_alpha": Key("peft.alpha", lambda v, c, p: as_float(v)),
+    "lora_dropout": Key("peft.dropout", lambda v, c, p: as_float(v)),
+    "lora_target_modules": Key("peft.target_modules", target_modules),
+    "lora_target_linear": Key("peft.target_modules", lambda v, c, p: "all-linear" if as_bool(v) else NOTHING),
+    "lora_modules_to_save": Key("peft.modules_to_save", lambda v, c, p: list(v)),
+    "peft_use_dora": Key("peft.use_dora", lambda v, c, p: as_bool(v)),
+    "peft_use_rslora": Key("peft.use_rslora", lambda v, c, p: as_bool(v)),
+    "lora_fan_in_fan_out": Skip("ftune has no fan_in_fan_out switch (peft detects Conv1D layers)"),
+    "lora_model_dir": Skip("ftune starts a new adapter; resuming from an adapter folder is not a recipe key"),
+    # data
+    "datasets": Key("data.train", sources),
+    "test_datasets": Key("data.eval", sources),
+    "val_set_size": Key("data.eval", val_set_size),
+    "sequence_len": Key("data.max_seq_length", lambda v, c, p: as_int(v)),
+    "sample_packing": Key("data.packing", lambda v, c, p: as_bool(v)),
+    "eval_sample_packing": Skip("ftune evaluates on unpacked rows"),
+    "pad_to_sequence_len": Skip("ftune pads each batch to its longest row (packed rows are full anyway)"),
+    "train_on_inputs": Key("data.train_on", lambda v, c, p: "all" if as_bool(v) else "completion"),
+    "chat_template": Key("data.chat_template", lambda v, c, p: _template_name(v)),
+    "chat_template_jinja": Key("data.chat_template"),
+    "dataset_prepared_path": Key("data.cache_dir"),
+    "dataset_processes": Key("data.num_proc", lambda v, c, p: as_int(v)),
+    "shuffle_merged_datasets": Key("data.shuffle", lambda v, c, p: as_bool(v)),
+    "group_by_length": Skip("ftune has no length-grouped sampler"),
+    # optimisation
+    "micro_batch_size": Key("train.per_device_batch_size", lambda v, c, p: as_int(v)),
+    "eval_batch_size": Key("eval.batch_size", lambda v, c, p: as_int(v)),
+    "gradient_accumulation_steps": Key("train.gradient_accumulation_steps", lambda v, c, p: as_int(v)),
+    "num_epochs": Key("train.epochs", lambda v, c, p: as_float(v)),
+    "max_steps": Key("train.max_steps", lambda v, c, p: as_int(v)),
+    "learning_rate": Key("train.learning_rate", lambda v, c, p: as_float(v)),
+    "lr_scheduler": Key("train.lr_scheduler", hf_scheduler),
+    "cosine_min_lr_ratio": Skip("ftune has no key for the cosine schedule's floor"),
+    "warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v)),
+    "warmup_ratio": Key("train.warmup_ratio", lambda v, c, p: as_float(v)),
+    "weight_decay": Key("train.weight_decay", lambda v, c, p: as_float(v)),
+    "max_grad_norm": Key("train.max_grad_norm", lambda v, c, p: as_float(v)),
+    "optimizer": Key("train.optimizer", hf_optimizer),
+    "gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: v is True or v in ("unsloth", "offload")),
+    "gradient_checkpointing_kwargs": Skip("ftune has no gradient-checkpointing arguments"),
+    "seed": Key("train.seed", lambda v, c, p: as_int(v)),
+    "logging_steps": Key("train.logging_steps", lambda v, c, p: as_int(v)),
+    "neftune_noise_alpha": Key("train.neftune_alpha", lambda v, c, p: as_float(v)),
+    "early_stopping_patience": Key("train.early_stopping.patience", lambda v, c, p: as_int(v)),
+    # distributed
+    "fsdp": Key(None, hf_fsdp_options),
+    "fsdp_version": Key(None, fsdp_version),
+    **fsdp_config_table(("fsdp_config.",)),
+    "deepspeed": Key(None, deepspeed_from_file),
+    "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
+    # eval and checkpoints
+    "eval_steps": Key(None, eval_steps),
+    "evals_per_epoch": Key(None, per_epoch("eval")),
+    "save_steps": Key(None, save_steps),
+    "saves_per_epoch": Key(None, per_epoch("checkpoint")),
+    "save_strategy": Key("checkpoint.strategy", choose({"steps": "steps", "epoch": "epoch", "no": "no"}, "save strategy")),
+    "save_total_limit": Key("checkpoint.keep", lambda v, c, p: as_int(v)),
+    "load_best_model_at_end": Key("checkpoint.load_best", lambda v, c, p: as_bool(v)),
+    "resume_from_checkpoint": Key("checkpoint.resume", lambda v, c, p: str(v)),
+    "auto_resume_from_checkpoints": Key("checkpoint.resume", lambda v, c, p: "auto" if as_bool(v) else False),
+    "output_dir": Key("output.dir"),
+    # tracking
+    "wandb_project": Key(None, wandb_project),
+    "wandb_entity": Key(None, _wandb_env("WANDB_ENTITY")),
+    "wandb_name": Key(None, _wandb_env("WANDB_NAME")),
+    "wandb_run_id": Key(None, _wandb_env("WANDB_RUN_ID")),
+    "wandb_log_model": Key(None, _wandb_env("WANDB_LOG_MODEL")),
+    "wandb_watch": Key(None, _wandb_env("WANDB_WATCH")),
+    "wandb_mode": Key(None, _wandb_env("WANDB_MODE")),
+    "use_tensorboard": Key("output.report_to", lambda v, c, p: ["tensorboard"] if as_bool(v) else NOTHING),
+    # axolotl's own switches
+    "strict": Skip("ftune is always strict: an unknown recipe key is an error"),
+    "hub_model_id": Skip("ftune doesn't push to the hub"),
+    "hub_strategy": Skip("ftune doesn't push to the hub"),
+    "debug": Skip("ftune has no debug switch in the recipe (`ftune data RECIPE` shows the data)"),
+}
+
+
+def _template_name(value: Any) -> Any:
+    if value == "tokenizer_default":
+        return NOTHING  # ftune's default: the tokenizer's own template
+    if isinstance(value, str) and ("{%" in value or "{{" in value):
+        return value
+    raise Unmappable(f"{value!r} is an axolotl template name; data.chat_template takes Jinja text "
+                     "(without it ftune uses the tokenizer's own template)")
+
+
+def finish(ctx: Context) -> None:
+    c = ctx.config
+    ctx.out.setdefault("name", run_name(c.get("output_dir"), ctx.file.stem))
+    if "peft" not in ctx.out:
+        ctx.set("peft.method", "full")  # no adapter: axolotl fine-tunes every weight
+    if ctx.get("quantization.bits") is not None:
+        ctx.set("quantization.compute_dtype", {"float16": "float16"}.get(ctx.get("model.dtype"), "bfloat16"))
+        if ctx.get("quantization.bits") == 8:  # 4-bit-only options are refused with bits 8
+            for key in ("type", "double_quant"):
+                ctx.out["quantization"].pop(key, None)
+            ctx.out["quantization"].pop("compute_dtype", None)
+    if ctx.get("train.epochs") is None and ctx.get("train.max_steps") is None:
+        ctx.set("train.epochs", 1)
+        ctx.note(None, "train.epochs: 1 is axolotl's default num_epochs (the config sets none)")
+    if ctx.get("data.eval") is not None and ctx.get("eval.strategy") is None:
+        ctx.note(None, "the config holds out eval data but sets no eval schedule: set eval.strategy (steps or epoch)")
+    if ctx.get("train.early_stopping") is not None and ctx.get("eval.strategy") is None:
+        ctx.set("eval.strategy", "epoch")
+        ctx.note(None, "eval.strategy: epoch, so that early_stopping_patience has evaluations to watch")
+
+
+def convert(file: str) -> Any:
+    return build(PEER, file, TABLE, UNKNOWN, finish)

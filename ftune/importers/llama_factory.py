@@ -1,0 +1,358 @@
+"""LLaMA-Factory training YAML (model/method/dataset/train keys, plus transformers' TrainingArguments) → ftune recipe.
+
+Datasets are names in `dataset_info.json` under `dataset_dir`; when that file is found next to the config
+(or in the working directory) each name is resolved to its file and columns, else it is imported as a hub
+dataset name in LLaMA-Factory's default (alpaca) formatting. The table is documented in docs/import.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ftune.importers._core import (
+    NOTHING,
+    Context,
+    Key,
+    PeerPath,
+    Skip,
+    Unmappable,
+    build,
+    run_name,
+)
+from ftune.importers._values import (
+    as_bool,
+    as_float,
+    as_int,
+    choose,
+    deepspeed_from_file,
+    fsdp_config_table,
+    hf_fsdp_options,
+    hf_optimizer,
+    hf_scheduler,
+    report_to,
+)
+
+PEER = "llama-factory"
+UNKNOWN = "no ftune key for this LLaMA-Factory option"
+USED_LATER = Key(None, lambda v, c, p: NOTHING)  # read by finish() together with related keys
+
+
+def stage(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if value in ("sft", "pt"):
+        return NOTHING
+    raise Unmappable(f"stage {value!r}: ftune trains supervised (sft) and plain language-model (pt) stages only")
+
+
+def finetuning_type(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if value in ("lora", "full"):
+        return value
+    if value == "freeze":
+        raise Unmappable("freeze picks the last N layers by count, which depends on the model: write "
+                         "`peft: {method: freeze, trainable: [<regexes>]}` by hand")
+    raise Unmappable(f"finetuning_type {value!r} has no ftune method (lora, full, freeze)")
+
+
+def lora_target(value: Any, ctx: Context, path: PeerPath) -> Any:
+    names = [n.strip() for n in str(value).split(",") if n.strip()] if isinstance(value, str) else list(value)
+    return "all-linear" if names == ["all"] else names
+
+
+def quantization_bit(value: Any, ctx: Context, path: PeerPath) -> Any:
+    bits = as_int(value)
+    if bits not in (4, 8):
+        raise Unmappable(f"{bits}-bit: ftune quantizes with bitsandbytes in 4 or 8 bits")
+    method = ctx.config.get("quantization_method", "bnb")
+    if method != "bnb":
+        raise Unmappable(f"quantization_method {method!r}: ftune quantizes with bitsandbytes (bnb) only")
+    return bits
+
+
+def precision(kind: str):
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if as_bool(value):
+            ctx.set("train.mixed_precision", kind)
+        return NOTHING
+
+    return translate
+
+
+def val_size(value: Any, ctx: Context, path: PeerPath) -> Any:
+    size = as_float(value)
+    if size == 0:
+        return NOTHING
+    if not 0 < size < 1:
+        raise Unmappable(f"a held-out count ({value}): ftune holds out a fraction (data.eval.split)")
+    return {"split": size}
+
+
+def eval_strategy(value: Any, ctx: Context, path: PeerPath) -> Any:
+    return choose({"steps": "steps", "epoch": "epoch", "no": "no"}, "eval strategy")(value, ctx, path)
+
+
+def special_tokens(value: Any, ctx: Context, path: PeerPath) -> Any:
+    raise Unmappable(f"ftune adds no tokens to the vocabulary ({value}); add them to the tokenizer folder "
+                     "(model.tokenizer) before training")
+
+
+TABLE: dict[str, Key | Skip] = {
+    # model
+    "model_name_or_path": Key("model.path"),
+    "model_revision": Key("model.revision"),
+    "adapter_name_or_path": Skip("ftune starts a new adapter; continuing from an adapter folder is not a recipe key"),
+    "trust_remote_code": Key("model.trust_remote_code", lambda v, c, p: as_bool(v)),
+    "hf_hub_token": Skip("a token is never copied into a recipe: write `model.hub_token: ${env:HF_TOKEN}`"),
+    "flash_attn": Key("model.attn_implementation", lambda v, c, p: _attention(v)),
+    "new_special_tokens": Key(None, special_tokens),
+    "add_special_tokens": Key(None, special_tokens),
+    "resize_vocab": Skip("ftune adds no tokens, so the vocabulary keeps its size"),
+    "template": Skip("LLaMA-Factory's prompt templates are code; ftune renders chat data with the tokenizer's "
+                     "template or data.chat_template (Jinja text), and instruction data with data.train.N.template"),
+    "enable_liger_kernel": Skip("ftune has no Liger kernels switch"),
+    "use_unsloth": Skip("ftune has no Unsloth switch"),
+    "rope_scaling": Skip("ftune has no RoPE-scaling key (edit the model's config.json)"),
+    "disable_gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: not as_bool(v)),
+    "gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: as_bool(v)),
+    # method
+    "stage": Key(None, stage),
+    "do_train": Key(None, lambda v, c, p: NOTHING if as_bool(v) else _no_training()),
+    "finetuning_type": Key("peft.method", finetuning_type),
+    "lora_rank": Key("peft.r", lambda v, c, p: as_int(v)),
+    "lora_alpha": Key("peft.alpha", lambda v, c, p: as_float(v)),
+    "lora_dropout": Key("peft.dropout", lambda v, c, p: as_float(v)),
+    "lora_target": Key("peft.target_modules", lora_target),
+    "additional_target": Key("peft.modules_to_save", lambda v, c, p: lora_target(v, c, p)),
+    "use_rslora": Key("peft.use_rslora", lambda v, c, p: as_bool(v)),
+    "use_dora": Key("peft.use_dora", lambda v, c, p: as_bool(v)),
+    "pissa_init": Skip("ftune has no PiSSA initialisation"),
+    "loraplus_lr_ratio": Skip("ftune has no LoRA+ learning-rate ratio"),
+    "quantization_bit": Key("quantization.bits", quantization_bit),
+    "quantization_method": USED_LATER,
+    "quantization_type": Key("quantization.type", choose({"nf4": "nf4", "fp4": "fp4"}, "4-bit type")),
+    "double_quantization": Key("quantization.double_quant", lambda v, c, p: as_bool(v)),
+    # dataset
+    "dataset": USED_LATER,
+    "eval_dataset": USED_LATER,
+    "dataset_dir": USED_LATER,
+    "max_samples": USED_LATER,
+    "cutoff_len": Key("data.max_seq_length", lambda v, c, p: as_int(v)),
+    "packing": Key("data.packing", lambda v, c, p: _packing(v, c, p)),
+    "neat_packing": Key("data.packing", lambda v, c, p: as_bool(v) or NOTHING),
+    "train_on_prompt": Key("data.train_on", lambda v, c, p: "all" if as_bool(v) else "completion"),
+    "mask_history": Skip("ftune trains every assistant turn with train_on: completion; it can't train only the last"),
+    "val_size": Key("data.eval", val_size),
+    "preprocessing_num_workers": Key("data.num_proc", lambda v, c, p: as_int(v)),
+    "overwrite_cache": Skip("ftune's data cache is keyed by the data, tokenizer and settings: it never goes stale"),
+    "tokenized_path": Skip("ftune caches tokenized data itself (data.cache_dir)"),
+    "streaming": Skip("ftune reads datasets whole (no streaming)"),
+    "mix_strategy": Skip("ftune concatenates sources, or samples them by data.train.N.weight"),
+    "interleave_probs": Skip("ftune mixes sources by data.train.N.weight (relative sizes), not interleave probabilities"),
+    # training arguments
+    "output_dir": Key("output.dir"),
+    "overwrite_output_dir": Key("output.overwrite", lambda v, c, p: as_bool(v)),
+    "per_device_train_batch_size": Key("train.per_device_batch_size", lambda v, c, p: as_int(v)),
+    "per_device_eval_batch_size": Key("eval.batch_size", lambda v, c, p: as_int(v)),
+    "gradient_accumulation_steps": Key("train.gradient_accumulation_steps", lambda v, c, p: as_int(v)),
+    "learning_rate": Key("train.learning_rate", lambda v, c, p: as_float(v)),
+    "num_train_epochs": Key("train.epochs", lambda v, c, p: as_float(v)),
+    "max_steps": Key("train.max_steps", lambda v, c, p: as_int(v) if as_int(v) > 0 else NOTHING),
+    "lr_scheduler_type": Key("train.lr_scheduler", hf_scheduler),
+    "lr_scheduler_kwargs": Skip("ftune has no scheduler arguments"),
+    "warmup_ratio": Key("train.warmup_ratio", lambda v, c, p: as_float(v) or NOTHING),
+    "warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v) or NOTHING),
+    "weight_decay": Key("train.weight_decay", lambda v, c, p: as_float(v)),
+    "max_grad_norm": Key("train.max_grad_norm", lambda v, c, p: as_float(v)),
+    "optim": Key("train.optimizer", hf_optimizer),
+    "bf16": Key(None, precision("bf16")),
+    "fp16": Key(None, precision("fp16")),
+    "pure_bf16": Key("model.dtype", lambda v, c, p: "bfloat16" if as_bool(v) else NOTHING),
+    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
+    "seed": Key("train.seed", lambda v, c, p: as_int(v)),
+    "logging_steps": Key("train.logging_steps", lambda v, c, p: as_int(v)),
+    "neftune_noise_alpha": Key("train.neftune_alpha", lambda v, c, p: as_float(v)),
+    "save_strategy": Key("checkpoint.strategy", choose({"steps": "steps", "epoch": "epoch", "no": "no"}, "save strategy")),
+    "save_steps": Key("checkpoint.steps", lambda v, c, p: as_int(v)),
+    "save_total_limit": Key("checkpoint.keep", lambda v, c, p: as_int(v)),
+    "save_only_model": Skip("ftune checkpoints always hold the optimizer state, so they resume"),
+    "load_best_model_at_end": Key("checkpoint.load_best", lambda v, c, p: as_bool(v)),
+    "resume_from_checkpoint": Key("checkpoint.resume", lambda v, c, p: str(v)),
+    "eval_strategy": Key("eval.strategy", eval_strategy),
+    "evaluation_strategy": Key("eval.strategy", eval_strategy),
+    "eval_steps": Key("eval.steps", lambda v, c, p: as_int(v)),
+    "do_eval": Skip("ftune evaluates by eval.strategy"),
+    "report_to": Key("output.report_to", report_to),
+    "run_name": Key("name", lambda v, c, p: run_name(v)),
+    "plot_loss": Key("output.loss_curve", lambda v, c, p: as_bool(v)),
+    "deepspeed": Key(None, deepspeed_from_file),
+    "fsdp": Key(None, hf_fsdp_options),
+    **fsdp_config_table(("fsdp_config.",)),
+    "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
+    "include_num_input_tokens_seen": Skip("ftune logs no token counts"),
+}
+
+
+def _no_training() -> Any:
+    raise Unmappable("ftune imports training configs (do_train: true); evaluation is `ftune eval`")
+
+
+def _attention(value: Any) -> Any:
+    mapping = {"auto": NOTHING, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+    if value not in mapping:
+        raise Unmappable(f"flash_attn {value!r} has no ftune equivalent (auto, disabled, sdpa, fa2)")
+    return mapping[value]
+
+
+def _packing(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if not as_bool(value):
+        return False
+    if not ctx.config.get("neat_packing"):
+        ctx.note(path, "ftune packs without cross-sample attention (LLaMA-Factory's neat_packing); "
+                 "plain packing lets packed samples attend to each other")
+    return True
+
+
+# ------------------------------------------------------------------------------------------ datasets
+_ALPACA = {"prompt": "instruction", "query": "input", "response": "output"}
+_SHAREGPT = {"messages": "conversations"}
+_SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+                  "system_tag": "system"}
+
+
+def _dataset_info(ctx: Context) -> tuple[dict | None, Path]:
+    folder = Path(str(ctx.config.get("dataset_dir", "data")))
+    for base in (ctx.file.parent, Path.cwd()):
+        info = (base / folder / "dataset_info.json") if not folder.is_absolute() else folder / "dataset_info.json"
+        if info.is_file():
+            try:
+                return json.loads(info.read_text(encoding="utf-8")), info
+            except (OSError, ValueError):
+                return None, info
+    return None, folder / "dataset_info.json"
+
+
+def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretraining: bool) -> dict | None:
+    folder = str(ctx.config.get("dataset_dir", "data"))
+    if entry is None:
+        ctx.note(path, f"{name!r} is not described in {folder}/dataset_info.json (not found or not listed): "
+                 "imported as a hub dataset name in LLaMA-Factory's default (alpaca) formatting")
+        return {"path": name, "type": "hub", "format": "text" if pretraining else "instruction"}
+    if "file_name" in entry:
+        out: dict[str, Any] = {"path": f"{folder.rstrip('/')}/{entry['file_name']}"}
+    elif "hf_hub_url" in entry:
+        out = {"path": str(entry["hf_hub_url"]), "type": "hub"}
+    else:
+        ctx.skip(path, f"{name!r}: only file_name and hf_hub_url sources are imported (not ms_hub_url, script_url, ...)")
+        return None
+    if "split" in entry:
+        out["split"] = str(entry["split"])
+    if entry.get("ranking"):
+        ctx.skip(path, f"{name!r} is preference (ranking) data; ftune trains on single responses")
+        return None
+    columns = entry.get("columns") or {}
+    tags = entry.get("tags") or {}
+    formatting = entry.get("formatting", "alpaca")
+    fields: dict[str, str] = {}
+    if pretraining:
+        out["format"] = "text"
+        if columns.get("prompt", "text") != "text":
+            fields["text"] = columns["prompt"]
+    elif formatting == "alpaca":
+        out["format"] = "instruction"
+        for peer_key, ftune_key in _ALPACA.items():
+            column = columns.get(peer_key, _ALPACA[peer_key])
+            if column != ftune_key:
+                fields[ftune_key] = column
+        for extra in ("system", "history", "images", "videos", "tools"):
+            if extra in columns:
+                ctx.skip(path, f"{name!r}: the {extra!r} column has no place in ftune's instruction format")
+    elif formatting == "sharegpt":
+        out["format"] = "chat"
+        messages = columns.get("messages", "conversations")
+        fields["messages"] = messages
+        role = tags.get("role_tag", "from")
+        content = tags.get("content_tag", "value")
+        if role != "role":
+            fields["role"] = role
+        if content != "content":
+            fields["content"] = content
+        roles = {tags.get("user_tag", "human"): "user", tags.get("assistant_tag", "gpt"): "assistant",
+                 tags.get("system_tag", "system"): "system"}
+        roles = {k: v for k, v in roles.items() if k != v and (k, v) not in (("human", "user"), ("gpt", "assistant"))}
+        if roles:
+            out["roles"] = roles
+        for extra in ("system", "tools", "images", "videos"):
+            if extra in columns:
+                ctx.skip(path, f"{name!r}: the {extra!r} column has no place in ftune's chat format")
+    else:
+        ctx.skip(path, f"{name!r}: formatting {formatting!r} has no ftune data format (alpaca, sharegpt)")
+        return None
+    if fields:
+        out["fields"] = fields
+    return out
+
+
+def _sources(key: str, ctx: Context, info: dict | None, pretraining: bool) -> list[dict]:
+    value = ctx.config.get(key)
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value or [])
+    out = []
+    for name in names:
+        converted = _source(name, (info or {}).get(name), ctx, (key,), pretraining)
+        if converted is not None:
+            out.append(converted)
+    limit = ctx.config.get("max_samples")
+    if limit and out:
+        for source in out:  # LLaMA-Factory truncates each dataset to max_samples
+            source["limit"] = int(limit)
+    return out
+
+
+def finish(ctx: Context) -> None:
+    c = ctx.config
+    ctx.out.setdefault("name", run_name(ctx.file.stem))  # output_dir ends in sft/ or lora/ by convention
+    pretraining = c.get("stage") == "pt"
+    info, where = _dataset_info(ctx) if c.get("dataset") or c.get("eval_dataset") else (None, None)
+    if info is not None:
+        ctx.note(("dataset",), f"dataset names resolved through {where}")
+    train = _sources("dataset", ctx, info, pretraining)
+    if train:
+        ctx.set("data.train", train)
+    else:
+        ctx.skip(("dataset",), "no dataset could be imported; ftune needs at least one under data.train")
+    evals = _sources("eval_dataset", ctx, info, pretraining)
+    if evals:
+        ctx.set("data.eval", evals)
+    if pretraining:
+        ctx.set("data.train_on", "all")
+    # LLaMA-Factory defaults that differ from ftune's
+    if "finetuning_type" not in c:
+        ctx.set("peft.method", "lora")
+    if ctx.get("peft.method") == "lora":
+        rank = ctx.get("peft.r", 8)
+        ctx.out["peft"].setdefault("alpha", float(rank * 2))  # lora_alpha defaults to twice the rank
+        ctx.out["peft"].setdefault("dropout", 0.0)
+        ctx.out["peft"].setdefault("target_modules", "all-linear")  # lora_target: all
+    else:
+        ctx.out["peft"] = {"method": ctx.get("peft.method")}
+    if ctx.get("train.gradient_checkpointing") is None:
+        ctx.set("train.gradient_checkpointing", True)  # on unless disable_gradient_checkpointing
+    if ctx.get("train.epochs") is None and ctx.get("train.max_steps") is None:
+        ctx.set("train.epochs", 3.0)
+        ctx.note(None, "train.epochs: 3 is the transformers default num_train_epochs (the config sets none)")
+    q = ctx.get("quantization")
+    if q:
+        if q.get("bits") == 4:
+            q.setdefault("type", "nf4")
+            q.setdefault("double_quant", True)  # LLaMA-Factory's double_quantization default
+            q["compute_dtype"] = {"fp16": "float16"}.get(ctx.get("train.mixed_precision"), "bfloat16")
+        else:
+            for key in ("type", "double_quant"):
+                q.pop(key, None)
+    if ctx.get("eval.strategy") == "steps" and ctx.get("eval.steps") is None:
+        ctx.set("eval.steps", int(ctx.get("train.logging_steps", 500)))  # transformers: eval_steps = logging_steps
+    if ctx.get("data.eval") is None and ctx.get("eval.strategy") not in (None, "no"):
+        ctx.note(None, "an eval schedule without eval data: set data.eval (val_size or eval_dataset)")
+
+
+def convert(file: str) -> Any:
+    return build(PEER, file, TABLE, UNKNOWN, finish)
