@@ -9,23 +9,56 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
+from typing import NamedTuple
 
 from ftune import __version__
-from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, FtuneError
+from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, FtuneError, UsageError
 
-# name -> (module, one-line summary)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("ftune.cli.run", "compile a recipe into a plan and train it through accelerate launch"),
-    "validate": ("ftune.cli.validate", "check recipe files: every problem at once, with file:line:column"),
-    "show": ("ftune.cli.show", "print the fully resolved recipe (--origin: where each value came from)"),
-    "plan": ("ftune.cli.plan", "what a recipe will do and cost: parameters, memory, steps, launch command"),
-    "data": ("ftune.cli.data", "inspect the training data as the model will see it"),
-    "eval": ("ftune.cli.eval", "evaluate a trained model on the recipe's eval data"),
-    "import": ("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
-    "launch-script": ("ftune.cli.launch_script", "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),
+# The training stack that `pip install ftune` leaves out (`pip install "ftune[train]"` brings it), by import name.
+TRAIN_STACK = ("torch", "transformers", "peft", "accelerate", "datasets", "safetensors", "tensorboard", "matplotlib")
+INSTALL_TRAIN = 'pip install "ftune[train]"'
+
+
+class Command(NamedTuple):
+    module: str
+    summary: str
+    requires: tuple[str, ...] = ()
+    """Packages (import names) the command needs beyond the light install; checked before its module is imported."""
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command("ftune.cli.run", "compile a recipe into a plan and train it through accelerate launch", TRAIN_STACK),
+    "validate": Command("ftune.cli.validate", "check recipe files: every problem at once, with file:line:column"),
+    "show": Command("ftune.cli.show", "print the fully resolved recipe (--origin: where each value came from)"),
+    "plan": Command(
+        "ftune.cli.plan",
+        "what a recipe will do and cost: parameters, memory, steps, launch command",
+        ("torch", "transformers", "peft"),  # the estimate builds the model (and the adapter) on the meta device
+    ),
+    "data": Command("ftune.cli.data", "inspect the training data as the model will see it", ("torch", "transformers", "datasets")),
+    "eval": Command(
+        "ftune.cli.eval", "evaluate a trained model on the recipe's eval data",
+        ("torch", "transformers", "peft", "accelerate", "datasets"),
+    ),
+    "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
+    "launch-script": Command("ftune.cli.launch_script",
+                             "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),
 }
+
+
+def check_requirements(command: str) -> None:
+    """A command that needs the training stack, where it is not installed: an error with the install line."""
+    missing = [name for name in COMMANDS[command].requires if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(
+            f"`ftune {command}` needs the training stack; not installed: {', '.join(missing)}",
+            hint=f"{INSTALL_TRAIN} (on a GPU machine, install the torch build for its CUDA first); "
+            "`ftune validate` and `ftune show` need only `pip install ftune`",
+        )
+
 
 EPILOG = """exit codes: 0 ok · 1 invalid recipe or input · 2 usage or I/O error · 3 run failed · 130 interrupted
 docs: README.md · recipes/ has shipped recipes · schemas/recipe.schema.json for editors"""
@@ -47,11 +80,11 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     """The full parser; only `command`'s module is imported to add its arguments."""
     parser = _base_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, summary) in COMMANDS.items():
-        p = sub.add_parser(name, help=summary, description=summary)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.summary, description=cmd.summary)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
         if name == command:
-            importlib.import_module(module).add_arguments(p)
+            importlib.import_module(cmd.module).add_arguments(p)
     return parser
 
 
@@ -69,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
     try:
+        if command is not None:
+            check_requirements(command)
         parser = build_parser(command)
         args, extra = parser.parse_known_args(argv)
         if extra:
@@ -80,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+        return int(importlib.import_module(COMMANDS[args.command].module).run(args) or 0)
     except FtuneError as err:
         if debug:
             raise

@@ -23,8 +23,52 @@ def _method_def_name(module: str) -> str:
     return "Peft" + "".join(part.capitalize() for part in method.split("-"))
 
 
-def schema_dict() -> dict:
-    """The JSON Schema of a recipe, with readable definition names."""
+DESCRIPTION = (
+    "A fine-tuning recipe for ftune. This schema checks each key on its own: unknown keys, types, allowed "
+    "values and ranges. A file without `name`, or with `extends`, is a base or extends one, so its required "
+    "keys may come from elsewhere and are not required here. A `${...}` interpolation is accepted in any "
+    "value, and quoted numbers and yes/no strings where ftune converts them. Cross-field rules (method and "
+    "quantization combinations, steps versus epochs, distributed layouts, ...) and the merged result of "
+    "`extends` are checked by `ftune validate`, which is the reference."
+)
+
+# Value forms ftune accepts beyond a field's JSON type: resolved before validation, or converted by pydantic.
+EXTRA_DEFS = {
+    "Interpolation": {
+        "type": "string",
+        "pattern": r"\$\{",
+        "description": "A `${...}` interpolation (another key, or `${env:VAR,default}`), resolved before validation.",
+    },
+    # pydantic's lax mode converts these; the schema takes them so that it never rejects what validate accepts.
+    "IntegerLike": {
+        "description": "Also taken as an integer by ftune: a whole number as a string, or true/false (1/0).",
+        "anyOf": [{"type": "string", "pattern": r"^\s*[+-]?[0-9][0-9_]*(\.0*)?\s*$"}, {"type": "boolean"}],
+    },
+    "NumberLike": {
+        "description": "Also taken as a number by ftune: a number as a string (e.g. 2e-4, which YAML 1.1 reads as a string), or true/false.",
+        "anyOf": [
+            {
+                "type": "string",
+                "pattern": r"^\s*([+-]?([0-9][0-9_]*\.?[0-9_]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan))\s*$",
+            },
+            {"type": "boolean"},
+        ],
+    },
+    "BooleanLike": {
+        "description": "Also taken as true/false by ftune: 0, 1, or yes/no, on/off, true/false as a string.",
+        "anyOf": [
+            {"enum": [0, 1]},
+            {"type": "string", "pattern": r"^([Tt]rue|TRUE|[Ff]alse|FALSE|[Yy]es|YES|[Nn]o|NO|[Oo]n|ON|[Oo]ff|OFF|[tfyn01])$"},
+        ],
+    },
+}
+_LAX = {"integer": "IntegerLike", "number": "NumberLike", "boolean": "BooleanLike"}
+_ANNOTATIONS = ("title", "description", "default", "examples", "deprecated")
+_STRING_LIMITS = ("enum", "const", "pattern", "format", "minLength", "maxLength")
+
+
+def _pydantic_schema() -> dict:
+    """The pydantic JSON Schema of Recipe, with the method configs renamed `Peft<Method>`."""
     from ftune.recipe.schema import Recipe
 
     schema = Recipe.model_json_schema(mode="validation")
@@ -41,12 +85,142 @@ def schema_dict() -> dict:
     for method, module in METHODS.items():
         schema["$defs"][_method_def_name(module)]["title"] = f"peft: {method}"
     schema["properties"]["peft"]["default"] = {"method": next(iter(METHODS))}
+    return schema
+
+
+def _alternatives(node: dict) -> list[dict]:
+    return node["anyOf"] if "anyOf" in node else [node]
+
+
+def _types(node: dict, defs: dict) -> set[str]:
+    """The JSON types `node` admits; a bare string type only when it admits any string ("string*")."""
+    out: set[str] = set()
+    for alt in _alternatives(node):
+        if "$ref" in alt:
+            out |= _types(defs[alt["$ref"].rsplit("/", 1)[1]], defs)
+        elif "type" in alt:
+            kinds = alt["type"] if isinstance(alt["type"], list) else [alt["type"]]
+            if "enum" in alt or "const" in alt:  # Literal values: pydantic converts no strings to them
+                kinds = [k for k in kinds if k not in _LAX]
+            free = not any(k in alt for k in _STRING_LIMITS)
+            out |= {f"{k}*" if k == "string" and free else k for k in kinds}
+    return out
+
+
+def _loosen(node: dict, defs: dict) -> dict:
+    """A value position that also takes what `ftune validate` takes there: `${...}`, and strings pydantic converts."""
+    kinds = _types(node, defs)
+    extra = [] if "string*" in kinds else ["Interpolation"]
+    extra += [name for kind, name in _LAX.items() if kind in kinds]
+    if not extra:
+        return node
+    refs = [{"$ref": f"#/$defs/{name}"} for name in extra]
+    notes = {k: v for k, v in node.items() if k in _ANNOTATIONS}
+    core = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+    # if/else rather than anyOf: a value that is neither is checked by the field's own schema alone, so a
+    # validator reports the error at the key itself (`model.dtype: 'x' is not one of ...`).
+    return {**notes, "if": refs[0] if len(refs) == 1 else {"anyOf": refs}, "else": core}
+
+
+def _walk(node, defs: dict):
+    """Rewrite every subschema: unions become anyOf (a section without its `method` may match several
+    members, as a base's partial section does), and every value position is loosened."""
+    if isinstance(node, list):
+        return [_walk(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {("anyOf" if k == "oneOf" else k): v for k, v in node.items()}
+    out = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {k: _loosen(_walk(v, defs), defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _loosen(_walk(value, defs), defs)
+        elif key in ("anyOf", "allOf", "prefixItems", "else"):
+            out[key] = _walk(value, defs)
+        else:
+            out[key] = value
+    return out
+
+
+def _required_overlay(node: dict, defs: dict, overlays: dict) -> dict:
+    """Only the `required` keywords of `node`, along the paths that lead to them (for a complete recipe)."""
+    objects, arrays = [], []
+    for alt in _alternatives(node):
+        if "$ref" in alt:
+            name = alt["$ref"].rsplit("/", 1)[1]
+            if name in EXTRA_DEFS:
+                continue
+            if name not in overlays:
+                overlays[name] = {}  # a recursive schema ends here
+                overlays[name] = _required_overlay(defs[name], defs, overlays)
+            if overlays[name]:
+                objects.append({"$ref": f"#/$defs/{name}{COMPLETE}"})
+            continue
+        if alt.get("type") == "array" and isinstance(alt.get("items"), dict):
+            inner = _required_overlay(alt["items"], defs, overlays)
+            if inner:
+                arrays.append({"items": inner})
+            continue
+        own = {}
+        if alt.get("required"):
+            own["required"] = alt["required"]
+        props = {k: o for k, v in alt.get("properties", {}).items() if (o := _required_overlay(v, defs, overlays))}
+        if props:
+            own["properties"] = props
+        if own:
+            objects.append(own)
+    if len(objects) <= 1 and len(arrays) <= 1:  # object and array keywords never apply to the same value
+        merged: dict = {}
+        for part in objects + arrays:
+            merged.update(part)
+        return merged
+    guarded = [{"type": "object", **o} for o in objects] + [{"type": "array", **a} for a in arrays]
+    rest = [t for t, parts in (("object", objects), ("array", arrays)) if not parts]
+    return {"anyOf": [*guarded, {"not": {"type": ["object", "array"]}}] + [{"type": t} for t in rest]}
+
+
+COMPLETE = "Complete"
+
+
+def schema_dict() -> dict:
+    """The JSON Schema of a recipe: what `ftune validate` accepts key by key, for editors and CI.
+
+    Generic over the pydantic schema: every value also takes `${...}` (and strings pydantic converts),
+    unions are anyOf, and `required` applies only to a complete recipe (`name` set, no `extends`).
+    """
+    base = _pydantic_schema()
+    defs = {**base.pop("$defs"), **EXTRA_DEFS}
+    overlays: dict[str, dict] = {}
+    root_overlay = _required_overlay(base, defs, overlays)
+    partial = _walk(_strip_required(base), defs)
+    out_defs = {name: _walk(_strip_required(d), defs) for name, d in defs.items()}
+    for name, overlay in overlays.items():
+        if overlay:
+            out_defs[f"{name}{COMPLETE}"] = overlay
+    out_defs[f"Recipe{COMPLETE}"] = root_overlay
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         "title": "ftune recipe",
-        **{k: v for k, v in schema.items() if k != "title"},
+        "description": DESCRIPTION,
+        **{k: v for k, v in partial.items() if k not in ("title", "description")},
+        # A base (no `name`) or a file that extends one may leave required keys to the other files.
+        "if": {
+            "required": ["name"],
+            "not": {"required": ["extends"], "properties": {"extends": {"not": {"type": "null"}}}},
+        },
+        "then": {"$ref": f"#/$defs/Recipe{COMPLETE}"},
+        "$defs": out_defs,
     }
+
+
+def _strip_required(node):
+    if isinstance(node, list):
+        return [_strip_required(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _strip_required(v) for k, v in node.items() if k != "required" or not isinstance(v, list)}
 
 
 def render() -> str:

@@ -43,3 +43,39 @@ def test_light_command_imports_nothing_heavy(argv):
     assert heavy == "HEAVY=", f"{argv} imported {heavy}"
     if argv[0] != "--help":
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+HIDDEN_PROBE = """
+import importlib.util, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in {heavy!r} else real(name, *a)
+from ftune.cli.main import main
+code = main({argv!r})
+print("LOADED=" + ",".join(sorted(m for m in sys.modules if m.startswith("ftune.cli.") or m in {heavy!r})), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "data", "eval"])
+def test_heavy_command_without_the_stack_names_the_extra(command):
+    """As on a light install: the stack is looked up (find_spec) before the command's module is imported."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [command, "recipes/llama7b-lora.yaml"]
+    proc = subprocess.run(
+        [sys.executable, "-c", HIDDEN_PROBE.format(argv=argv, heavy=HEAVY)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(f"error: `ftune {command}` needs the training stack; not installed: torch, transformers")
+    assert lines[1].strip().startswith('hint: pip install "ftune[train]"')
+    assert lines[-1] == "LOADED=ftune.cli._console,ftune.cli.main", "the command module and the stack stay unimported"
+
+
+def test_commands_table_requirements():
+    from ftune.cli.main import COMMANDS, TRAIN_STACK
+
+    light = [name for name, cmd in COMMANDS.items() if not cmd.requires]
+    assert light == ["validate", "show"]
+    assert COMMANDS["run"].requires == TRAIN_STACK
+    assert all(set(cmd.requires) <= set(TRAIN_STACK) for cmd in COMMANDS.values())

@@ -17,13 +17,18 @@ def test_committed_schema_is_current():
 def test_schema_content():
     s = json.loads(SCHEMA.read_text())
     assert s["title"] == "ftune recipe" and s["additionalProperties"] is False
-    assert set(s["required"]) == {"name", "model", "data"}
+    # required keys apply to a complete recipe only (`name`, no `extends`): the `then` branch
+    assert s["then"] == {"$ref": "#/$defs/RecipeComplete"}
+    assert set(s["$defs"]["RecipeComplete"]["required"]) == {"name", "model", "data"}
+    assert "required" not in s and "required" not in s["$defs"]["ModelSection"]
     dtype = s["$defs"]["ModelSection"]["properties"]["dtype"]
-    assert dtype["enum"] == ["float32", "bfloat16", "float16", "auto"]
+    assert dtype["else"]["enum"] == ["float32", "bfloat16", "float16", "auto"]
+    assert dtype["if"] == {"$ref": "#/$defs/Interpolation"}
     assert dtype["description"].startswith("Dtype the weights are loaded in")
-    peft = s["properties"]["peft"]
+    peft = s["properties"]["peft"]["else"]
     assert peft["discriminator"]["propertyName"] == "method"
     assert set(peft["discriminator"]["mapping"]) == {"lora", "prefix", "llama-adapter", "full", "freeze"}
+    assert {m["$ref"] for m in peft["anyOf"]} == set(peft["discriminator"]["mapping"].values())
     assert s["$defs"]["PeftLora"]["properties"]["r"]["description"].startswith("LoRA rank")
     assert s["$defs"]["PeftLora"]["additionalProperties"] is False
 
