@@ -348,7 +348,8 @@ TABLE: dict[str, Key | Skip] = {
     "max_steps": Key("train.max_steps", lambda v, c, p: as_int(v)),
     "learning_rate": Key("train.learning_rate", lambda v, c, p: as_float(v)),
     "lr_scheduler": Key("train.lr_scheduler", hf_scheduler),
-    "cosine_min_lr_ratio": Skip("ftune has no key for the cosine schedule's floor"),
+    # with `lr_scheduler: cosine`, axolotl floors the rate at ratio x lr: transformers' cosine_with_min_lr (finish)
+    "cosine_min_lr_ratio": Key("train.lr_scheduler_args.min_lr_rate", lambda v, c, p: as_float(v)),
     "warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v)),
     "warmup_ratio": Key("train.warmup_ratio", lambda v, c, p: as_float(v)),
     "weight_decay": Key("train.weight_decay", lambda v, c, p: as_float(v)),
@@ -405,6 +406,8 @@ def _template_name(value: Any) -> Any:
 
 def finish(ctx: Context) -> None:
     c = ctx.config
+    if ctx.get("train.lr_scheduler_args.min_lr_rate") is not None and ctx.get("train.lr_scheduler", "cosine") == "cosine":
+        ctx.set("train.lr_scheduler", "cosine_with_min_lr")
     ctx.out.setdefault("name", run_name(c.get("output_dir"), ctx.file.stem))
     if "peft" not in ctx.out:
         ctx.set("peft.method", "full")  # no adapter: axolotl fine-tunes every weight

@@ -158,7 +158,7 @@ TABLE: dict[str, Key | Skip] = {
     "num_train_epochs": Key("train.epochs", lambda v, c, p: as_float(v)),
     "max_steps": Key("train.max_steps", lambda v, c, p: as_int(v) if as_int(v) > 0 else NOTHING),
     "lr_scheduler_type": Key("train.lr_scheduler", hf_scheduler),
-    "lr_scheduler_kwargs": Skip("ftune has no scheduler arguments"),
+    "lr_scheduler_kwargs": Key("train.lr_scheduler_args", lambda v, c, p: dict(v) if isinstance(v, dict) and v else NOTHING),
     "warmup_ratio": Key("train.warmup_ratio", lambda v, c, p: as_float(v) or NOTHING),
     "warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v) or NOTHING),
     "weight_decay": Key("train.weight_decay", lambda v, c, p: as_float(v)),

@@ -57,14 +57,15 @@ def test_axolotl_qlora_values(tmp_path, capsys):
     assert (d["eval"], d["max_seq_length"], d["packing"], d["train_on"]) == ({"split": 0.05}, 2048, True, "completion")
     t = r["train"]
     assert (t["per_device_batch_size"], t["gradient_accumulation_steps"], t["epochs"]) == (2, 8, 3)
-    assert (t["learning_rate"], t["lr_scheduler"], t["warmup_ratio"]) == (2e-4, "cosine", 0.03)  # "2e-4" is a str in YAML
+    assert (t["learning_rate"], t["lr_scheduler"], t["warmup_ratio"]) == (2e-4, "cosine_with_min_lr", 0.03)  # "2e-4": a str
+    assert t["lr_scheduler_args"] == {"min_lr_rate": 0.1}  # cosine_min_lr_ratio
     assert (t["optimizer"], t["mixed_precision"], t["gradient_checkpointing"]) == ("paged_adamw_8bit", "bf16", True)
     assert r["eval"] == {"strategy": "steps", "steps": 50}
     assert r["checkpoint"] == {"strategy": "steps", "steps": 100, "keep": 2}
     assert r["output"] == {"dir": "./outputs/support-qlora", "report_to": ["wandb"]}
     assert r["name"] == "support-qlora"
     unmapped = {u.key: u for u in convert("axolotl", str(DATA / "axolotl" / "qlora.yml")).unmapped}
-    assert unmapped["special_tokens.pad_token"].line == 65
+    assert unmapped["special_tokens.pad_token"].line == 66
     assert "tokenizer" in unmapped["special_tokens.eos_token"].reason
     assert "WANDB_PROJECT=support-bot" in unmapped["wandb_project"].reason
     assert unmapped["datasets.1.shards"].line == 30
@@ -118,6 +119,7 @@ def test_llama_factory_deepspeed_and_unknown_dataset(tmp_path, capsys):
     assert r["data"]["train"] == [{"path": "org_chat_mix", "type": "hub", "format": "instruction"}]
     assert "'org_chat_mix' is not described in data/dataset_info.json" in text
     assert r["train"]["lr_scheduler"] == "cosine_with_min_lr" and r["checkpoint"] == {"strategy": "epoch"}
+    assert r["train"]["lr_scheduler_args"] == {"min_lr_rate": 0.1}  # the scheduler needs it (a validate rule)
 
 
 def test_torchtune_components(tmp_path, capsys):

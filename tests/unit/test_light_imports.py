@@ -76,6 +76,6 @@ def test_commands_table_requirements():
     from ftune.cli.main import COMMANDS, TRAIN_STACK
 
     light = [name for name, cmd in COMMANDS.items() if not cmd.requires]
-    assert light == ["validate", "show"]
+    assert light == ["validate", "show", "import", "launch-script"]
     assert COMMANDS["run"].requires == TRAIN_STACK
     assert all(set(cmd.requires) <= set(TRAIN_STACK) for cmd in COMMANDS.values())
