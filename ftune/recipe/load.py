@@ -16,6 +16,7 @@ from pathlib import Path
 from ftune.errors import Location, Problem, RecipeError, UsageError
 from ftune.recipe import _yaml
 from ftune.recipe._interp import MASK, interpolate
+from ftune.recipe._secrets import Masked, mask_secrets, shown_override
 from ftune.recipe._overrides import apply_overrides, parse_overrides
 from ftune.recipe._schema import Issue, did_you_mean, translate
 from ftune.recipe._yaml import Marks
@@ -40,6 +41,14 @@ class LoadedRecipe:
     """Dotted path → file:line:col, Location(origin="override") or Location(origin="default")."""
     secrets: dict[str, str] = field(default_factory=dict)
     """Dotted path → environment variable whose (masked) value belongs there."""
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Variables ftune generated for secrets that came without one (an override `model.hub_token=hf_...`,
+    a literal): name → real value. `ftune run` sets them in the workers' environment, never on disk."""
+
+    def secret(self, path: str) -> str | None:
+        """The real value of the masked field at `path` (in this process: the generated variables too)."""
+        env = self.secrets.get(path)
+        return (self.secret_env.get(env) or os.environ.get(env)) if env else None
 
     def locate(self, path: str) -> Location:
         """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
@@ -301,7 +310,7 @@ def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: _Load)
     where = marks[p].value if exact and anchor == "value" else marks[p].key
     if where.origin == "override":
         arg = ctx.override_args.get(p) or next((a for q, a in ctx.override_args.items() if q == p[: len(q)]), "")
-        return where, f" (override '{arg}')" if arg else ""
+        return where, f" (override '{shown_override(arg)}')" if arg else ""
     return where, ""
 
 
@@ -407,7 +416,10 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     apply_overrides(data, marks, parsed, ctx)
     if isinstance(data.get("peft"), dict) and "method" not in data["peft"]:
         data["peft"] = {"method": "lora", **data["peft"]}  # a peft section without a method is LoRA
-    data, issues, secrets = interpolate(data)
+    raw = data
+    data, issues = interpolate(data)
+    masked = mask_secrets(raw, data)
+    issues += masked.issues
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
     reported = {p.path for p in ctx.problems}  # e.g. a bad `extends` value, already reported while composing
@@ -416,8 +428,16 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     issues += _rule_issues(data, issues, (recipe, schema_issues))
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
     if ctx.problems or recipe is None:
+        ctx.problems = [_scrubbed(p, masked) for p in ctx.problems]
         raise RecipeError(_sorted(ctx), display(file))
-    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), secrets)
+    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), masked.secrets, masked.env)
+
+
+def _scrubbed(p: Problem, masked: Masked) -> Problem:
+    """The problem with any secret value in its text masked (a message may quote a value or an override)."""
+    if not masked.values:
+        return p
+    return Problem(masked.scrub(p.message) or "", p.path, masked.scrub(p.hint), p.location, p.severity)
 
 
 def _sorted(ctx: _Load) -> list[Problem]:
