@@ -128,7 +128,7 @@ def recipe_roots() -> list[Path]:
 def _resolve(file: Path, rel: str) -> Path | None:
     """`extends: rel` in `file`, absolute with symlinks followed; None for a path that can't be one."""
     try:
-        return (file.parent / rel).expanduser().resolve()
+        return (file.parent / rel).resolve()
     except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
         return None
 
