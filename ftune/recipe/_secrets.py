@@ -53,6 +53,11 @@ def shown_override(arg: str) -> str:
     return f"{key}={MASK}" if eq and any(is_secret_key(p) for p in key.lstrip("~").split(".")) else arg
 
 
+def override_secrets(args: list[str] | tuple[str, ...]) -> set[str]:
+    """The values given to secret keys on the command line, also ones a later override replaced."""
+    return {arg.partition("=")[2] for arg in args if shown_override(arg) != arg and arg.partition("=")[2]}
+
+
 @dataclass
 class Masked:
     secrets: dict[str, str] = field(default_factory=dict)
@@ -67,7 +72,8 @@ class Masked:
         if text is None:
             return None
         for value in sorted(self.values, key=len, reverse=True):
-            text = text.replace(value, MASK)
+            if len(value) >= 4:  # a shorter "secret" would mangle every word; quoted overrides are masked by key
+                text = text.replace(value, MASK)
         return text
 
 

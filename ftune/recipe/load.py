@@ -16,7 +16,7 @@ from pathlib import Path
 from ftune.errors import Location, Problem, RecipeError, UsageError
 from ftune.recipe import _yaml
 from ftune.recipe._interp import MASK, interpolate
-from ftune.recipe._secrets import Masked, mask_secrets, shown_override
+from ftune.recipe._secrets import Masked, mask_secrets, override_secrets, shown_override
 from ftune.recipe._overrides import apply_overrides, parse_overrides
 from ftune.recipe._schema import Issue, did_you_mean, translate
 from ftune.recipe._yaml import Marks
@@ -419,6 +419,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     raw = data
     data, issues = interpolate(data)
     masked = mask_secrets(raw, data)
+    masked.values |= override_secrets(overrides)
     issues += masked.issues
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
