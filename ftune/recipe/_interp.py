@@ -106,6 +106,21 @@ def _needed(data: dict, raws: list[str]) -> dict:
     return {k: v for k, v in data.items() if k in keys | holders}
 
 
+MAX_NESTING = 8
+"""`${...}` inside `${...}` (a default that is itself a reference), this many levels at most."""
+
+
+def _nesting(raw: str) -> int:
+    depth = deepest = 0
+    for i, ch in enumerate(raw):
+        if ch == "{" and i and raw[i - 1] == "$":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == "}" and depth:
+            depth -= 1
+    return deepest
+
+
 def interpolate(data: dict) -> tuple[dict, list[Issue]]:
     """Resolve every `${...}` in `data`; returns (resolved copy, issues). Secrets are masked after (_secrets)."""
     refs = [(p, v) for p, v in leaves(data) if isinstance(v, str) and "${" in v]
@@ -120,10 +135,15 @@ def interpolate(data: dict) -> tuple[dict, list[Issue]]:
     staged = copy.deepcopy(data)
     good: list[tuple[Path, str]] = []
     for path, raw in refs:  # check each string's syntax alone: one bad string must not hide the others
+        if _nesting(raw) > MAX_NESTING:  # omegaconf's grammar recurses: deep enough, it overflows the stack
+            issues.append(Issue(path, f"interpolations nested deeper than {MAX_NESTING} levels",
+                                "write ${key.path} or ${env:VAR,default}; a default may hold one more ${...}"))
+            _set(staged, path, None)
+            continue
         try:
             OmegaConf.create({"v": raw})
             good.append((path, raw))
-        except OmegaConfBaseException as err:
+        except (OmegaConfBaseException, RecursionError) as err:
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(staged, path, None)
     cfg = OmegaConf.create(_needed(staged, [raw for _, raw in good] if good else []))
@@ -137,7 +157,7 @@ def interpolate(data: dict) -> tuple[dict, list[Issue]]:
             if isinstance(value, (DictConfig, ListConfig)):
                 value = OmegaConf.to_container(value, resolve=True)
             _set(out, path, value)
-        except OmegaConfBaseException as err:
+        except (OmegaConfBaseException, RecursionError) as err:  # a chain of references too long to follow
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(out, path, None)
     return out, issues

@@ -292,3 +292,8 @@ def test_non_finite_override_is_refused(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["data.eval={split: .nan}"])
     assert (p.path, p.message, where(p)) == ("data.eval.split", "nan is not a finite number (override 'data.eval={split: .nan}')",
                                             ("override", None, None))
+
+
+def test_deeply_nested_interpolation_is_located_not_a_crash(tmp_path):
+    (p,) = errors(tmp_path, GOOD + 'description: "' + "${env:A," * 3000 + "x" + "}" * 3000 + '"\n')
+    assert (p.path, p.message, where(p)) == ("description", "interpolations nested deeper than 8 levels", ("r.yaml", 9, 14))
