@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _origin_text(where: Location | None, path: str = "", overrides: tuple[str, ...] = ()) -> str:
+    from ftune.recipe._secrets import shown_override
     from ftune.recipe.load import display
 
     if where is None:
@@ -31,7 +32,7 @@ def _origin_text(where: Location | None, path: str = "", overrides: tuple[str, .
         return f"{display(where.file)}:{where.line}:{where.column}"
     if where.origin == "override":
         arg = next((a for a in reversed(overrides) if (path + ".").startswith(a.partition("=")[0] + ".")), None)
-        return f"override {arg}" if arg else "override"
+        return f"override {shown_override(arg)}" if arg else "override"
     return where.origin or "default"
 
 
@@ -71,6 +72,7 @@ def annotated_yaml(data: dict, origins: dict[str, Location], overrides: tuple[st
 
 def run(args: argparse.Namespace) -> int:
     from ftune.recipe import load_recipe
+    from ftune.recipe._secrets import shown_override
     from ftune.recipe.load import display
 
     loaded = load_recipe(args.recipe, args.overrides)
@@ -85,10 +87,11 @@ def run(args: argparse.Namespace) -> int:
     sources = [display(f) for f in loaded.files]
     header = f"# resolved from {sources[0]}" + (f" (bases: {', '.join(sources[1:])})" if len(sources) > 1 else "")
     if args.overrides:
-        header += "\n# overrides: " + " ".join(args.overrides)
+        header += "\n# overrides: " + " ".join(shown_override(a) for a in args.overrides)
     if loaded.secrets:
         header += "\n# masked secrets (read from the environment at run time): " + ", ".join(
-            f"{k} <- ${v}" for k, v in loaded.secrets.items()
+            f"{k} <- ${v}" if v not in loaded.secret_env else f"{k} (passed to the run as ${v}, never written)"
+            for k, v in loaded.secrets.items()
         )
     if args.origin:
         data = loaded.recipe.model_dump(mode="json", exclude={"extends"})

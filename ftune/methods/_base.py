@@ -6,9 +6,9 @@ from pydantic import BaseModel, ConfigDict
 
 
 class MethodConfig(BaseModel):
-    """Base of every `peft:` section: strict keys, frozen, documented fields."""
+    """Base of every `peft:` section: strict keys, finite numbers, frozen, documented fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     @property
     def uses_peft_library(self) -> bool:

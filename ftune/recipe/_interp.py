@@ -3,8 +3,7 @@
 `${name}`, `${model.path}` refer to other keys (by dotted path from the top); `${env:VAR}` and
 `${env:VAR,default}` (or omegaconf's `${oc.env:...}`) read the environment. Each reference is
 resolved on its own so that every bad one is reported, at its own key. A value read from an
-environment variable whose name marks a secret (TOKEN, KEY, ...) is replaced by MASK: the worker
-reads it from the environment again (`Plan.secret(path)`), so it never lands in a file.
+environment variable whose name marks a secret (TOKEN, KEY, ...) is masked afterwards (`_secrets`).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 from ftune.recipe._schema import Issue, did_you_mean
 
 Path = tuple[str | int, ...]
+KeyPath = Path
 
 MASK = "***"
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASS", "CREDENTIAL", "AUTH")
@@ -106,11 +106,26 @@ def _needed(data: dict, raws: list[str]) -> dict:
     return {k: v for k, v in data.items() if k in keys | holders}
 
 
-def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
-    """Resolve every `${...}` in `data`; returns (resolved copy, issues, secrets: dotted path → env var)."""
+MAX_NESTING = 8
+"""`${...}` inside `${...}` (a default that is itself a reference), this many levels at most."""
+
+
+def _nesting(raw: str) -> int:
+    depth = deepest = 0
+    for i, ch in enumerate(raw):
+        if ch == "{" and i and raw[i - 1] == "$":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == "}" and depth:
+            depth -= 1
+    return deepest
+
+
+def interpolate(data: dict) -> tuple[dict, list[Issue]]:
+    """Resolve every `${...}` in `data`; returns (resolved copy, issues). Secrets are masked after (_secrets)."""
     refs = [(p, v) for p, v in leaves(data) if isinstance(v, str) and "${" in v]
     if not refs:
-        return data, [], {}
+        return data, []
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -120,10 +135,15 @@ def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
     staged = copy.deepcopy(data)
     good: list[tuple[Path, str]] = []
     for path, raw in refs:  # check each string's syntax alone: one bad string must not hide the others
+        if _nesting(raw) > MAX_NESTING:  # omegaconf's grammar recurses: deep enough, it overflows the stack
+            issues.append(Issue(path, f"interpolations nested deeper than {MAX_NESTING} levels",
+                                "write ${key.path} or ${env:VAR,default}; a default may hold one more ${...}"))
+            _set(staged, path, None)
+            continue
         try:
             OmegaConf.create({"v": raw})
             good.append((path, raw))
-        except OmegaConfBaseException as err:
+        except (OmegaConfBaseException, RecursionError) as err:
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(staged, path, None)
     cfg = OmegaConf.create(_needed(staged, [raw for _, raw in good] if good else []))
@@ -137,36 +157,7 @@ def interpolate(data: dict) -> tuple[dict, list[Issue], dict[str, str]]:
             if isinstance(value, (DictConfig, ListConfig)):
                 value = OmegaConf.to_container(value, resolve=True)
             _set(out, path, value)
-        except OmegaConfBaseException as err:
+        except (OmegaConfBaseException, RecursionError) as err:  # a chain of references too long to follow
             issues.append(Issue(path, *_message(err, raw, data)))
             _set(out, path, None)
-    secrets = _mask_secrets(out, refs)
-    return out, issues, secrets
-
-
-def _mask_secrets(out: dict, refs: list[tuple[Path, str]]) -> dict[str, str]:
-    """Replace secret values by MASK wherever they ended up (also through references); path → env var.
-
-    A secret inside a longer string masks the whole string: the worker can only restore whole values
-    (`Plan.secret`), so write `hub_token: ${env:HF_TOKEN}` where the value is needed.
-    """
-    values: dict[str, str] = {}  # secret value → env var
-    for _, raw in refs:
-        for name in _ENV_REF.findall(raw):
-            if is_secret_name(name) and os.environ.get(name):
-                values[os.environ[name]] = name
-    secrets: dict[str, str] = {}
-    if not values:
-        return secrets
-    own = {path: _ENV_REF.findall(raw) for path, raw in refs}  # the variables each value names itself
-    for path, value in list(leaves(out)):
-        if not isinstance(value, str):
-            continue
-        if value in values:
-            _set(out, path, MASK)
-            named = [n for n in own.get(path, ()) if os.environ.get(n) == value]
-            secrets[_dotted(path)] = named[0] if named else values[value]
-        elif any(secret in value for secret in values):  # part of a longer string: the whole value is masked
-            _set(out, path, MASK)
-            secrets[_dotted(path)] = next(n for s, n in values.items() if s in value)
-    return secrets
+    return out, issues

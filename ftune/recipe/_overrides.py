@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ftune.errors import Location, UsageError
 from ftune.recipe import _yaml
 from ftune.recipe._schema import check_key
+from ftune.recipe._secrets import shown_override
 from ftune.recipe._yaml import Marks
 
 KeyPath = tuple[str | int, ...]
@@ -41,7 +42,7 @@ def parse_overrides(args: Sequence[str]) -> list[Override]:
         out.append(Override(arg, parts, _override_value(text), delete))
     if bad:
         raise UsageError(
-            "invalid override" + ("s" if len(bad) > 1 else "") + ": " + ", ".join(repr(b) for b in bad),
+            "invalid override" + ("s" if len(bad) > 1 else "") + ": " + ", ".join(repr(shown_override(b)) for b in bad),
             hint="write key.path=value (e.g. train.max_steps=5) or ~key.path to delete a key",
         )
     return out
@@ -71,15 +72,15 @@ def apply_overrides(data: dict, marks: dict[KeyPath, Marks], overrides: list[Ove
     method = last_method or (peft.get("method") if isinstance(peft, dict) else None) or "lora"
     for o in overrides:
         if isinstance(o.value, _Refused):
-            ctx.add(f"{o.value.reason} (override '{o.arg}')", o.parts, "recipes are data, never code", OVERRIDE)
+            ctx.add(f"{o.value.reason} (override '{shown_override(o.arg)}')", o.parts, "recipes are data, never code", OVERRIDE)
             continue
         if o.parts[0] == "extends":
-            ctx.add(f"`extends` can't be overridden (override '{o.arg}')", "extends",
+            ctx.add(f"`extends` can't be overridden (override '{shown_override(o.arg)}')", "extends",
                     "write a small recipe that extends the one you want", OVERRIDE)
             continue
         issue = None if o.delete and _exists(data, o.parts) else check_key(o.parts, str(method), data)
         if issue is not None:
-            ctx.add(f"{issue.message} (override '{o.arg}')", issue.path, issue.hint, OVERRIDE)
+            ctx.add(f"{issue.message} (override '{shown_override(o.arg)}')", issue.path, issue.hint, OVERRIDE)
             continue
         node = data
         for part in o.parts[:-1]:

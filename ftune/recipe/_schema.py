@@ -305,6 +305,9 @@ def _one(err: dict, step: _Step) -> Issue:
         ctx = err.get("ctx", {})
         bound = range_text(step.field, name) or " and ".join(f"{name} {ops[k]} {v}" for k, v in ctx.items() if k in ops)
         return Issue(path, f"{show(value)} is out of range", f"allowed range: {bound}")
+    if kind == "finite_number":
+        bound = range_text(step.field, name)
+        return Issue(path, f"{show(value)} is not a finite number", f"allowed range: {bound}" if bound else _describe(step))
     if kind in ("too_short", "too_long"):
         ctx = err.get("ctx", {})
         bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")

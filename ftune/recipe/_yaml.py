@@ -2,7 +2,8 @@
 
 PyYAML composes the node graph; this module walks it itself so that it can record positions,
 refuse duplicate keys, non-standard tags (`!!python/object`, custom `!tags`) and recursive aliases,
-and stop alias bombs after a fixed number of expanded nodes (well within a second).
+stop alias bombs after a fixed number of expanded nodes (well within a second), and refuse nesting
+deeper than MAX_DEPTH before composing (PyYAML composes recursively: 100,000 `[` overflow the C stack).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ Path = tuple[str | int, ...]
 
 MAX_NODES = 100_000
 """Nodes a document may expand to (aliases counted each time they are used)."""
+MAX_DEPTH = 64
+"""Levels of nested mappings and lists a recipe may have (a real recipe has under 10)."""
 
 _T = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_T + t for t in ("null", "bool", "int", "float", "str", "timestamp")}
@@ -74,6 +77,40 @@ def _expanded_size(root: Node) -> int:
     return sizes[id(root)]
 
 
+def _too_deep(text: str, loader_class: type) -> yaml.Mark | None:
+    """Where the text first nests deeper than MAX_DEPTH, from the event stream (the parser keeps an explicit
+    stack; only composing recurses); None when it doesn't, or when a syntax error comes first (parsing
+    reports that one). Stops at the first level too deep, so the scan is short for hostile input."""
+    loader = loader_class(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return event.start_mark
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return None
+    finally:
+        loader.dispose()
+    return None
+
+
+def _depth_problem(file: str, mark) -> Problem:
+    return Problem(
+        f"the document nests deeper than {MAX_DEPTH} levels",
+        hint="a recipe is a few levels of sections and lists: check for unclosed brackets",
+        location=_loc(file, mark),
+    )
+
+
+class _TooDeep(Exception):
+    pass
+
+
 class _TooManyNodes(Exception):
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -110,6 +147,9 @@ class _Walker:
         self.count += 1
         if self.count > MAX_NODES:
             raise _TooManyNodes(node)
+        if len(path) > MAX_DEPTH:  # through aliases, a document can nest deeper than it is written
+            self.doc.problems.append(_depth_problem(self.file, node.start_mark))
+            raise _TooDeep
         if node.tag not in _ALLOWED_TAGS:
             tag = "!!" + node.tag[len(_T) :] if node.tag.startswith(_T) else node.tag
             self.problem(
@@ -174,7 +214,10 @@ _FAST = getattr(yaml, "CSafeLoader", None)  # libyaml: several times faster; err
 
 
 def parse(text: str, file: str) -> Document:
-    """Parse one YAML document; problems (syntax, tags, duplicates, bombs) are collected, not raised."""
+    """Parse one YAML document; problems (syntax, tags, duplicates, bombs, depth) are collected, not raised."""
+    deep = _too_deep(text, _FAST or yaml.SafeLoader)
+    if deep is not None:
+        return Document(data=None, problems=[_depth_problem(file, deep)])
     if _FAST is not None:
         try:
             return _parse(text, file, _FAST)
@@ -210,6 +253,8 @@ def _parse(text: str, file: str, loader_class: type) -> Document:
                 f"the document expands to more than {MAX_NODES:,} nodes through aliases (a YAML alias bomb?)",
                 "recipes don't need deeply nested aliases: write the values out",
             )
+        except _TooDeep:
+            walker.doc = Document(data=None, problems=walker.doc.problems)
         return walker.doc
     finally:
         loader.dispose()

@@ -16,6 +16,7 @@ from pathlib import Path
 from ftune.errors import Location, Problem, RecipeError, UsageError
 from ftune.recipe import _yaml
 from ftune.recipe._interp import MASK, interpolate
+from ftune.recipe._secrets import Masked, mask_secrets, override_secrets, shown_override
 from ftune.recipe._overrides import apply_overrides, parse_overrides
 from ftune.recipe._schema import Issue, did_you_mean, translate
 from ftune.recipe._yaml import Marks
@@ -40,6 +41,14 @@ class LoadedRecipe:
     """Dotted path → file:line:col, Location(origin="override") or Location(origin="default")."""
     secrets: dict[str, str] = field(default_factory=dict)
     """Dotted path → environment variable whose (masked) value belongs there."""
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Variables ftune generated for secrets that came without one (an override `model.hub_token=hf_...`,
+    a literal): name → real value. `ftune run` sets them in the workers' environment, never on disk."""
+
+    def secret(self, path: str) -> str | None:
+        """The real value of the masked field at `path` (in this process: the generated variables too)."""
+        env = self.secrets.get(path)
+        return (self.secret_env.get(env) or os.environ.get(env)) if env else None
 
     def locate(self, path: str) -> Location:
         """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
@@ -88,10 +97,18 @@ def dotted(path: KeyPath) -> str:
 @dataclass
 class _Load:
     root: Path
+    """The top-level recipe file: its folder, and the FTUNE_RECIPE_PATH roots, hold every base."""
     files: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     override_args: dict[KeyPath, str] = field(default_factory=dict)
     incomplete: bool = False  # a file couldn't be read or parsed: what's missing from it isn't reported
+    lost_base: bool = False  # a base was refused or not found: a key missing may be one it would have set
+    composed: dict[Path, tuple[dict, dict] | None] = field(default_factory=dict)
+    """Each base composed once per load: a fan-out of bases costs their number, not the paths through them."""
+    roots: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.roots = (self.root.parent, *recipe_roots())
 
     def add(self, message: str, path: KeyPath | str = "", hint: str | None = None, where: Location | None = None):
         loc = where or Location(str(self.root), 1, 1)
@@ -99,6 +116,39 @@ class _Load:
 
 
 # ------------------------------------------------------------------------------------ extends/merge
+MAX_EXTENDS_DEPTH = 32
+"""Files in one chain of `extends` (a recipe, its base, the base's base, ...)."""
+MAX_RECIPE_BYTES = 1 << 20
+"""Size of one recipe or base file (a real one is a few kB)."""
+RECIPE_PATH_ENV = "FTUNE_RECIPE_PATH"
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def recipe_roots() -> list[Path]:
+    """Folders named in FTUNE_RECIPE_PATH (os.pathsep-separated), resolved; bases may live there too."""
+    return [Path(p).expanduser().resolve() for p in os.environ.get(RECIPE_PATH_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def _resolve(file: Path, rel: str) -> Path | None:
+    """`extends: rel` in `file`, absolute with symlinks followed; None for a path that can't be one."""
+    try:
+        return (file.parent / rel).resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+        return None
+
+
+def _refusal(rel: str, base: Path, ctx: _Load) -> tuple[str, str] | None:
+    """Why `extends: rel` (resolved to `base`, symlinks followed) may not be read, or None. Decided on the
+    name alone: the target is never opened, listed or stat'ed, so nothing of it reaches a message."""
+    if not any(base.is_relative_to(root) for root in ctx.roots):
+        return (
+            f"base recipe {rel!r} is outside the recipe's folder",
+            f"bases live under {display(ctx.root.parent)} (the folder of the recipe you ran) or under a folder "
+            f"listed in ${RECIPE_PATH_ENV}; symlinks count where they point",
+        )
+    if base.suffix.lower() not in _YAML_SUFFIXES:
+        return f"base recipe {rel!r} is not a YAML file", "a base is a .yaml or .yml recipe file"
+    return None
 def _method_changes(path: KeyPath, base: dict, top: dict) -> bool:
     """A `peft:` section naming another method replaces the base's instead of merging into it."""
     return path == ("peft",) and "method" in top and base.get("method", "lora") != top["method"]
@@ -155,14 +205,38 @@ def _parse_cached(text: str, file: Path) -> _yaml.Document:
     return _PARSED[key]
 
 
+def _read(file: Path, ctx: _Load) -> str | None:
+    try:
+        if file.stat().st_size > MAX_RECIPE_BYTES:
+            ctx.add(f"{display(file)} is larger than {MAX_RECIPE_BYTES >> 20} MiB: not a recipe",
+                    hint="a recipe is a small YAML file", where=Location(str(file)))
+            return None
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        ctx.add(f"can't read {display(file)}: not UTF-8 text (byte {err.start})", where=Location(str(file)))
+    except OSError as err:
+        ctx.add(f"can't read {display(file)}: {err.strerror or err}", where=Location(str(file)))
+    return None
+
+
 def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dict] | None:
-    """The file's data and marks with its bases merged under it; problems go to ctx."""
+    """The file's data and marks with its bases merged under it; problems go to ctx.
+
+    A base is composed once per load (memoised in ctx), so its problems are reported once too.
+    """
+    if stack and file in ctx.composed:
+        return ctx.composed[file]
+    result = _compose_once(file, stack, ctx)
+    if stack:
+        ctx.composed[file] = result
+    return result
+
+
+def _compose_once(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dict] | None:
     if str(file) not in ctx.files:
         ctx.files.append(str(file))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        ctx.add(f"can't read {display(file)}: {err}", where=Location(str(file)))
+    text = _read(file, ctx)
+    if text is None:
         ctx.incomplete = True
         return None
     doc = _parse_cached(text, file)
@@ -180,7 +254,17 @@ def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dic
         return None
     merged: tuple[dict, dict] = ({}, {})
     for rel, where in _extends_entries(doc, ctx, file):
-        base = (file.parent / rel).resolve()
+        base = _resolve(file, rel)
+        refused = _refusal(rel, base, ctx) if base is not None else (f"invalid path {rel!r}", "write a relative path")
+        if refused:
+            ctx.add(refused[0], "extends", refused[1], where)
+            ctx.lost_base = True
+            continue
+        if len(stack) + 1 >= MAX_EXTENDS_DEPTH and base not in stack and base != file:
+            ctx.add(f"the chain of `extends` is longer than {MAX_EXTENDS_DEPTH} files", "extends",
+                    "a recipe needs a base or two: flatten the chain", where)
+            ctx.lost_base = True
+            continue
         if base == file or base in stack:
             loop = stack[stack.index(base) :] if base in stack else ()
             chain = " → ".join(os.path.relpath(p, ctx.root.parent) for p in (*loop, file, base))
@@ -191,6 +275,7 @@ def _compose(file: Path, stack: tuple[Path, ...], ctx: _Load) -> tuple[dict, dic
             guess = did_you_mean(base.name, near)
             hint = f"did you mean '{guess}'?" if guess else "paths in `extends` are relative to the recipe file"
             ctx.add(f"base recipe not found: {rel} (looked for {display(base)})", "extends", hint, where)
+            ctx.lost_base = True
             continue
         sub = _compose(base, (*stack, file), ctx)
         if sub is not None:
@@ -214,7 +299,7 @@ def recipe_bases(path: str | Path) -> list[str]:
         return []
     value = doc.data.get("extends")
     names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    return [str((file.parent / n).resolve()) for n in names if isinstance(n, str)]
+    return [str(base) for n in names if isinstance(n, str) and (base := _resolve(file, n)) is not None]
 
 
 # ------------------------------------------------------------------------------------- locating
@@ -229,7 +314,7 @@ def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: _Load)
     where = marks[p].value if exact and anchor == "value" else marks[p].key
     if where.origin == "override":
         arg = ctx.override_args.get(p) or next((a for q, a in ctx.override_args.items() if q == p[: len(q)]), "")
-        return where, f" (override '{arg}')" if arg else ""
+        return where, f" (override '{shown_override(arg)}')" if arg else ""
     return where, ""
 
 
@@ -335,16 +420,29 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     apply_overrides(data, marks, parsed, ctx)
     if isinstance(data.get("peft"), dict) and "method" not in data["peft"]:
         data["peft"] = {"method": "lora", **data["peft"]}  # a peft section without a method is LoRA
-    data, issues, secrets = interpolate(data)
+    raw = data
+    data, issues = interpolate(data)
+    masked = mask_secrets(raw, data)
+    masked.values |= override_secrets(overrides)
+    issues += masked.issues
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
     reported = {p.path for p in ctx.problems}  # e.g. a bad `extends` value, already reported while composing
-    issues += [i for i in schema_issues if i.path not in bad and dotted(i.path) not in reported]
+    issues += [i for i in schema_issues if i.path not in bad and dotted(i.path) not in reported
+               and not (ctx.lost_base and i.anchor == "parent")]  # "missing": the lost base may set it
     issues += _rule_issues(data, issues, (recipe, schema_issues))
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
     if ctx.problems or recipe is None:
+        ctx.problems = [_scrubbed(p, masked) for p in ctx.problems]
         raise RecipeError(_sorted(ctx), display(file))
-    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), secrets)
+    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), masked.secrets, masked.env)
+
+
+def _scrubbed(p: Problem, masked: Masked) -> Problem:
+    """The problem with any secret value in its text masked (a message may quote a value or an override)."""
+    if not masked.values:
+        return p
+    return Problem(masked.scrub(p.message) or "", p.path, masked.scrub(p.hint), p.location, p.severity)
 
 
 def _sorted(ctx: _Load) -> list[Problem]:

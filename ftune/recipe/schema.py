@@ -17,9 +17,9 @@ SCHEMA_VERSION = 1
 
 
 class Section(BaseModel):
-    """Base of every section: unknown keys are errors, values are frozen after validation."""
+    """Base of every section: unknown keys are errors, numbers are finite, values are frozen after validation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------- model

@@ -305,3 +305,26 @@ def test_yaml_boolean_in_an_override_says_to_quote_it(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["train.mixed_precision=off"])
     assert (p.path, where(p), p.hint) == ("train.mixed_precision", ("override", None, None),
                                           "quote it: 'no' (allowed values: no, fp16, bf16)")
+
+
+@pytest.mark.parametrize("yaml_value, shown", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), ("1e999", "'1e999'")])
+def test_non_finite_numbers_refused_where_the_schema_takes_numbers(tmp_path, yaml_value, shown):
+    text = GOOD + f"  learning_rate: {yaml_value}\n  max_grad_norm: {yaml_value}\npeft: {{dropout: {yaml_value}}}\n"
+    found = errors(tmp_path, text)
+    assert [(p.path, p.message, where(p)) for p in found] == [
+        ("train.learning_rate", f"{shown} is not a finite number", ("r.yaml", 9, 18)),
+        ("train.max_grad_norm", f"{shown} is not a finite number", ("r.yaml", 10, 18)),
+        ("peft.dropout", f"{shown} is not a finite number", ("r.yaml", 11, 17)),
+    ]
+    assert found[0].hint == "allowed range: learning_rate > 0"
+
+
+def test_non_finite_override_is_refused(tmp_path):
+    (p,) = errors(tmp_path, GOOD, ["data.eval={split: .nan}"])
+    assert (p.path, p.message, where(p)) == ("data.eval.split", "nan is not a finite number (override 'data.eval={split: .nan}')",
+                                            ("override", None, None))
+
+
+def test_deeply_nested_interpolation_is_located_not_a_crash(tmp_path):
+    (p,) = errors(tmp_path, GOOD + 'description: "' + "${env:A," * 3000 + "x" + "}" * 3000 + '"\n')
+    assert (p.path, p.message, where(p)) == ("description", "interpolations nested deeper than 8 levels", ("r.yaml", 9, 14))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def test_value_mutations(data):
 ), max_size=4))
 def test_override_mutations(overrides):
     check(SEED, overrides)
+
+
+@SETTINGS
+@given(
+    st.lists(st.sampled_from(["[", "{a: ", "- ", "a:\n" + " " * 2]), min_size=1, max_size=300),
+    st.lists(st.lists(st.integers(0, 7), max_size=3), min_size=8, max_size=8),
+    st.lists(st.sampled_from(["/etc/passwd", "../out.yaml", "nope.yaml", "x.txt", "", "\x00"]), max_size=2),
+)
+def test_hostile_structures(openers, graph, strays):
+    """Deep nesting and any graph of bases (cycles, fan-out, escapes): a report or a recipe, quickly."""
+    import time
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "in"
+        root.mkdir()
+        (Path(d) / "out.yaml").write_text("description: OUTSIDE-TEXT\n")
+        (root / "x.txt").write_text("TXT-TEXT\n")
+        for i, edges in enumerate(graph):
+            bases = [f"b{j}.yaml" for j in edges] + (strays if i == 0 else [])
+            body = "".join(openers) if i == 7 else f"train: {{seed: {i}}}\n"
+            (root / f"b{i}.yaml").write_text(f"extends: {json.dumps(bases)}\n{body}")
+        (root / "r.yaml").write_text(SEED + "extends: [b0.yaml]\n")
+        start = time.perf_counter()
+        try:
+            load_recipe(root / "r.yaml")
+        except RecipeError as err:
+            text = err.render()
+            assert "OUTSIDE-TEXT" not in text and "TXT-TEXT" not in text
+            assert all(p.location.file is not None for p in err.problems)
+        assert time.perf_counter() - start < 2.0
