@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from ftune.errors import EXIT_OK, FtuneError
@@ -25,13 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
 
 
-def load_tokenizer(recipe, secrets: dict[str, str]):
+def load_tokenizer(recipe, token: str | None):
     """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
     from ftune.plan.compile import tokenizer_source
     from ftune.worker import tokenizer
 
-    env = secrets.get("model.hub_token")
-    return tokenizer.load(tokenizer_source(recipe), recipe, token=os.environ.get(env) if env else None)
+    return tokenizer.load(tokenizer_source(recipe), recipe, token=token)
 
 
 def samples(ds, n: int, task: str) -> list[dict]:
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         import datasets
 
         datasets.disable_progress_bars()
-    tok = load_tokenizer(recipe, loaded.secrets)
+    tok = load_tokenizer(recipe, loaded.secret("model.hub_token"))
 
     from ftune.worker.data import build
 

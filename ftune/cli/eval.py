@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ftune.errors import FtuneError
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from ftune.recipe import load_recipe
 
     loaded = load_recipe(args.recipe, args.overrides)
+    os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
     plan = compile_plan(loaded, check_inputs=False)
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():

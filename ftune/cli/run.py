@@ -31,4 +31,4 @@ def run(args: argparse.Namespace) -> int:
     from ftune.launch.launcher import launch
 
     console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
-    return launch(plan, loaded.resolved_yaml(), debug=getattr(args, "debug", False))
+    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False))

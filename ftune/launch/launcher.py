@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from ftune.errors import EXIT_INTERRUPTED, FtuneError, RunError
@@ -59,11 +60,13 @@ def _wait_after_interrupt(proc: subprocess.Popen, grace: float = 60.0) -> None:
         proc.wait()
 
 
-def launch(plan, resolved_yaml: str, *, debug: bool = False) -> int:
+def launch(plan, resolved_yaml: str, *, secret_env: Mapping[str, str] = {}, debug: bool = False) -> int:
+    """Write the run dir and run the workers. `secret_env`: secrets given on the command line, handed to the workers
+    through their environment only (never written to the run dir)."""
     run = plan.run
     created = _prepare_run_dir(plan)
     write_inputs(plan, resolved_yaml)
-    env = dict(os.environ, **WORKER_ENV, **plan.launch.env)
+    env = dict(os.environ, **WORKER_ENV, **plan.launch.env, **secret_env)
     if debug:
         env["FTUNE_DEBUG"] = "1"
     # Same process group as ftune: a kill of ftune's group (a scheduler, a test) also stops the workers.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ftune.recipe import is_secret_name
+from ftune.recipe import shown_override
 
 PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
             "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
@@ -50,7 +50,7 @@ def environment(recipe_file: str) -> dict:
         "packages": versions,
         "git_commit": _git_commit(Path(recipe_file).parent),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "argv": [a for a in sys.argv[1:] if "=" not in a or not is_secret_name(a)],  # `model.hub_token=...` dropped
+        "argv": [shown_override(a) for a in sys.argv[1:]],  # `model.hub_token=***`
     }
 
 
