@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from ftune.launch import launcher, rundir
+from ftune.launch import launcher
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe
 
@@ -16,11 +16,14 @@ def test_override_secret_reaches_the_worker_env_only(tmp_path, monkeypatch):
         def wait(self, timeout=None):
             return 0
 
-    def popen(command, env, preexec_fn):
-        seen.update(env)
+    real = launcher.subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if "ftune.worker" not in command:  # platform/git probes: the real thing
+            return real(command, *args, **kwargs)
+        seen.update(kwargs["env"])
         return Proc()
 
-    monkeypatch.setattr(rundir, "_git_commit", lambda cwd: None)  # no other subprocess than the launch
     monkeypatch.setattr(launcher.subprocess, "Popen", popen)
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "model": {"path": "m"}, "data": {"train": [{"path": "d.jsonl"}]},
