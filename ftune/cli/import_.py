@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ftune.importers import convert
-    from ftune.importers._core import validate
+    from ftune.importers import validate
 
     imported = convert(args.peer, args.file)
     command = shlex.join(["ftune", "import", args.peer, imported.source] + (["-o", args.output] if args.output else []))
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         summary += f", {len(imported.notes)} note{'s' if len(imported.notes) != 1 else ''} to check (comments at the top)"
     print(summary, file=sys.stderr)
     if problems:
-        from ftune.cli._console import print_problems
+        from ftune.cli.console import print_problems
 
         print("the imported recipe does not validate yet; fix these by hand:", file=sys.stderr)
         print_problems(problems, sys.stderr)

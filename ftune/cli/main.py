@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except FtuneError as err:
         if debug:
             raise
-        from ftune.cli._console import print_error
+        from ftune.cli.console import print_error
 
         print_error(err)
         return err.exit_code

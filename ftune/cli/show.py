@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _origin_text(where: Location | None, path: str = "", overrides: tuple[str, ...] = ()) -> str:
-    from ftune.recipe._secrets import shown_override
+    from ftune.recipe import shown_override
     from ftune.recipe.load import display
 
     if where is None:
@@ -72,7 +72,7 @@ def annotated_yaml(data: dict, origins: dict[str, Location], overrides: tuple[st
 
 def run(args: argparse.Namespace) -> int:
     from ftune.recipe import load_recipe
-    from ftune.recipe._secrets import shown_override
+    from ftune.recipe import shown_override
     from ftune.recipe.load import display
 
     loaded = load_recipe(args.recipe, args.overrides)

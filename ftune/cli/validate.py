@@ -186,7 +186,7 @@ def render(reports: list[Report], fmt: str, skipped: int) -> None:
                     text += f" ({p.hint})"
                 print(f"::{p.severity} {','.join(props)}::{_github(text)}")
         return
-    from ftune.cli._console import print_line, print_problems
+    from ftune.cli.console import print_line, print_problems
 
     for r in reports:
         if r.valid:

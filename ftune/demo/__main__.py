@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned}
         (workdir / "runs" / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     except FtuneError as err:
-        from ftune.cli._console import print_error
+        from ftune.cli.console import print_error
 
         print_error(err)
         return err.exit_code

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from ftune.importers._core import Imported, Unmapped
+from ftune.importers._core import Imported, Unmapped, validate
 
-__all__ = ["PEERS", "Imported", "Unmapped", "convert"]
+__all__ = ["PEERS", "Imported", "Unmapped", "convert", "validate"]
 
 # peer name (as typed on the command line) -> module
 PEERS: dict[str, str] = {

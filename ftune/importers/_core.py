@@ -109,7 +109,7 @@ class Context:
 # ------------------------------------------------------------------------------------------ reading
 def read(peer: str, file: str | Path) -> tuple[dict, dict[PeerPath, int]]:
     """The peer config as plain data and the line of each key; a located FtuneError (exit 1) when it can't be read."""
-    from ftune.recipe import _yaml
+    from ftune.recipe import parse_yaml
 
     path = Path(file)
     shown = str(file)
@@ -121,7 +121,7 @@ def read(peer: str, file: str | Path) -> tuple[dict, dict[PeerPath, int]]:
         raise FtuneError(f"{peer} config not found: {shown}", hint="check the path", location=Location(shown)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise FtuneError(f"can't read {shown}: {err}", hint="give a readable YAML file", location=Location(shown)) from None
-    doc = _yaml.parse(text, shown)
+    doc = parse_yaml(text, shown)
     if doc.problems:
         raise RecipeError(doc.problems, shown)
     if doc.data is None or doc.data == {}:

@@ -69,7 +69,7 @@ def test_heavy_command_without_the_stack_names_the_extra(command):
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith(f"error: `ftune {command}` needs the training stack; not installed: torch, transformers")
     assert lines[1].strip().startswith('hint: pip install "ftune[train]"')
-    assert lines[-1] == "LOADED=ftune.cli._console,ftune.cli.main", "the command module and the stack stay unimported"
+    assert lines[-1] == "LOADED=ftune.cli.console,ftune.cli.main", "the command module and the stack stay unimported"
 
 
 def test_commands_table_requirements():

@@ -1,0 +1,107 @@
+"""The layout shows when code runs: a static check of every import inside `ftune/` (lazy ones included).
+
+Layers, lowest first; a module imports only from its own package or a lower layer:
+  0 ftune (version), errors                                    the error vocabulary
+  1 rundir, modeling, methods, tiny                            shared by both sides
+  2 recipe                                                     the recipe language
+  3 plan, importers                                            decisions before launch
+  4 estimate                                                   what a recipe will cost
+  5 launch | worker                                            parent side | child side: never each other
+  6 cli                                                        the commands
+  7 demo                                                       runs the commands
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "ftune"
+LAYERS = {
+    "ftune": 0, "errors": 0,
+    "rundir": 1, "modeling": 1, "methods": 1, "tiny": 1,
+    "recipe": 2,
+    "plan": 3, "importers": 3,
+    "estimate": 4,
+    "launch": 5, "worker": 5,
+    "cli": 6,
+    "demo": 7,
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_name(p): p for p in ROOT.rglob("*.py")}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for mod, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import sub` imports the submodule; `from pkg import name` the package itself
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names]
+            else:
+                continue
+            edges[mod] |= {n for n in names if n in modules and n != mod}
+    return {m: edges[m] for m in modules}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "ftune"
+
+
+GRAPH = _graph()
+
+
+def test_every_package_has_a_layer():
+    assert {_package(m) for m in GRAPH} <= set(LAYERS), "add new packages to LAYERS (and the docstring)"
+
+
+def test_no_upward_or_sideways_imports():
+    bad = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
+                 if _package(a) != _package(b) and LAYERS[_package(b)] >= LAYERS[_package(a)])
+    assert bad == []
+
+
+def test_launch_never_imports_the_worker_side():
+    assert not [b for a, targets in GRAPH.items() if _package(a) == "launch" for b in targets
+                if _package(b) == "worker"]
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_private_modules_stay_inside_their_package():
+    def private_owner(module: str) -> str | None:
+        parts = module.split(".")
+        for i, part in enumerate(parts):
+            if part.startswith("_") and not part.startswith("__"):
+                return ".".join(parts[:i])
+        return None
+
+    bad = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
+                 if (owner := private_owner(b)) and not (a == owner or a.startswith(owner + ".")))
+    assert bad == []
