@@ -45,13 +45,12 @@ def prepare(model, recipe: Recipe):
         )
     if gc and getattr(model, "config", None) is not None:
         model.config.use_cache = False
-    guard(model, recipe)
+    guard(model)
     return model
 
 
-def guard(model, recipe: Recipe | None = None) -> int:
-    """Keep bitsandbytes from repacking 4-bit weights for CPU inference; returns the layers guarded (`recipe`
-    is unused: any 4-bit model is guarded the same way).
+def guard(model) -> int:
+    """Keep bitsandbytes from repacking 4-bit weights for CPU inference; returns the layers guarded.
 
     Turns the repacking off on every 4-bit layer and undoes any repacking already done, so an eval or
     generation forward (before or during training) leaves gradients flowing. Idempotent; call it after
@@ -103,7 +102,7 @@ def recorded_quantization(final_dir: str | Path) -> QuantizationSection | None:
 def prepare_for_eval(model, recipe: Recipe):
     """A freshly loaded quantized base made numerically like the training one: guarded, and its other
     weights upcast to fp32 as k-bit preparation did (kept in the model dtype under FSDP). Eval mode."""
-    guard(model, recipe)
+    guard(model)
     if recipe.distributed.strategy != "fsdp":
         _upcast(model)
     return model.eval()
