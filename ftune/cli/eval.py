@@ -53,8 +53,7 @@ def evaluate(plan, model_dir: Path) -> dict:
     if bundle.eval is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
-    args = train.training_arguments(plan, output_dir=str(plan.run.eval_scratch), report_to="none",
-                                    eval_strategy="no", save_strategy="no", load_best_model_at_end=False)
+    args = train.eval_arguments(plan)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
     return trainer.evaluate(eval_dataset=bundle.eval)
 

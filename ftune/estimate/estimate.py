@@ -208,14 +208,14 @@ def _apply_method(model, recipe: Recipe):
 
 def _quantize_layout(model, recipe: Recipe) -> set[int]:
     """Ids of the weights bitsandbytes will quantize (chosen exactly as the quantize stage does), after
-    the k-bit preparation's upcast: without FSDP every other weight becomes fp32, as on the real model."""
+    the k-bit preparation's upcast (`upcasts`): every other weight becomes fp32, as on the real model."""
     if recipe.quantization is None:
         return set()
-    from ftune.plan.quantization import quantized_linears
+    from ftune.plan.quantization import quantized_linears, upcasts
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}
-    if recipe.distributed.strategy != "fsdp":
+    if upcasts(recipe):
         model.float()  # stand-ins for the 4-bit layers too: bitsandbytes returns its input's dtype
     return ids
 
@@ -412,6 +412,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     dist, train = recipe.distributed, recipe.train
     checkpointing = train.gradient_checkpointing or bool(dist.fsdp and dist.fsdp.activation_checkpointing)
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
+                  fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   double_quant=bool(recipe.quantization and recipe.quantization.double_quant))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,

@@ -219,6 +219,8 @@ class Layout:
     offload_params: bool = False
     master_weights: bool = False  # DeepSpeed mixed precision keeps fp32 copies of trainable weights
     double_quant: bool = False
+    fused_loss: bool = False  # Liger's fused linear cross-entropy: logits and their gradients never materialised
+    offload_activations: bool = False  # saved activations live in host memory between forward and backward
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,8 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     """Peak bytes on one device: weights + optimizer states, plus the larger of the backward phase
     (activations and the head's gradient) and the update phase (gradients and the update's scratch)."""
     spec, _ = optimizer_spec(layout.optimizer)
+    if layout.fused_loss:  # the head's saved fp32 log-probs and backward's two logits-sized gradients go away
+        profile = replace(profile, outside_bytes=max(profile.outside_bytes - profile.head_bytes, 0), head_bytes=0)
     n = max(layout.shard_ranks, 1)
     by_dtype = weights_by_dtype(params, layout.double_quant)
     w_total = sum(by_dtype.values())
@@ -285,7 +289,11 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     if master:
         items.append(MemoryItem("optimizer", "fp32 master weights", master))
     detail = "checkpointed: layer inputs + head" if layout.checkpointing else "saved for backward"
-    items.append(MemoryItem("activations", detail, profile.saved(layout.checkpointing), "backward"))
+    saved = profile.saved(layout.checkpointing)
+    if layout.offload_activations:  # on the device: the layer in flight (in forward, or brought back for backward)
+        offloaded += saved
+        saved, detail = max(profile.layer_bytes, default=0), "offloaded to host; one layer on the device"
+    items.append(MemoryItem("activations", detail, saved, "backward"))
     transient, what = profile.transient(layout.checkpointing)
     items.append(MemoryItem("temporary", what, transient, "backward"))
     items.append(MemoryItem("temporary", "optimizer update scratch", int(scratch * o_factor), "update"))
@@ -325,6 +333,12 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
         frozen = [replace(f, trainable=False) for f in facts]
         consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0)",
                  per_device(frozen, profile, layout))
+    if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
+        consider("use train.kernels: liger (fused linear cross-entropy: no logits-sized tensors)",
+                 per_device(facts, profile, replace(layout, fused_loss=True)))
+    if not layout.offload_activations:
+        consider("enable train.activation_offloading (activations in host memory)",
+                 per_device(facts, profile, replace(layout, offload_activations=True)))
     if recipe.train.per_device_batch_size > 1:
         b = recipe.train.per_device_batch_size
         scaled = _scale_profile(profile, 1 / b)

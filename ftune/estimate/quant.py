@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ftune.plan.quantization import quantized_linears
+from ftune.plan.quantization import quantized_linears, upcasts
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import Recipe
@@ -55,15 +55,15 @@ def _adapter_param_ids(model) -> set[int]:
 def estimate_bytes(recipe: Recipe, model) -> dict[str, int]:
     """`weight_bytes` predicted on the meta model, by bitsandbytes' layout (blocks of 64, 16/256-entry codes).
 
-    Unquantized weights count as fp32 (k-bit preparation upcasts them) except under FSDP (model dtype).
+    Unquantized weights count as fp32 where k-bit preparation upcasts them (`upcasts`), else in the model dtype.
     """
     q = recipe.quantization
     names = set(quantized_linears(recipe, model))
-    fsdp = recipe.distributed.strategy == "fsdp"
+    upcast = upcasts(recipe)
     loaded = {"float32": 4, "bfloat16": 2, "float16": 2}.get(recipe.model.dtype)
 
     def itemsize(p) -> int:
-        return (loaded or p.element_size()) if fsdp else 4
+        return 4 if upcast else (loaded or p.element_size())
 
     quantized = other = params = 0
     for name, module in model.named_modules():

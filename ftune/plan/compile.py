@@ -75,7 +75,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         problems += environment.inputs(recipe) + environment.run_dir(recipe, run)
     if gpus is None:
         problems += (environment.precision(recipe, device, mp) + environment.packages(recipe)
-                     + environment.devices(recipe, device, num_processes, recipe_dir))
+                     + environment.kernels(recipe, device) + environment.devices(recipe, device, num_processes,
+                                                                                    recipe_dir))
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
     if problems:

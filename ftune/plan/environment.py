@@ -98,6 +98,35 @@ def packages(recipe: Recipe) -> list[Problem]:
     return found
 
 
+def kernels(recipe: Recipe, device: str) -> list[Problem]:
+    """Kernels that need CUDA or an optional package: Liger, flash-attention, inductor's C++ compiler on CPU."""
+    import shutil
+
+    found: list[Problem] = []
+    t, m = recipe.train, recipe.model
+    if t.kernels == "liger":
+        if device != "cuda":
+            found.append(Problem.at("train.kernels", "Liger kernels are Triton GPU kernels; this run is on CPU",
+                                    "set `train.kernels: none` on CPU"))
+        elif importlib.util.find_spec("liger_kernel") is None:
+            found.append(Problem.at("train.kernels", "train.kernels: liger needs the liger-kernel package, which is "
+                                    "not installed", "pip install 'ftune[kernels]'   (liger-kernel)"))
+    if m.attn_implementation == "flash_attention_2":
+        if device != "cuda":
+            found.append(Problem.at("model.attn_implementation", "flash_attention_2 runs on CUDA GPUs only; this run "
+                                    "is on CPU", "use `model.attn_implementation: sdpa` on CPU"))
+        elif importlib.util.find_spec("flash_attn") is None:
+            found.append(Problem.at("model.attn_implementation", "flash_attention_2 needs the flash-attn package, "
+                                    "which is not installed", "pip install flash-attn --no-build-isolation   "
+                                    "(or use `model.attn_implementation: sdpa`)"))
+    if t.compile and (t.compile_backend or "inductor") == "inductor" and device == "cpu" \
+            and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        found.append(Problem.at("train.compile", "torch.compile's inductor backend generates C++ on CPU, and no C "
+                                "compiler (cc, gcc, clang) is on PATH", "install gcc, or set "
+                                "`train.compile_backend: aot_eager`"))
+    return found
+
+
 def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -> list[Problem]:
     """GPUs, the distributed packages and the files the distributed section names."""
     d = recipe.distributed

@@ -45,6 +45,15 @@ def bnb_config(q: QuantizationSection | None) -> dict[str, Any] | None:
     }
 
 
+def upcasts(recipe: Recipe) -> bool:
+    """Whether k-bit preparation upcasts the unquantized weights to fp32: `quantization.upcast_non_quantized`,
+    by default peft's upcast except under FSDP (one dtype per shard). The worker and the estimate both ask here."""
+    q = recipe.quantization
+    if q is not None and q.upcast_non_quantized is not None:
+        return q.upcast_non_quantized
+    return recipe.distributed.strategy != "fsdp"
+
+
 def needs_bitsandbytes(recipe: Recipe) -> bool:
     return recipe.quantization is not None or recipe.train.optimizer in BNB_OPTIMIZERS
 

@@ -75,13 +75,31 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         log_level=t.log_level,
         log_level_replica=t.log_level_replica,
         disable_tqdm=True,
-        include_num_input_tokens_seen="non_padding",
+        # no per-micro-batch token gather (a device sync every step): tokens/s comes from the data stage's counts
+        include_num_input_tokens_seen="no",
         remove_unused_columns=False,
         use_cpu=device == "cpu",
-        dataloader_num_workers=0,
+        **speed_kwargs(recipe, device),
     )
     kwargs.update(_distributed(accelerate_config, device=device, world_size=world_size))
     return kwargs
+
+
+def speed_kwargs(recipe: Recipe, device: str) -> dict[str, Any]:
+    """Speed levers: torch.compile, Liger kernels, length grouping, the dataloader."""
+    t = recipe.train
+    dl = t.dataloader
+    out: dict[str, Any] = dict(
+        # transformers 5: the sampler is named (LengthGroupedSampler for group_by_length)
+        train_sampling_strategy="group_by_length" if t.group_by_length else "random",
+        dataloader_num_workers=dl.workers,
+        dataloader_pin_memory=dl.pin_memory and device == "cuda",
+        dataloader_prefetch_factor=dl.prefetch_factor,
+        use_liger_kernel=t.kernels == "liger",
+    )
+    if t.compile:
+        out |= {"torch_compile": True, "torch_compile_backend": t.compile_backend or "inductor"}
+    return out
 
 
 def _distributed(cfg: dict[str, Any], *, device: str, world_size: int) -> dict[str, Any]:

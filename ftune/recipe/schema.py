@@ -140,6 +140,9 @@ class QuantizationSection(Section):
     """Storage dtype of packed 4-bit weights; for FSDP+QLoRA it must equal model.dtype."""
     skip_modules: list[str] | None = None
     """Modules left unquantized (e.g. lm_head)."""
+    upcast_non_quantized: bool | None = None
+    """k-bit preparation upcasts the unquantized weights (embeddings, norms, head) to fp32, as peft does; false
+    keeps them in the loaded dtype (less memory). Default: peft's upcast, except under FSDP (one dtype per shard)."""
 
 
 # ---------------------------------------------------------------------------------------- distributed
@@ -225,6 +228,15 @@ LR_SCHEDULERS = (
 )
 
 
+class DataloaderSection(Section):
+    workers: int = Field(0, ge=0)
+    """Worker processes that load batches; 0 loads them in the training process."""
+    pin_memory: bool = True
+    """Pin host memory for faster copies to the GPU (not used on CPU)."""
+    prefetch_factor: int | None = Field(None, ge=1)
+    """Batches each worker loads ahead (needs workers > 0)."""
+
+
 class EarlyStopping(Section):
     patience: int = Field(3, ge=1)
     """Evaluations without improvement before stopping."""
@@ -257,8 +269,9 @@ class TrainSection(Section):
     """Recompute activations in backward to save memory."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """Autocast precision (bf16 works on CPU)."""
-    optimizer: str = "adamw_torch"
-    """Any transformers `optim` name (adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, adalomo, ...)."""
+    optimizer: str = "adamw_torch_fused"
+    """Any transformers `optim` name (adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, ...);
+    the default is transformers' own with torch >= 2.8 (fused AdamW, on CPU too)."""
     optimizer_args: dict[str, bool | int | float | str | list[float] | list[str]] | None = None
     """Optimizer settings: `betas: [0.9, 0.95]` and `eps` for Adam-style optimizers; `target_modules` (required by
     galore_*/apollo_*) plus optimizer-specific keys such as `rank`, `update_proj_gap`, `scale` (transformers' optim_args)."""
@@ -279,6 +292,19 @@ class TrainSection(Section):
     """transformers log level on the main process."""
     log_level_replica: Literal["debug", "info", "warning", "error", "critical", "passive"] = "error"
     """transformers log level on the other processes."""
+    compile: bool = False
+    """torch.compile the model (CPU and GPU); the first steps pay the compile time."""
+    compile_backend: Literal["inductor", "aot_eager", "cudagraphs"] | None = None
+    """torch.compile backend (default inductor); `aot_eager` traces and compiles the graph without code generation."""
+    kernels: Literal["none", "liger"] = "none"
+    """Fused kernels: `liger` = Liger Kernel's RMSNorm, RoPE, SwiGLU and fused linear cross-entropy (logits are never
+    materialised). CUDA only; `pip install 'ftune[kernels]'`."""
+    group_by_length: bool = False
+    """Batch samples of similar length together (less padding); not with packing."""
+    dataloader: DataloaderSection = Field(default_factory=DataloaderSection)
+    """How batches are loaded."""
+    activation_offloading: bool = False
+    """Move activations saved for backward to CPU memory during forward and back for backward (long context)."""
 
 
 class EvalSection(Section):

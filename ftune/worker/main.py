@@ -65,7 +65,9 @@ def run_stages(plan: Plan) -> dict:
         report.header(console, plan, counts, bundle, quant_line)
         run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
 
-    trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console))
+    stats = bundle.report  # tokens per row iterated (packed rows when packing), as the data stage counted them
+    tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
+    trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console, tokens_per_step))
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
 

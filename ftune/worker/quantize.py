@@ -26,17 +26,19 @@ RECORD_FILE = "ftune.json"
 def prepare(model, recipe: Recipe):
     """Freeze the quantized base and make it trainable under adapters; returns the model.
 
-    Without FSDP this is peft's `prepare_model_for_kbit_training` (norms and the head upcast to fp32,
-    input grads, gradient checkpointing as `train.gradient_checkpointing` says). FSDP needs one dtype
-    per sharded unit, so there the fp32 upcast is skipped.
+    When the unquantized weights are upcast (`plan.quantization.upcasts`: peft's default, not under FSDP) this is
+    peft's `prepare_model_for_kbit_training` (norms and the head upcast to fp32, input grads, gradient
+    checkpointing as `train.gradient_checkpointing` says); otherwise the same without the upcast.
     """
+    from ftune.plan.quantization import upcasts
+
     gc = recipe.train.gradient_checkpointing
     gc_kwargs = {"use_reentrant": False}
-    if recipe.distributed.strategy == "fsdp":
+    if not upcasts(recipe):
         for p in model.parameters():
             p.requires_grad_(False)
         if gc:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gc_kwargs)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gc_kwargs)  # non-reentrant: no input grads
     else:
         from peft import prepare_model_for_kbit_training
 
@@ -103,7 +105,9 @@ def prepare_for_eval(model, recipe: Recipe):
     """A freshly loaded quantized base made numerically like the training one: guarded, and its other
     weights upcast to fp32 as k-bit preparation did (kept in the model dtype under FSDP). Eval mode."""
     guard(model)
-    if recipe.distributed.strategy != "fsdp":
+    from ftune.plan.quantization import upcasts
+
+    if upcasts(recipe):
         _upcast(model)
     return model.eval()
 

@@ -6,10 +6,16 @@ import math
 
 
 def training_arguments(plan, **replace):
-    """`TrainingArguments(**plan.trainer)`: the compiled kwargs unchanged (`replace` only for `ftune eval`)."""
+    """`TrainingArguments(**plan.trainer)`: the compiled kwargs unchanged (`replace` only for `eval_arguments`)."""
     from transformers import TrainingArguments
 
     return TrainingArguments(**(plan.trainer | replace))
+
+
+def eval_arguments(plan, output_dir=None):
+    """The run's TrainingArguments for evaluation alone (`ftune eval`): nothing saved, nothing reported."""
+    return training_arguments(plan, output_dir=str(output_dir or plan.run.eval_scratch), report_to="none",
+                              eval_strategy="no", save_strategy="no", load_best_model_at_end=False)
 
 
 def classification_metrics(eval_pred) -> dict:
@@ -32,11 +38,22 @@ def classification_metrics(eval_pred) -> dict:
 def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
     from transformers import EarlyStoppingCallback, PrinterCallback, Trainer
 
+    offload = plan.recipe.train.activation_offloading
+
     class FtuneTrainer(Trainer):
         def log(self, logs, start_time=None):
             if "eval_loss" in logs and plan.recipe.model.task == "causal-lm":
                 logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))
             super().log(logs, start_time)
+
+        def training_step(self, *args, **kwargs):
+            if not offload:
+                return super().training_step(*args, **kwargs)
+            import torch
+
+            # tensors saved for backward go to host memory in forward and come back in backward
+            with torch.autograd.graph.save_on_cpu(pin_memory=plan.device == "cuda"):
+                return super().training_step(*args, **kwargs)
 
     r = plan.recipe
     cbs = list(callbacks)

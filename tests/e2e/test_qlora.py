@@ -254,8 +254,7 @@ def _reloaded_eval_loss(run_dir, **load) -> float:
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
     model = quantize.load_for_eval(run_dir / "final", **load)
-    args = train.training_arguments(plan, {"output_dir": str(run_dir / "reload-eval"), "report_to": "none",
-                                           "eval_strategy": "no", "save_strategy": "no"})
+    args = train.eval_arguments(plan, run_dir / "reload-eval")
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
     return trainer.evaluate(eval_dataset=bundle.eval)["eval_loss"]
 

@@ -34,7 +34,7 @@ def test_yaml_is_resolved_and_complete(recipe, capsys):
     assert data["model"] == {**data["model"], "path": "m", "dtype": "bfloat16", "trust_remote_code": False}
     assert data["output"]["dir"] == "runs/r"
     assert data["peft"]["r"] == 4 and data["peft"]["method"] == "lora"
-    assert data["train"]["epochs"] == 2 and data["train"]["optimizer"] == "adamw_torch"  # defaults filled
+    assert data["train"]["epochs"] == 2 and data["train"]["optimizer"] == "adamw_torch_fused"  # defaults filled
     assert list(data)[:4] == ["schema_version", "name", "description", "model"]
 
 
@@ -54,7 +54,7 @@ def test_origin_annotations(recipe, capsys):
     assert lines["path:m"] == "base.yaml:2:3"
     assert lines["r:4"] == "r.yaml:7:3"
     assert lines["seed:1"] == "override train.seed=1"
-    assert lines["optimizer:adamw_torch"] == "default"
+    assert lines["optimizer:adamw_torch_fused"] == "default"
     assert lines["target_modules:[q_proj, v_proj]"] == "default"
     assert "- path: d.jsonl" in out and "# r.yaml:5:7" in out
     assert yaml.safe_load(out)["data"]["train"][0]["path"] == "d.jsonl"  # still valid YAML

@@ -168,7 +168,7 @@ def test_size_policy_wraps_modules_over_the_threshold():
 def test_70b_full_does_not_fit_one_gpu_and_suggestions_quantify_the_fix():
     est = plan(make("meta-llama/Meta-Llama-3-70B", {"method": "full"}))
     assert est.fits is False and est.total_bytes > 80 * GiB
-    assert est.largest[0].startswith("optimizer (AdamW (torch))")
+    assert est.largest[0].startswith("optimizer (AdamW (torch, fused))")
     assert any(s.startswith("use peft.method: lora") for s in est.suggestions)
     assert all("->" in s for s in est.suggestions)
 

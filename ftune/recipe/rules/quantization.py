@@ -72,4 +72,13 @@ def quantized_needs_pretrained(recipe: Recipe) -> Iterator[Problem]:
         )
 
 
-RULES: list[Rule] = [sharded_qlora_quant_storage, four_bit_only_options, quantized_needs_pretrained]
+def upcast_fits_sharding(recipe: Recipe) -> Iterator[Problem]:
+    q = recipe.quantization
+    how = _shards_4bit(recipe)
+    if q is not None and q.upcast_non_quantized and how is not None:
+        yield Problem.at("quantization.upcast_non_quantized", f"{how} shards every weight in one dtype, so the "
+                         "unquantized weights can't be upcast to fp32", "remove `upcast_non_quantized` (or set false)")
+
+
+RULES: list[Rule] = [sharded_qlora_quant_storage, four_bit_only_options, quantized_needs_pretrained,
+                     upcast_fits_sharding]

@@ -104,4 +104,23 @@ def plateau_needs_eval(recipe: Recipe) -> Iterator[Problem]:
                          "set `eval.strategy` (and `data.eval`), or another lr_scheduler")
 
 
-RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval]
+def speed_levers_fit(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    if t.compile_backend is not None and not t.compile:
+        yield Problem.at("train.compile_backend", "compile_backend is set but train.compile is false",
+                         "set `train.compile: true`, or remove compile_backend")
+    if t.group_by_length and recipe.data.packing:
+        yield Problem.at("train.group_by_length", "group_by_length sorts samples by length, but packed rows all have "
+                         "data.max_seq_length tokens", "use one of them: `data.packing: false` or "
+                         "`train.group_by_length: false`")
+    if t.dataloader.prefetch_factor is not None and t.dataloader.workers == 0:
+        yield Problem.at("train.dataloader.prefetch_factor", "prefetch_factor needs dataloader workers "
+                         "(train.dataloader.workers is 0)", "set `train.dataloader.workers: 2` (or more), or remove "
+                         "prefetch_factor")
+    if t.kernels == "liger" and recipe.model.task != "causal-lm":
+        yield Problem.at("train.kernels", "Liger's fused linear cross-entropy is a causal-LM loss; "
+                         f"model.task is '{recipe.model.task}'", "set `train.kernels: none`")
+
+
+RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval,
+                     speed_levers_fit]
