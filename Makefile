@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup demo test test-fast schemas bench clean
+.PHONY: setup demo test test-fast schemas bench bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ schemas: setup
 
 bench: setup
 	$(PY) bench/run.py
+
+# On a machine with one CUDA device (GPU torch installed): tokens/s, MFU, peak memory vs plan, levers.
+bench-gpu: setup
+	$(PY) bench/gpu.py
 
 clean:
 	rm -rf runs .cache $(VENV)

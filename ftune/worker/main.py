@@ -76,7 +76,7 @@ def run_stages(plan: Plan) -> dict:
     saved = save.save_final(trainer, plan, tok)
     result = {}
     if console:
-        result = report.summary(console, plan, final_metrics, saved)
+        result = report.summary(console, plan, final_metrics, saved, tokens_per_step)
         if recipe.output.loss_curve:
             report.loss_curve(run)
     return result

@@ -42,15 +42,20 @@ def read_metrics(run: RunDir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summary(console, plan, final_metrics: dict, saved: dict) -> dict:
+def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: float = 0.0) -> dict:
+    """The end-of-run lines and summary.json: losses, eval metrics, throughput (tokens/s from the data stage's
+    mean tokens per row) and, on CUDA, the peak GPU memory allocated."""
     run = plan.run
     records = read_metrics(run)
     losses = [r["loss"] for r in records if "loss" in r]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
+    speed = next((r for r in reversed(records) if "train_steps_per_second" in r), {})
     result = {
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
         "best_eval_loss": min(evals) if evals else None,
+        "tokens_per_second": round(speed["train_steps_per_second"] * tokens_per_step) if speed else None,
+        "peak_memory_bytes": _peak_memory(plan),
         **{k: v for k, v in final_metrics.items() if isinstance(v, (int, float))},
     }
     lines = ["[bold green]done[/bold green]"]
@@ -68,6 +73,14 @@ def summary(console, plan, final_metrics: dict, saved: dict) -> dict:
     console.print("\n".join(lines))
     run.summary.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _peak_memory(plan) -> int | None:
+    if plan.device != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
 
 
 def loss_curve(run: RunDir) -> Path | None:
