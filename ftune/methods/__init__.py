@@ -1,4 +1,5 @@
-"""PEFT methods, registered by name: one module per method, adding a method touches one place.
+"""PEFT methods, registered by name: one module per method, adding a method touches one place
+(or an installed plugin's registration: ftune.plugins).
 
 Each module defines a pydantic `Config` (the recipe's `peft:` section for that method, light to
 import) and `inject(model, cfg, ctx) -> model`, which imports torch/peft lazily. The recipe schema
@@ -10,14 +11,32 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from ftune.errors import FtuneError
+from ftune.methods._base import MethodConfig
+from ftune.plugins import installed
+
+__all__ = ["BUILTIN", "METHODS", "MethodConfig", "config_classes", "method_module"]
+
 # method name (as written in recipes) -> module path. Order is the order shown in docs and errors.
-METHODS: dict[str, str] = {
+BUILTIN: dict[str, str] = {
     "lora": "ftune.methods.lora",
     "prefix": "ftune.methods.prefix",
     "llama-adapter": "ftune.methods.llama_adapter",
     "full": "ftune.methods.full",
     "freeze": "ftune.methods.freeze",
 }
+
+
+def _with_plugins() -> dict[str, str]:
+    plugged = installed().methods
+    taken = sorted(set(plugged) & set(BUILTIN))
+    if taken:
+        raise FtuneError(f"plugin {installed().versions[taken[0]]} registers method '{taken[0]}', which is built in",
+                         hint="rename the plugin's method")
+    return {**BUILTIN, **plugged}
+
+
+METHODS: dict[str, str] = _with_plugins()
 
 
 def method_module(name: str) -> ModuleType:

@@ -7,13 +7,16 @@ reads: it is never dumped back to an untyped dict before use.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.methods import config_classes
+from ftune.plugins import installed as installed_plugins
 
 SCHEMA_VERSION = 1
+BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification")
+FORMATS = (*BUILTIN_FORMATS, *sorted(installed_plugins().formats))
 
 
 class Section(BaseModel):
@@ -80,8 +83,8 @@ class Fields(Section):
 class DataSource(Section):
     path: str
     """A local file (.jsonl/.json/.csv/.parquet/.txt), a `save_to_disk` folder, or a hub dataset name."""
-    format: Literal["text", "instruction", "chat", "pretokenized", "classification"] = "text"
-    """How rows become tokens and labels."""
+    format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
+    """How rows become tokens and labels (built in, or registered by an installed plugin)."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -237,6 +240,13 @@ class DataloaderSection(Section):
     """Batches each worker loads ahead (needs workers > 0)."""
 
 
+class CallbackSpec(Section):
+    name: str
+    """A callback registered by an installed plugin (`ftune validate` lists them)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Its arguments, validated by the plugin's own model."""
+
+
 class EarlyStopping(Section):
     patience: int = Field(3, ge=1)
     """Evaluations without improvement before stopping."""
@@ -305,6 +315,8 @@ class TrainSection(Section):
     """How batches are loaded."""
     activation_offloading: bool = False
     """Move activations saved for backward to CPU memory during forward and back for backward (long context)."""
+    callbacks: list[CallbackSpec] = Field(default_factory=list)
+    """Trainer callbacks registered by installed plugins, by name (a recipe never names code)."""
 
 
 class EvalSection(Section):

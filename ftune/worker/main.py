@@ -35,6 +35,7 @@ def _quiet_libraries() -> None:
 def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
+    from ftune import plugins
     from ftune.worker import data, distributed, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
@@ -67,7 +68,8 @@ def run_stages(plan: Plan) -> dict:
 
     stats = bundle.report  # tokens per row iterated (packed rows when packing), as the data stage counted them
     tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
-    trainer = train.build_trainer(plan, model, tok, bundle, args, make_callbacks(plan, console, tokens_per_step))
+    callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
+    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
 

@@ -2,13 +2,14 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 rundir, modeling, methods, tiny                            shared by both sides
-  2 recipe                                                     the recipe language
-  3 plan, importers                                            decisions before launch
-  4 estimate                                                   what a recipe will cost
-  5 launch | worker                                            parent side | child side: never each other
-  6 cli                                                        the commands
-  7 demo                                                       runs the commands
+  1 plugins                                                    what installed packages register
+  2 rundir, modeling, methods, tiny                            shared by both sides
+  3 recipe                                                     the recipe language
+  4 plan, importers                                            decisions before launch
+  5 estimate                                                   what a recipe will cost
+  6 launch | worker                                            parent side | child side: never each other
+  7 cli                                                        the commands
+  8 demo                                                       runs the commands
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "rundir": 1, "modeling": 1, "methods": 1, "tiny": 1,
-    "recipe": 2,
-    "plan": 3, "importers": 3,
-    "estimate": 4,
-    "launch": 5, "worker": 5,
-    "cli": 6,
-    "demo": 7,
+    "plugins": 1,
+    "rundir": 2, "modeling": 2, "methods": 2, "tiny": 2,
+    "recipe": 3,
+    "plan": 4, "importers": 4,
+    "estimate": 5,
+    "launch": 6, "worker": 6,
+    "cli": 7,
+    "demo": 8,
 }
 
 

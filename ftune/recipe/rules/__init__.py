@@ -25,6 +25,7 @@ MODULES: tuple[str, ...] = (
     "ftune.recipe.rules.train",
     "ftune.recipe.rules.quantization",
     "ftune.recipe.rules.distributed",
+    "ftune.recipe.rules.plugins",
 )
 
 

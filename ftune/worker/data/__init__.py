@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ftune.plugins import installed
 from ftune.recipe.schema import Recipe
 from ftune.worker.data.check import check_fields
 from ftune.worker.data.errors import DataError
@@ -71,7 +72,10 @@ def build(
     key = make_key(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
         extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,
-               "seed": recipe.train.seed},
+               "seed": recipe.train.seed,
+               # a plugin format's code is part of the result: its version is part of the key
+               "plugins": sorted({installed().versions[s.spec.format] for s in train_srcs + eval_srcs
+                                  if s.spec.format in installed().formats})},
         files={s.path: content_hash(s) for s in train_srcs + eval_srcs},
         tokenizer=tokenizer_fingerprint(tokenizer),
         template=template,

@@ -11,6 +11,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ftune.plugins import installed, load_object
 from ftune.worker.data.errors import DataError, field_hint, row_location
 from ftune.worker.data.masking import (
     IGNORE,
@@ -57,6 +58,9 @@ class Context:
 def required_fields(src: Source) -> dict[str, str]:
     """Recipe key under `fields` -> column name the format needs in every row."""
     f = src.spec.fields
+    plugged = installed().formats.get(src.spec.format)
+    if plugged is not None:
+        return {col: col for col in plugged.fields}
     return {
         "text": {"text": f.text},
         "instruction": {"instruction": f.instruction, "output": f.output},
@@ -102,10 +106,15 @@ def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[
             location=row_location(src.path, src.kind, row) if src.local else None,
         )
 
+    plugged = installed().formats.get(fmt)
+    plugin_encode = load_object(plugged.encode) if plugged is not None else None
+
     def encode(batch: dict, idx: list[int]) -> dict:
         if fmt == "classification":
             return _classification(batch, idx, src, ctx, fail)
-        if fmt == "text":
+        if plugin_encode is not None:
+            pairs = _plugin(plugin_encode, batch, idx, ctx, fail)
+        elif fmt == "text":
             pairs = _text(batch, idx, src, ctx, fail)
         elif fmt == "instruction":
             pairs = _instruction(batch, idx, src, ctx, fail)
@@ -123,6 +132,19 @@ def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[
         return out
 
     return encode
+
+
+def _plugin(encode, batch, idx, ctx, fail):
+    """A plugin format: encode(row, tokenizer) -> (input_ids, labels) per row, checked like ours."""
+    for n, i in enumerate(idx):
+        row = {col: values[n] for col, values in batch.items()}
+        try:
+            ids, labels = encode(row, ctx.tokenizer)
+        except Exception as err:  # noqa: BLE001 - the plugin's error, located at the row
+            raise fail(i, f"the plugin format failed: {type(err).__name__}: {err}") from None
+        if len(ids) != len(labels) or not all(isinstance(t, int) for t in ids):
+            raise fail(i, "the plugin format returned input_ids and labels of different lengths or non-int ids")
+        yield list(ids), list(labels), False
 
 
 def _strings(batch: dict, col: str, idx: list[int], fail, *, optional: bool = False) -> list[str]:
