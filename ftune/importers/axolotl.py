@@ -244,13 +244,17 @@ def bnb_kwargs(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 
 # ----------------------------------------------------------------------------------- schedules
-def eval_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
-    steps = as_float(value)
-    if steps < 1:
-        raise Unmappable("a fraction of the total steps: ftune evaluates every N steps (eval.steps)")
-    ctx.set("eval.strategy", "steps")
-    ctx.set("eval.steps", int(steps))
-    return NOTHING
+def every_n_steps(section: str, verb: str):
+    """`eval_steps` / `save_steps`: every N steps (a fraction of the total steps has no ftune equivalent)."""
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        steps = as_float(value)
+        if steps < 1:
+            raise Unmappable(f"a fraction of the total steps: ftune {verb} every N steps ({section}.steps)")
+        ctx.set(f"{section}.strategy", "steps")
+        ctx.set(f"{section}.steps", int(steps))
+        return NOTHING
+
+    return translate
 
 
 def per_epoch(section: str):
@@ -262,15 +266,6 @@ def per_epoch(section: str):
         return NOTHING
 
     return translate
-
-
-def save_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
-    steps = as_float(value)
-    if steps < 1:
-        raise Unmappable("a fraction of the total steps: ftune saves every N steps (checkpoint.steps)")
-    ctx.set("checkpoint.strategy", "steps")
-    ctx.set("checkpoint.steps", int(steps))
-    return NOTHING
 
 
 def wandb_project(value: Any, ctx: Context, path: PeerPath) -> Any:
@@ -368,9 +363,9 @@ TABLE: dict[str, Key | Skip] = {
     "deepspeed": Key(None, deepspeed_from_file),
     "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
     # eval and checkpoints
-    "eval_steps": Key(None, eval_steps),
+    "eval_steps": Key(None, every_n_steps("eval", "evaluates")),
     "evals_per_epoch": Key(None, per_epoch("eval")),
-    "save_steps": Key(None, save_steps),
+    "save_steps": Key(None, every_n_steps("checkpoint", "saves")),
     "saves_per_epoch": Key(None, per_epoch("checkpoint")),
     "save_strategy": Key("checkpoint.strategy", choose({"steps": "steps", "epoch": "epoch", "no": "no"}, "save strategy")),
     "save_total_limit": Key("checkpoint.keep", lambda v, c, p: as_int(v)),

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
 from ftune.recipe.schema import Recipe
+from tests.unit.test_recipe_fuzz import _paths  # every key path of a parsed recipe
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the `test` extra: pip install -e '.[test]'")
 
@@ -132,15 +133,6 @@ SEED = yaml.safe_load((REPO / "recipes" / "llama7b-lora.yaml").read_text())
 STANDALONE = load_recipe(REPO / "recipes" / "llama7b-lora.yaml").recipe.model_dump(mode="json", exclude={"extends"})
 
 
-def _paths(data, prefix=()):
-    if isinstance(data, dict):
-        for k, v in data.items():
-            yield (*prefix, k)
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            yield (*prefix, i)
-            yield from _paths(v, (*prefix, i))
 
 
 def _set(data, path: tuple, value) -> None:
