@@ -252,6 +252,12 @@ def _pretokenized(batch, idx, src, ctx, fail):
     for i, ids, labels in zip(idx, batch[f.input_ids], all_labels):
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
+        vocab = len(ctx.tokenizer)
+        out_of_range = next((t for t in ids if t < 0 or t >= vocab), None)
+        if out_of_range is not None:  # caught here: the embedding lookup would fail mid-run (or at the final eval)
+            raise fail(i, f"token id {out_of_range} in `{f.input_ids}` is outside the tokenizer's vocabulary "
+                       f"(0..{vocab - 1})", hint="the ids were made with another tokenizer: re-tokenize the data "
+                       "with this model's tokenizer (model.tokenizer / model.path)")
         if labels is None or ctx.train_on == "all":
             yield list(ids), list(ids), True
             continue
