@@ -13,7 +13,10 @@ EXIT_OK = 0
 EXIT_INVALID = 1  # a recipe (or its data / model) is invalid
 EXIT_USAGE = 2  # bad command-line usage or an I/O problem
 EXIT_RUNTIME = 3  # the run itself failed (training crashed, a save check failed)
-EXIT_INTERRUPTED = 130
+EXIT_NONFINITE = 4  # training stopped on a non-finite loss or gradient norm (nothing non-finite was saved)
+EXIT_BUSY = 5  # the run dir is in use by another live ftune process (its lock is held)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): complete checkpoints are kept
+EXIT_TERMINATED = 143  # SIGTERM (preemption): a checkpoint of the current step was saved; rerun to resume
 
 
 @dataclass(frozen=True)
@@ -124,3 +127,15 @@ class RunError(FtuneError):
     """The run failed after launch (a crashed worker, a failed save check)."""
 
     exit_code = EXIT_RUNTIME
+
+
+def disk_full(err: OSError, where: object) -> FtuneError | None:
+    """ENOSPC / EDQUOT as a user error naming the path that ran out of space (`where` when the OS gave none)."""
+    import errno
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    path = err.filename or where
+    return FtuneError(f"no space left on the device holding {path} ({err.strerror})",
+                      hint=f"free space there (`df -h {path}`) or point output.dir at another disk, then rerun "
+                      "the same command: every complete checkpoint is kept", exit_code=EXIT_RUNTIME)

@@ -10,6 +10,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+RUN_MARKER = "ftune_run.json"
+"""Written at the top of a run dir when ftune creates (or adopts an empty) folder: ftune deletes or writes
+only inside folders holding it."""
+
+LOCK_FILE = ".ftune.lock"
+"""Held (flock) by the live ftune process of a run dir; holds its pid, host and start time."""
+
 COMPLETE_MARKER = "ftune_complete.json"
 """Written into a checkpoint or final/ once everything in it is on disk; resume and reuse trust only marked ones."""
 
@@ -42,6 +49,15 @@ class RunDir:
     """Paths inside one run directory."""
 
     root: Path
+
+    # ownership and the one-live-run lock (ftune.launch.lock)
+    @property
+    def marker(self) -> Path:
+        return self.root / RUN_MARKER
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
 
     # inputs, written by the launcher before the workers start
     @property
@@ -107,12 +123,21 @@ class RunDir:
         return (self.final, self.checkpoints, self.metrics, self.summary, self.params, self.loss_curve,
                 self.tensorboard)
 
+    def complete_checkpoints(self) -> list[Path]:
+        """`checkpoint-N` folders holding the completion marker (a killed save has none), newest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        done = [p for p in self.checkpoints.glob("checkpoint-*") if is_complete(p)]
+        return sorted(done, key=checkpoint_step, reverse=True)
+
     def latest_complete_checkpoint(self) -> Path | None:
         """The newest `checkpoint-N` folder holding the completion marker (a killed save has none)."""
-        if not self.checkpoints.is_dir():
-            return None
-        done = [p for p in self.checkpoints.glob("checkpoint-*") if is_complete(p)]
-        return max(done, key=checkpoint_step, default=None)
+        done = self.complete_checkpoints()
+        return done[0] if done else None
+
+    def is_owned(self) -> bool:
+        """Whether ftune created (or adopted) this folder: only then may it write or delete inside it."""
+        return self.marker.is_file()
 
     def has_started(self) -> bool:
         """Whether a run trained anything here (a checkpoint or a metrics line)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sys
 from pathlib import Path
 
 from ftune.errors import FtuneError
@@ -70,7 +72,16 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
-    metrics = evaluate(plan, model_dir)
+    from ftune.launch.lock import claim
+
+    lock, _ = claim(plan.run, "eval")  # one live run per run dir: not while `ftune run` trains into it
+    with lock:
+        metrics = evaluate(plan, model_dir)
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        print(f"ftune: warning: {', '.join(bad)} not finite: the model's outputs hold NaN or infinity "
+              f"(check {model_dir}: was it trained with a too-high learning rate, or saved from another base?)",
+              file=sys.stderr)
     if args.format == "json":
         print(json.dumps({"model": str(model_dir), "metrics": metrics}, indent=2))
     else:

@@ -60,7 +60,8 @@ def check_requirements(command: str) -> None:
         )
 
 
-EPILOG = """exit codes: 0 ok · 1 invalid recipe or input · 2 usage or I/O error · 3 run failed · 130 interrupted
+EPILOG = """exit codes: 0 ok · 1 invalid recipe or input · 2 usage or I/O error · 3 run failed · 4 non-finite loss
+            · 5 run dir in use · 130 interrupted · 143 terminated (checkpoint saved)
 docs: README.md · recipes/ has shipped recipes · schemas/recipe.schema.json for editors"""
 
 

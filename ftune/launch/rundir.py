@@ -6,6 +6,7 @@ env.json records versions, the git commit and the host — never environment var
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import subprocess
@@ -54,11 +55,14 @@ def environment(recipe_file: str) -> dict:
     }
 
 
-def write_inputs(plan, resolved_yaml: str) -> None:
+def write_inputs(plan, resolved_yaml: str) -> str:
+    """Write the inputs; returns the sha256 of plan.json as written (the worker checks it before reading it)."""
     run = plan.run
     run.root.mkdir(parents=True, exist_ok=True)
+    plan_text = plan.model_dump_json(indent=2) + "\n"
     _atomic_write(run.recipe, resolved_yaml)
-    _atomic_write(run.plan, plan.model_dump_json(indent=2) + "\n")
+    _atomic_write(run.plan, plan_text)
     _atomic_write(run.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
     _atomic_write(run.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
     run.error.unlink(missing_ok=True)
+    return hashlib.sha256(plan_text.encode()).hexdigest()

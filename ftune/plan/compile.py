@@ -34,12 +34,26 @@ def mixed_precision(recipe: Recipe) -> str:
     return recipe.train.mixed_precision
 
 
-def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem]) -> str | None:
+def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem], notes: list[str]) -> str | None:
     resume = recipe.checkpoint.resume
     if resume is False or resume == "false":
         return None
+    if recipe.output.overwrite:  # a fresh run: never resume this dir's checkpoints (they are removed)
+        if resume is True or (resume != "auto" and Path(resume).expanduser().resolve().is_relative_to(run.root)):
+            problems.append(Problem.at("checkpoint.resume", "output.overwrite starts a fresh run, so it can't resume "
+                                       f"from {run.root}", "drop output.overwrite to resume, or set "
+                                       "`checkpoint.resume=auto`"))
+            return None
+        if resume == "auto":
+            return None
     if resume is True or resume == "auto":
-        found = run.latest_complete_checkpoint()
+        found = None
+        for candidate in run.complete_checkpoints():  # newest first; one cut short (a full disk) is skipped
+            problem = environment.checkpoint_problem(candidate)
+            if problem is None:
+                found = candidate
+                break
+            notes.append(f"{candidate.name} can't be resumed ({problem}); falling back to an earlier checkpoint")
         if found is None and resume is True:
             problems.append(Problem.at("checkpoint.resume", f"no complete checkpoint to resume in {run.checkpoints}",
                                        "use `checkpoint.resume=auto` to start fresh when there is none"))
@@ -70,9 +84,11 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         notes.append("bf16 on CPU: autocast to bfloat16 (slower than fp32 on CPUs without AMX)")
 
     run = RunDir(Path(recipe.output.dir or f"runs/{recipe.name}").expanduser().resolve())
-    resume_from = _resolve_resume(recipe, run, problems)
+    resume_from = _resolve_resume(recipe, run, problems, notes)
     if check_inputs:
         problems += environment.inputs(recipe) + environment.run_dir(recipe, run)
+        if resume_from is not None:
+            problems += environment.resume_compatible(recipe, Path(resume_from))
     if gpus is None:
         problems += (environment.precision(recipe, device, mp) + environment.packages(recipe)
                      + environment.kernels(recipe, device) + environment.devices(recipe, device, num_processes,

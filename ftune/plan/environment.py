@@ -23,7 +23,7 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 
 def inputs(recipe: Recipe) -> list[Problem]:
     """The model folder and local data files exist."""
-    found: list[Problem] = []
+    found: list[Problem] = model_files(recipe)
     model_path = recipe.model.path
     if not Path(model_path).expanduser().exists():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
@@ -48,9 +48,74 @@ def inputs(recipe: Recipe) -> list[Problem]:
     return found
 
 
+def safetensors_problem(file: Path) -> str | None:
+    """Why a .safetensors file can't be read (truncated, not safetensors), from its header alone; None if whole."""
+    import json
+    import struct
+
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{file} is truncated ({size} bytes)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{file} is truncated: its header says {n} bytes, the file has {size}"
+            header = json.loads(fh.read(n))
+    except OSError as err:
+        return f"{file} can't be read: {err.strerror}"
+    except ValueError:
+        return f"{file} is not a safetensors file (its header is not JSON)"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)),
+              default=0)
+    if 8 + n + end > size:
+        return f"{file} is truncated: {size} bytes of {8 + n + end}"
+    return None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why a marked checkpoint can't be resumed (a weights file cut short, an unreadable trainer state)."""
+    import json
+
+    for file in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(file)
+        if problem is not None:
+            return problem
+    try:
+        json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return f"{folder / 'trainer_state.json'} is missing or unreadable"
+    return None
+
+
+def model_files(recipe: Recipe) -> list[Problem]:
+    """The model folder's weights are whole (a truncated download fails here, naming the file)."""
+    folder = Path(recipe.model.path).expanduser()
+    if recipe.model.init == "random" or not folder.is_dir():
+        return []
+    for file in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(file)
+        if problem is not None:
+            return [Problem.at("model.path", problem, "download or copy the model again (the file is incomplete)")]
+    return []
+
+
 def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:
-    """The run dir can be created, and holds no finished run unless overwriting."""
+    """The run dir is a folder of its own that ftune owns (or can create), and holds no finished run unless
+    overwriting."""
     found: list[Problem] = []
+    root = run.root
+    special = {Path(root.anchor): "a filesystem root", Path.home().resolve(): "your home directory",
+               Path.cwd().resolve(): "the working directory itself"}
+    if root in special:
+        return [Problem.at("output.dir", f"{root} is {special[root]}; a run dir must be a folder of its own",
+                           f"use a subfolder, e.g. `output.dir=runs/{recipe.name}`")]
+    if root.is_dir() and not run.is_owned() and any(p.name != run.lock.name for p in root.iterdir()):
+        found.append(Problem.at("output.dir", f"{root} exists and was not created by ftune (it has no "
+                                f"{run.marker.name}); ftune writes and deletes only in folders it created",
+                                "choose a new output.dir, or an empty folder"))
+        return found
     if is_complete(run.final) and not recipe.output.overwrite:
         found.append(Problem.at("output.dir", f"{run.root} already holds a finished run (final/ exists)",
                                 "choose another output.dir (e.g. `output.dir=runs/<new-name>`) or set "
@@ -165,4 +230,48 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
                                 "sync_module_states, which fails on CPU processes)", "remove it for CPU runs"))
     if quantization.needs_bitsandbytes(recipe):
         found += quantization.check_device(recipe, device)
+    return found
+
+
+# What a checkpoint's weights and data order depend on: resuming across a change of any of these would load
+# tensors of other shapes (or into other modules), or continue another dataset's order.
+RESUME_KEYS = ("model.path", "model.task", "peft.method", "peft.r", "peft.target_modules", "data.train")
+
+
+def _dig(data: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _same(before, now) -> bool:
+    """Equal, where dicts are compared on the keys both have (a field added to the schema since is no change)."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return all(_same(before[k], now[k]) for k in before.keys() & now.keys())
+    if isinstance(before, list) and isinstance(now, list):
+        return len(before) == len(now) and all(_same(a, b) for a, b in zip(before, now))
+    return before == now
+
+
+def resume_compatible(recipe: Recipe, checkpoint: Path) -> list[Problem]:
+    """Resuming `checkpoint` with this recipe restores what it saved: compared with the plan.json of the run
+    that wrote it (`<run>/checkpoints/checkpoint-N`)."""
+    import json
+
+    previous = checkpoint.parent.parent / RunDir(checkpoint).plan.name
+    try:
+        old = json.loads(previous.read_text())["recipe"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    new = recipe.model_dump(mode="json")
+    found = []
+    for key in RESUME_KEYS:
+        before, now = _dig(old, key), _dig(new, key)
+        if not _same(before, now):
+            found.append(Problem.at(key, f"the checkpoint to resume ({checkpoint}) was trained with {key} = "
+                                    f"{json.dumps(before)}, this recipe says {json.dumps(now)}: its weights "
+                                    "don't fit this run",
+                                    "set `output.overwrite=true` to start over, or choose a new output.dir"))
     return found

@@ -61,6 +61,9 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         data_seed=t.seed,
         logging_steps=t.logging_steps,
         logging_first_step=True,
+        # the Trainer's default replaces a NaN/inf step loss by the running mean (shown as 0 after a log):
+        # ftune logs it as it is and stops the run on it (worker/callbacks.py NumericsGuard)
+        logging_nan_inf_filter=False,
         neftune_noise_alpha=t.neftune_alpha,
         eval_strategy=ev.strategy if has_eval else "no",
         eval_steps=ev.steps,

@@ -1,4 +1,5 @@
-"""Trainer callbacks: metrics.jsonl, checkpoint completion markers, and the rich progress bar.
+"""Trainer callbacks: metrics.jsonl, checkpoint completion markers, the numerics guard, the SIGTERM stop,
+and the rich progress bar.
 
 They are factories returning TrainerCallback subclasses so this module imports transformers only
 when a worker actually builds a trainer.
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from ftune.rundir import mark_complete
+from ftune.worker.stop import STOP, is_finite, nonfinite
 
 
 def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
@@ -19,7 +21,7 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     the data stage's mean tokens per row x rows per optimizer step, for tok/s without counting tokens each step."""
     from transformers import TrainerCallback
 
-    from ftune.worker.save import verify_checkpoint
+    from ftune.worker.save import first_nonfinite, verify_checkpoint
 
     run = plan.run
 
@@ -44,12 +46,47 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
             if not state.is_world_process_zero:
                 return
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            bad = first_nonfinite(model, trainable_only=plan.recipe.peft.uses_peft_library) if model else None
+            if bad is not None:  # never a complete (resumable) checkpoint of non-finite weights
+                raise nonfinite(f"parameter {bad}", state.global_step)
             if folder.is_dir():
                 # A checkpoint that would restore nothing (or part of the model) is an error, never "complete".
                 verify_checkpoint(folder, model, plan.recipe.peft.uses_peft_library)
                 mark_complete(folder, {"step": state.global_step, "time": time.time()})
 
-    callbacks = [MetricsJsonl(), CheckpointMarker()]
+    class NumericsGuard(TrainerCallback):
+        """Stop on a non-finite loss or gradient norm. Logged values are averaged over all processes, so every
+        rank stops at the same step (plan.trainer turns off the Trainer's NaN filter, which showed NaN as 0)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            for key in ("loss", "grad_norm", "train_loss"):
+                if logs and key in logs and not is_finite(logs[key]):
+                    raise nonfinite(key.replace("_", " "), state.global_step, logs[key])
+
+    class StopOnSignal(TrainerCallback):
+        """SIGTERM: save a checkpoint at the current step and stop (every rank agrees on the step)."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            STOP.phase = "training"
+
+        def on_step_end(self, args, state, control, **kwargs):
+            requested = STOP.requested
+            if args.world_size > 1:
+                import torch
+                import torch.distributed as dist
+
+                flag = torch.tensor([int(requested)], device=args.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                requested = bool(flag.item())
+            if requested:
+                STOP.signum = STOP.signum or 15
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_train_end(self, args, state, control, **kwargs):
+            STOP.phase = "finishing"
+
+    callbacks = [MetricsJsonl(), CheckpointMarker(), NumericsGuard(), StopOnSignal()]
     if console is not None:
         callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step))
     return callbacks

@@ -6,15 +6,19 @@ launcher can report them without a traceback; the traceback is kept there for --
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
-from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError
+from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError, disk_full
+from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
 from ftune.plan.model import Plan
-from ftune.rundir import RunDir, write_json_atomic
+from ftune.rundir import RunDir, is_complete, write_json_atomic
+from ftune.worker.stop import STOP, Terminated, terminated_error
 
 
 def _quiet_libraries() -> None:
@@ -74,6 +78,10 @@ def run_stages(plan: Plan) -> dict:
         facts.record(trainer, run, args.process_index)
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
+    if STOP.requested and STOP.phase != "setup":  # SIGTERM while training: a checkpoint of this step was saved
+        step = trainer.state.global_step
+        folder = run.checkpoints / f"checkpoint-{step}"
+        raise terminated_error(step, str(folder) if is_complete(folder) else None)
     final_metrics = trainer.evaluate() if trainer.eval_dataset is not None else {}
     saved = save.save_final(trainer, plan, tok)
     result = {}
@@ -85,19 +93,49 @@ def run_stages(plan: Plan) -> dict:
 
 
 def _write_error(run: RunDir, payload: dict) -> None:
+    """error.json for the launcher (atomic). Where it can't be written (a full disk), the message goes to stderr."""
     if int(os.environ.get("RANK", "0")) != 0 and run.error.exists():
         return
-    write_json_atomic(run.error, payload)
+    try:
+        write_json_atomic(run.error, payload)
+    except OSError as err:
+        print(f"ftune worker: error: {payload['message']}" + (f"\n    hint: {payload['hint']}" if payload["hint"]
+              else "") + f"\n    (could not write {run.error}: {err.strerror})", file=sys.stderr)
+
+
+def load_plan(path: str) -> Plan:
+    """The Plan this worker was launched with: plan.json's sha256 must match the launcher's (a plan rewritten
+    since, by another run into the same dir, is refused)."""
+    data = Path(path).read_bytes()
+    want = os.environ.get(PLAN_DIGEST_ENV)
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise FtuneError(f"{path} changed after this run was launched (another process rewrote it)",
+                         hint="only one ftune run may use a run dir at a time; rerun the command")
+    return Plan.model_validate_json(data)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()  # ftune (and accelerate) gone: no orphan keeps training
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the launcher's accelerate ignores Ctrl-C; we don't
-    plan = Plan.load(argv[0])
+    STOP.install()
+    try:
+        plan = load_plan(argv[0])
+    except FtuneError as err:
+        print(f"ftune worker: error: {err.message}\n    hint: {err.hint}", file=sys.stderr)
+        return err.exit_code
     run = plan.run
     debug = os.environ.get("FTUNE_DEBUG") == "1"
     try:
-        run_stages(plan)
+        try:
+            run_stages(plan)
+        except Terminated:
+            raise terminated_error(None, None) from None
+        except OSError as err:
+            full = disk_full(err, run.root)
+            if full is None:
+                raise
+            raise full from err
         return 0
     except FtuneError as err:
         _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,

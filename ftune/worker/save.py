@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ftune.errors import RunError
 from ftune.rundir import mark_complete
+from ftune.worker.stop import ADVICE, nonfinite
 
 
 def saved_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -35,6 +36,33 @@ def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
     else:
         state = model.state_dict()
     return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def first_nonfinite(model, *, trainable_only: bool) -> str | None:
+    """Name of the first parameter holding a NaN or an infinity (this process's shard), or None."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if (p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point() \
+                    and not bool(torch.isfinite(p).all()):
+                return _clean(name)
+    return None
+
+
+def nonfinite_saved(folder: Path) -> list[str]:
+    """Names of saved tensors holding a NaN or an infinity (reads every tensor back)."""
+    import torch
+    from safetensors import safe_open
+
+    bad = []
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad.append(name)
+    return bad
 
 
 def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bool) -> None:
@@ -63,6 +91,10 @@ def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bo
         )
         raise RunError(f"save check failed for {folder}: {detail}",
                        hint="the written files do not match the trained model; the run dir keeps the checkpoints")
+    bad = nonfinite_saved(folder)
+    if bad:
+        raise RunError(f"save check failed for {folder}: {len(bad)} tensor(s) hold NaN or infinity, e.g. {bad[:3]}",
+                       hint="final/ is not marked complete; " + ADVICE)
 
 
 FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -138,7 +170,8 @@ def save_final(trainer, plan, tokenizer) -> dict:
         state = acc.get_state_dict(trainer.model_wrapped)  # collective: every rank must call it
         state = {_clean(k): v for k, v in state.items()}
         expected = {}
-        if main:
+        bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())), None)
+        if main and bad is None:
             unwrapped = acc.unwrap_model(trainer.model_wrapped)
             expected = expected_from_full_state(unwrapped, state, is_adapter)
             if is_adapter:
@@ -146,7 +179,12 @@ def save_final(trainer, plan, tokenizer) -> dict:
             else:
                 unwrapped.save_pretrained(str(final), state_dict=state, safe_serialization=True)
         acc.wait_for_everyone()
+        if main and bad is not None:  # raised after the barrier: no rank waits for rank 0 forever
+            raise nonfinite(f"parameter {bad}", trainer.state.global_step)
     else:
+        bad = first_nonfinite(model, trainable_only=is_adapter)
+        if bad is not None:  # never write final/ from non-finite weights
+            raise nonfinite(f"parameter {bad}", trainer.state.global_step)
         expected = expected_tensors(model, is_adapter) if main else {}
         trainer.save_model(str(final))
     if not main:

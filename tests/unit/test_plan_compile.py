@@ -10,7 +10,7 @@ import yaml
 
 from ftune.errors import RecipeError
 from ftune.plan.compile import compile_plan
-from ftune.rundir import COMPLETE_MARKER, RunDir
+from ftune.rundir import COMPLETE_MARKER, RUN_MARKER, RunDir
 from ftune.recipe import load_recipe
 
 
@@ -37,6 +37,7 @@ def _recipe(tmp_path: Path, **top) -> Path:
 def _checkpoint(run_dir: Path, step: int, complete: bool) -> Path:
     folder = run_dir / "checkpoints" / f"checkpoint-{step}"
     folder.mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text("{}")  # a run dir ftune created
     (folder / "trainer_state.json").write_text("{}")
     if complete:
         (folder / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
@@ -88,6 +89,7 @@ def test_finished_run_is_refused_unless_overwrite(tmp_path):
     final = tmp_path / "runs" / "unit" / "final"
     final.mkdir(parents=True)
     (final / COMPLETE_MARKER).write_text("{}")
+    (final.parent / RUN_MARKER).write_text("{}")
     with pytest.raises(RecipeError) as info:
         compile_plan(load_recipe(_recipe(tmp_path)))
     (problem,) = info.value.problems

@@ -58,6 +58,36 @@ def first_bad_json_line(path: str | Path) -> tuple[int, int, str] | None:
     return None
 
 
+def first_bad_utf8(path: str | Path) -> tuple[int, int, str] | None:
+    """(line, column, byte) of the first byte sequence of the file that is not UTF-8, or None."""
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return lineno, err.start + 1, f"0x{line[err.start]:02x}"
+    return None
+
+
+def first_bad_csv_record(path: str | Path) -> tuple[int, int, str] | None:
+    """(row, line, message) of the first CSV record that does not parse (an unterminated quote runs to the end
+    of the file), or None. Row 1 is the first record after the header; line is where the record starts."""
+    import csv
+
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        reader = csv.reader(fh, strict=True)
+        record = -1
+        while True:
+            start = reader.line_num + 1
+            try:
+                next(reader)
+            except StopIteration:
+                return None
+            except csv.Error as err:
+                return max(record + 1, 1), start, str(err)
+            record += 1
+
+
 def field_hint(fmt: str, available: list[str]) -> str:
     """A hint for a missing field: the recipe key to set, and a guess when the columns reveal another format."""
     cols = set(available)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from ftune.errors import Location
 from ftune.plugins import installed, load_object
-from ftune.worker.data.errors import DataError, field_hint, row_location
+from ftune.worker.data.errors import DataError, field_hint, first_bad_utf8, row_location
 from ftune.worker.data.masking import (
     IGNORE,
     labels_from_spans,
@@ -110,6 +112,19 @@ def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[
     plugin_encode = load_object(plugged.encode) if plugged is not None else None
 
     def encode(batch: dict, idx: list[int]) -> dict:
+        try:
+            return _encode(batch, idx)
+        except UnicodeDecodeError as err:  # a loader that let bytes through: name the file's first bad line
+            bad = first_bad_utf8(src.path) if src.local and Path(src.path).is_file() else None
+            line, col, byte = bad or (None, None, f"0x{err.object[err.start]:02x}")
+            raise DataError(
+                f"{src.where}: " + (f"line {line} of " if line else "") + f"{src.spec.path} is not valid UTF-8 "
+                f"(byte {byte}" + (f" at column {col})" if col else ")"),
+                hint="data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 in > out`",
+                location=Location(file=src.path, line=line, column=col) if src.local else None,
+            ) from None
+
+    def _encode(batch: dict, idx: list[int]) -> dict:
         if fmt == "classification":
             return _classification(batch, idx, src, ctx, fail)
         if plugin_encode is not None:
@@ -274,6 +289,12 @@ def _pretokenized(batch, idx, src, ctx, fail):
     for i, ids, labels in zip(idx, batch[f.input_ids], all_labels):
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
+        vocab = len(ctx.tokenizer)
+        out_of_range = next((t for t in ids if t < 0 or t >= vocab), None)
+        if out_of_range is not None:  # caught here: the embedding lookup would fail mid-run (or at the final eval)
+            raise fail(i, f"token id {out_of_range} in `{f.input_ids}` is outside the tokenizer's vocabulary "
+                       f"(0..{vocab - 1})", hint="the ids were made with another tokenizer: re-tokenize the data "
+                       "with this model's tokenizer (model.tokenizer / model.path)")
         if labels is None or ctx.train_on == "all":
             yield list(ids), list(ids), True
             continue

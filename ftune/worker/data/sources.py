@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftune.errors import Location
 from ftune.recipe.schema import DataSource
-from ftune.worker.data.errors import DataError, first_bad_json_line
+from ftune.worker.data.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8
 
 EXTENSIONS = {
     ".jsonl": "json",
@@ -116,6 +116,24 @@ def _empty(src: Source) -> DataError:
 
 
 def _load_error(src: Source, err: Exception) -> DataError:
+    if src.local and src.kind in ("json", "csv", "text") and Path(src.path).is_file():
+        bad = first_bad_utf8(src.path)
+        if bad is not None:
+            line, col, byte = bad
+            return DataError(
+                f"{src.where}: line {line} of {src.spec.path} is not valid UTF-8 (byte {byte} at column {col})",
+                hint="data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 in > out`",
+                location=Location(file=src.path, line=line, column=col),
+            )
+    if src.kind == "csv" and src.local and Path(src.path).is_file():
+        bad_csv = first_bad_csv_record(src.path)
+        if bad_csv is not None:
+            row, line, msg = bad_csv
+            return DataError(
+                f"{src.where}: row {row} of {src.spec.path} (starting at line {line}) is not valid CSV: {msg}",
+                hint="a quoted cell must end with a closing quote; a quote inside a cell is written twice (\"\")",
+                location=Location(file=src.path, line=line),
+            )
     if src.kind in ("json", "csv", "text"):
         try:
             peeked = peek(src, 1)

@@ -1,0 +1,160 @@
+"""Runtime faults through the real CLI (slow: tiny training). One reference run is shared by the module.
+Each test asserts the exit code, the message, and that nothing was lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._util import base_recipe, ftune, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def _recipe(model, data, out: str, **train) -> dict:
+    return base_recipe(
+        model, data, name="faults",
+        peft={"method": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
+        train={"max_steps": 40, "learning_rate": 1e-2, "per_device_batch_size": 4, "logging_steps": 2, **train},
+        eval={"strategy": "no"},
+        data={"train": [{"path": str(data), "format": "text"}], "eval": None, "max_seq_length": 48},
+        checkpoint={"strategy": "steps", "steps": 10, "keep": None, "resume": "auto"},
+        output={"dir": out, "report_to": ["none"]},
+    )
+
+
+def _tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir, text_data_file) -> Path:
+    """An uninterrupted run: what every interrupted-and-resumed run must reproduce bit for bit."""
+    work = tmp_path_factory.mktemp("faults")
+    path = write_recipe(work, _recipe(tiny_model_dir, text_data_file, "runs/ref"), "ref.yaml")
+    res = ftune("run", str(path), cwd=work)
+    assert res.code == 0, res.text
+    return work / "runs/ref"
+
+
+def _start(tmp_path: Path, recipe: dict, name: str) -> tuple[subprocess.Popen, Path]:
+    path = write_recipe(tmp_path, recipe, f"{name}.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, path
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"{path} never appeared"
+
+
+def _workers_of(plan_file: Path) -> list[int]:
+    """Live processes whose command line names this run's plan (accelerate and the worker)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+                state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+            except OSError:
+                continue
+            if str(plan_file).encode() in cmd and state != "Z":
+                found.append(int(proc.name))
+    return found
+
+
+def test_sigterm_to_ftune_saves_the_current_step_and_resumes_bit_identical(tmp_path, reference, tiny_model_dir,
+                                                                           text_data_file):
+    recipe = _recipe(tiny_model_dir, text_data_file, "runs/term")
+    proc, path = _start(tmp_path, recipe, "term")
+    run = tmp_path / "runs/term"
+    _wait_for(run / "checkpoints/checkpoint-10/ftune_complete.json", proc)
+    os.kill(proc.pid, signal.SIGTERM)  # the ftune process only, as a supervisor does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM at step" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err and err.count("error:") == 1
+    step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert 10 < step < 40, err
+    assert (run / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
+    assert not (run / "final").exists() and _workers_of(run / "plan.json") == []
+
+    res = ftune("run", str(path), cwd=tmp_path)  # resumes from the SIGTERM checkpoint
+    assert res.code == 0, res.text
+    assert json.loads((run / "plan.json").read_text())["resume_from"].endswith(f"checkpoint-{step}")
+    a, b = _tensors(reference / "final"), _tensors(run / "final")
+    assert a.keys() == b.keys() and len(a) > 0
+    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
+
+
+def test_sigkill_of_ftune_alone_stops_its_workers(tmp_path, tiny_model_dir, text_data_file):
+    recipe = _recipe(tiny_model_dir, text_data_file, "runs/orphan", max_steps=400)
+    proc, path = _start(tmp_path, recipe, "orphan")
+    run = tmp_path / "runs/orphan"
+    _wait_for(run / "checkpoints/checkpoint-10/ftune_complete.json", proc)
+    assert _workers_of(run / "plan.json")
+    os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel tells the children
+    proc.communicate(timeout=30)
+    deadline = time.time() + 20
+    while _workers_of(run / "plan.json") and time.time() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(run / "plan.json") == [], "an orphan kept training"
+    lines = (run / "metrics.jsonl").read_text()
+    time.sleep(1.0)
+    assert (run / "metrics.jsonl").read_text() == lines and not (run / "final").exists()
+    from ftune.launch.lock import acquire
+    from ftune.rundir import RunDir
+
+    with acquire(RunDir(run), "ftune run") as lock:  # a rerun takes the dead run's lock over
+        assert lock.took_over is not None and lock.took_over["pid"] == proc.pid
+
+
+def test_nonfinite_loss_stops_the_run_and_saves_nothing_nonfinite(tmp_path, tiny_model_dir, text_data_file):
+    recipe = _recipe(tiny_model_dir, text_data_file, "runs/nan", learning_rate=1e12, max_grad_norm=0,
+                     logging_steps=5, optimizer="sgd", max_steps=12)
+    recipe["peft"] = {"method": "full"}  # the fault corpus's case: full fine-tune, SGD, lr 1e12, no clipping
+    recipe["checkpoint"]["steps"] = 3  # checkpoints between logging steps are checked too
+    path = write_recipe(tmp_path, recipe, "nan.yaml")
+    res = ftune("run", str(path), cwd=tmp_path)
+    assert res.code == 4, res.text
+    assert "training stopped at step" in res.err and "not finite" in res.err and "learning_rate" in res.err
+    assert "Traceback" not in res.text and "loss 0.0000" not in res.out and "→ 0.0000" not in res.out
+    run = tmp_path / "runs/nan"
+    assert not (run / "final").exists()
+    from ftune.rundir import RunDir
+
+    for ck in RunDir(run).complete_checkpoints():  # any checkpoint marked complete holds finite weights
+        assert all(bool(t.isfinite().all()) for t in _tensors(ck).values())
+
+
+def test_second_run_and_eval_on_a_live_run_dir_are_refused(tmp_path, reference, tiny_model_dir, text_data_file):
+    from ftune.launch.lock import acquire
+    from ftune.rundir import RunDir
+
+    run = tmp_path / "runs/ref"
+    shutil.copytree(reference, run)
+    path = write_recipe(tmp_path, _recipe(tiny_model_dir, text_data_file, "runs/ref", learning_rate=1e-3), "b.yaml")
+    before = (run / "plan.json").read_bytes()
+    with acquire(RunDir(run), "ftune run"):
+        res = ftune("run", str(path), "output.overwrite=true", cwd=tmp_path)
+        assert res.code == 5, res.text
+        assert f"in use by ftune run (pid {os.getpid()} on " in res.err and "since" in res.err
+        res = ftune("eval", str(path), cwd=tmp_path)
+        assert res.code == 5 and "in use by ftune run" in res.err, res.text
+    assert (run / "plan.json").read_bytes() == before and (run / "final/ftune_complete.json").is_file()
