@@ -178,3 +178,16 @@ def test_unpaired_rows_need_a_boolean_label(tmp_path, tiny_tokenizer_dir):
                 fmt="unpaired-preference", cache_dir=str(tmp_path / "c2"))
     assert "row 1" in err.value.message and "must be true or false" in err.value.message
     assert err.value.location.line == 1
+
+
+def test_ftune_data_shows_the_prompt_masked_and_both_completions_trained(tmp_path, tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from ftune.cli.data import preference_samples
+
+    rows = [{"prompt": "User: q\nAssistant:", "chosen": " yes", "rejected": " no"}]
+    b = _bundle(tmp_path, tiny_tokenizer_dir, rows)
+    shown = preference_samples(AutoTokenizer.from_pretrained(tiny_tokenizer_dir), b.train, 5)
+    assert [s["completion"] for s in shown] == ["chosen", "rejected"]
+    assert [[(r["text"], r["trained"]) for r in s["runs"]] for s in shown] == [
+        [("User: q\nAssistant:", False), (" yes", True)], [("User: q\nAssistant:", False), (" no", True)]]
