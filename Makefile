@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The pinned CPU torch first: an unpinned torch would pull several GB of CUDA packages.
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[train,quant,test]"
+	$(PIP) install -q -e ".[train,quant,test,preference]"
 	touch $@
 
 setup: $(VENV)/.installed

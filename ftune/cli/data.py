@@ -53,6 +53,23 @@ def samples(ds, n: int, task: str) -> list[dict]:
     return out[:n]
 
 
+def preference_samples(tok, ds, n: int) -> list[dict]:
+    """Preference rows as the trainer scores them: the prompt masked, then each completion (chosen and rejected,
+    or the unpaired completion with its label) trained."""
+    out: list[dict] = []
+    for r in range(min(n, len(ds))):
+        row = ds[r]
+        names = ["chosen", "rejected"] if "chosen" in row else ["completion"]
+        for k, name in enumerate(names):
+            prompt = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+            comp = tok(row[name], add_special_tokens=False)["input_ids"]
+            kind = name if name != "completion" else ("desirable" if row["label"] else "undesirable")
+            out.append({"row": r, "completion": kind, "input_ids": prompt + comp,
+                        "runs": [{"text": row["prompt"], "trained": False, "tokens": len(prompt)},
+                                 {"text": row[name], "trained": True, "tokens": len(comp)}]})
+    return out
+
+
 def runs(tok, sample: dict) -> list[dict]:
     """The sample as consecutive runs of trained / masked tokens, each decoded to text."""
     ids, flags = sample["input_ids"], sample.get("trained") or [False] * len(sample["input_ids"])
@@ -96,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     ds = bundle.train if args.split == "train" else bundle.eval
     if ds is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")
-    shown = samples(ds, args.n, recipe.model.task)
+    shown = preference_samples(tok, ds, args.n) if "prompt" in ds.column_names else samples(ds, args.n, recipe.model.task)
     for s in shown:
+        if "runs" in s:
+            continue
         if "label" in s:
             s["text"] = tok.decode(s["input_ids"])
             s["label_name"] = bundle.label_names[s["label"]] if bundle.label_names else None
@@ -130,6 +149,8 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
                                 ("masked (-100)", MASKED)))
     for i, s in enumerate(shown, start=1):
         where = f"row {s['row']}"
+        if s.get("completion") is not None:
+            where += f", {s['completion']}"
         if s.get("segment") is not None:
             where += f", sample {s['segment'] + 1} of the packed row"
         if "label" in s:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ftune import __version__
 from ftune.errors import Problem
-from ftune.plan import accelerate, environment
+from ftune.plan import accelerate, environment, preference
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
 from ftune.plan.trainer import training_arguments
+from ftune.recipe.objectives import objective
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir, is_complete
 
@@ -102,6 +103,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                                          recipe_dir=recipe_dir, mixed_precision=mp)
     notes += cfg_notes
     train = recipe.train
+    obj = objective(train.objective)
+    if (ref := preference.reference_note(recipe)) is not None:
+        notes.append(ref)
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -116,7 +120,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         tokenizer_path=tokenizer_source(recipe),
         model_load=model_load(recipe),
         trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
-                                   accelerate_config=config),
+                                   accelerate_config=config) | preference.config_kwargs(recipe),
+        config_class=obj.config_path,
+        trainer_class=obj.trainer_path,
         resume_from=resume_from,
         launch=LaunchSpec(
             accelerate_config=config,

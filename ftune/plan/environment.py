@@ -13,6 +13,7 @@ from pathlib import Path
 from ftune.errors import Problem
 from ftune.plan import quantization
 from ftune.recipe.load import looks_local
+from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
@@ -146,7 +147,7 @@ def precision(recipe: Recipe, device: str, mixed_precision: str) -> list[Problem
 
 
 def packages(recipe: Recipe) -> list[Problem]:
-    """Optional packages the recipe needs: its optimizer's, its trackers', bitsandbytes."""
+    """Optional packages the recipe needs: its optimizer's, its trackers', bitsandbytes, trl for its objective."""
     found: list[Problem] = []
     need = needs_package(recipe.train.optimizer)
     if need is not None and importlib.util.find_spec(need[0]) is None:
@@ -160,6 +161,10 @@ def packages(recipe: Recipe) -> list[Problem]:
                                     "which is not installed", f"pip install {tracker}   (or remove it from "
                                     "output.report_to; metrics.jsonl is always written)"))
     found += quantization.check_environment(recipe)
+    obj = objective(recipe.train.objective)
+    if obj.needs_trl and importlib.util.find_spec(TRL_PACKAGE) is None:
+        found.append(Problem.at("train.objective", f"objective '{obj.name}' runs on TRL's {obj.trainer_class}, and "
+                                "trl is not installed", f"{TRL_INSTALL}   (or `train.objective: sft`)"))
     return found
 
 

@@ -65,7 +65,13 @@ class Plan(BaseModel):
     """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
     model_load: ModelLoad
     trainer: dict[str, Any]
-    """The exact keyword arguments of `TrainingArguments`; the worker passes them through unchanged."""
+    """The exact keyword arguments of `config_class` (TrainingArguments or a TRL subclass of it); the worker
+    passes them through unchanged."""
+    config_class: str = "transformers.TrainingArguments"
+    """The class `trainer` is given to: TrainingArguments for sft, TRL's DPOConfig/KTOConfig/ORPOConfig/CPOConfig
+    for the preference objectives (`ftune.recipe.objectives`)."""
+    trainer_class: str = "transformers.Trainer"
+    """The trainer the worker builds: transformers' Trainer, or TRL's for `train.objective`."""
     resume_from: str | None = None
     """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
     launch: LaunchSpec

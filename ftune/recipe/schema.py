@@ -15,7 +15,8 @@ from ftune.methods import config_classes
 from ftune.plugins import installed as installed_plugins
 
 SCHEMA_VERSION = 1
-BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification")
+BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
+                   "unpaired-preference")
 FORMATS = (*BUILTIN_FORMATS, *sorted(installed_plugins().formats))
 
 
@@ -77,14 +78,25 @@ class Fields(Section):
     labels: str = "labels"
     """`pretokenized`: optional labels (-100 = not trained)."""
     label: str = "label"
-    """`classification`: the label column (a name from model.labels, or an integer id)."""
+    """`classification`: the label column (a name from model.labels, or an integer id); `unpaired-preference`:
+    the desirable flag (true/false)."""
+    prompt: str = "prompt"
+    """`preference` and `unpaired-preference`: the prompt (a string, or a list of chat messages)."""
+    chosen: str = "chosen"
+    """`preference`: the preferred completion (a string, or a list of assistant messages)."""
+    rejected: str = "rejected"
+    """`preference`: the dispreferred completion (a string, or a list of assistant messages)."""
+    completion: str = "completion"
+    """`unpaired-preference`: the completion that `label` marks desirable or not."""
 
 
 class DataSource(Section):
     path: str
     """A local file (.jsonl/.json/.csv/.parquet/.txt), a `save_to_disk` folder, or a hub dataset name."""
     format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
-    """How rows become tokens and labels (built in, or registered by an installed plugin)."""
+    """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
+    (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
+    (train.objective)."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -112,7 +124,9 @@ class DataSection(Section):
     eval: EvalSplit | list[DataSource] | None = None
     """Eval data: `{split: 0.05}` of train, or a list of sources like `train`."""
     max_seq_length: int | None = Field(None, gt=0)
-    """Truncate (and pack) to this many tokens."""
+    """Truncate (and pack) to this many tokens; for preference data, prompt + completion."""
+    max_prompt_length: int | None = Field(None, gt=0)
+    """Preference data: keep at most this many prompt tokens (the end of the prompt, next to the completion)."""
     packing: bool = False
     """Pack several samples into each row; attention never crosses a sample boundary."""
     train_on: Literal["completion", "all"] = "completion"
@@ -256,7 +270,36 @@ class EarlyStopping(Section):
     """Minimum improvement that counts."""
 
 
+class PreferenceSection(Section):
+    """Settings of the preference objectives; each key is refused where its objective has no use for it."""
+
+    beta: float | None = Field(None, gt=0)
+    """Strength of the preference term (dpo, kto: deviation from the reference; orpo: odds-ratio weight; simpo: reward
+    scale). Default: TRL's, 2.0 for simpo."""
+    loss_type: str | None = None
+    """dpo: sigmoid (default), hinge, ipo, robust, exo_pair, ...; kto: kto (default) or apo_zero_unpaired."""
+    label_smoothing: float | None = Field(None, ge=0.0, lt=0.5)
+    """dpo and simpo: probability that a pair's preference is flipped (robust DPO, cDPO)."""
+    reference: Literal["model", "precomputed"] | None = None
+    """dpo and kto: `model` (default) scores the reference during training (LoRA/QLoRA: the base with the adapter
+    disabled; full fine-tuning: a frozen copy); `precomputed` scores it once before training and keeps no copy."""
+    gamma: float | None = Field(None, ge=0.0)
+    """simpo: target reward margin (TRL's simpo_gamma); default 0.5."""
+    desirable_weight: float | None = Field(None, gt=0)
+    """kto: weight of desirable completions (raise it when they are rarer)."""
+    undesirable_weight: float | None = Field(None, gt=0)
+    """kto: weight of undesirable completions."""
+
+
+OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo")
+
+
 class TrainSection(Section):
+    objective: Literal[OBJECTIVES] = "sft"  # type: ignore[valid-type]
+    """What is optimised: `sft` (next-token loss) or a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
+    `simpo`; needs `pip install 'ftune[preference]'`)."""
+    preference: PreferenceSection | None = None
+    """Settings of the preference objective (beta, loss_type, label_smoothing, reference, ...)."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training data (or set max_steps)."""
     max_steps: int | None = Field(None, gt=0)

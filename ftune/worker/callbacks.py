@@ -88,11 +88,54 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
 
     callbacks = [MetricsJsonl(), CheckpointMarker(), NumericsGuard(), StopOnSignal()]
     if console is not None:
-        callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step))
+        callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step,
+                                        preference=plan.recipe.train.objective != "sft"))
     return callbacks
 
 
-def _rich_progress(base, console, tokens_per_step: float):
+STUCK_LOGS = 3
+"""Training logs in a row with a reward accuracy of exactly 0 (after the first step) that stop a preference run."""
+
+
+def preference_guard(plan):
+    """Stop a preference run on the silent failures users report (NaN losses under FSDP/fp16, rewards that never
+    favour the chosen completion) with an error and a suggestion, instead of training on. Every rank sees the same
+    (gathered) logs, so every rank stops."""
+    from transformers import TrainerCallback
+
+    from ftune.errors import RunError
+
+    objective = plan.recipe.train.objective
+
+    class PreferenceGuard(TrainerCallback):
+        def __init__(self) -> None:
+            self.zero_runs = 0
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            for key in ("loss", "eval_loss"):
+                value = logs.get(key)
+                if isinstance(value, (int, float)) and not math.isfinite(value):
+                    raise RunError(
+                        f"{objective}: {key} is {value} at step {state.global_step}; the run stopped instead of "
+                        "training on", hint="lower train.learning_rate or train.max_grad_norm; use bf16 rather "
+                        "than fp16 (train.mixed_precision, distributed.fsdp.mixed_precision); check the data for "
+                        "empty completions")
+            acc = logs.get("rewards/accuracies")
+            if acc is None or state.global_step <= 1:  # policy == reference at the first step: accuracy is 0
+                return
+            self.zero_runs = self.zero_runs + 1 if acc == 0.0 else 0
+            if self.zero_runs >= STUCK_LOGS:
+                raise RunError(
+                    f"{objective}: rewards/accuracies has been exactly 0 for {self.zero_runs} logs in a row "
+                    f"(step {state.global_step}): the chosen completion never scores above the rejected one",
+                    hint="check that chosen and rejected are not swapped or identical, that data.max_seq_length "
+                    "and data.max_prompt_length leave the completions, and train.learning_rate")
+
+    return PreferenceGuard()
+
+
+def _rich_progress(base, console, tokens_per_step: float, preference: bool = False):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     class RichProgress(base):
@@ -144,7 +187,13 @@ def _rich_progress(base, console, tokens_per_step: float):
                 self.fields["loss"] = f"{logs['loss']:.4f}"
             if "learning_rate" in logs:
                 self.fields["lr"] = f"{logs['learning_rate']:.2e}"
-            if "eval_loss" in logs:
+            if "eval_loss" in logs and preference:  # a preference loss has no perplexity
+                self.progress.console.print(
+                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}"
+                    + "".join(f"  {k.removeprefix('eval_')} {v:.4f}" for k, v in logs.items()
+                              if k in ("eval_rewards/accuracies", "eval_rewards/margins"))
+                )
+            elif "eval_loss" in logs:
                 ppl = math.exp(min(logs["eval_loss"], 50))
                 self.progress.console.print(
                     f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}  perplexity {ppl:.2f}"

@@ -34,6 +34,7 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels package missing: harmless
     warnings.filterwarnings("ignore", message=".*use_reentrant.*")
+    warnings.filterwarnings("ignore", message=".*importing from 'trl.experimental'.*")  # orpo/simpo: pinned trl
 
 
 def run_stages(plan: Plan) -> dict:

@@ -61,10 +61,12 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     lines = ["[bold green]done[/bold green]"]
     if losses:
         lines.append(f"train loss {losses[0]:.4f} → {losses[-1]:.4f}")
-    if "eval_loss" in final_metrics:
+    if "eval_loss" in final_metrics and plan.recipe.train.objective != "sft":  # no perplexity for a preference loss
+        lines.append(f"eval loss {final_metrics['eval_loss']:.4f}, best {min(evals):.4f}")
+    elif "eval_loss" in final_metrics:
         ppl = math.exp(min(final_metrics["eval_loss"], 50))
         lines.append(f"eval loss {final_metrics['eval_loss']:.4f} (perplexity {ppl:.2f}), best {min(evals):.4f}")
-    for key in ("eval_accuracy", "eval_f1"):
+    for key in ("eval_accuracy", "eval_f1", "eval_rewards/accuracies", "eval_rewards/margins"):
         if key in final_metrics:
             lines.append(f"{key[5:]} {final_metrics[key]:.4f}")
     lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "

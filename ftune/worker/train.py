@@ -1,15 +1,31 @@
-"""Stage 6: the HF Trainer, configured by the Plan (`plan.trainer`). ftune writes no training loop of its own."""
+"""Stage 6: the HF Trainer, or TRL's for a preference objective, configured by the Plan (`plan.trainer`,
+`plan.config_class`, `plan.trainer_class`). ftune writes no training loop and no loss of its own."""
 
 from __future__ import annotations
 
+import importlib
 import math
+
+from ftune.errors import FtuneError
+from ftune.recipe.objectives import OBJECTIVES, TRL_INSTALL
+
+
+def _import(path: str):
+    """A class the Plan names; only the classes of `ftune.recipe.objectives` (a plan is never code)."""
+    known = {o.config_path for o in OBJECTIVES.values()} | {o.trainer_path for o in OBJECTIVES.values()}
+    if path not in known:
+        raise FtuneError(f"plan names an unknown trainer class {path!r}", hint="recompile the plan with this ftune")
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as err:
+        raise FtuneError(f"{path} is not importable: {err}", hint=TRL_INSTALL) from err
 
 
 def training_arguments(plan, **replace):
-    """`TrainingArguments(**plan.trainer)`: the compiled kwargs unchanged (`replace` only for `eval_arguments`)."""
-    from transformers import TrainingArguments
-
-    return TrainingArguments(**(plan.trainer | replace))
+    """`config_class(**plan.trainer)` (TrainingArguments or TRL's subclass): the compiled kwargs unchanged
+    (`replace` only for `ftune eval`)."""
+    return _import(plan.config_class)(**(plan.trainer | replace))
 
 
 def eval_arguments(plan, output_dir=None):
@@ -36,7 +52,12 @@ def classification_metrics(eval_pred) -> dict:
 
 
 def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
-    from transformers import EarlyStoppingCallback, PrinterCallback, Trainer
+    from transformers import PrinterCallback
+
+    r = plan.recipe
+    if r.train.objective != "sft":
+        return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks)
+    Trainer = _import(plan.trainer_class)
 
     offload = plan.recipe.train.activation_offloading
 
@@ -55,12 +76,7 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
             with torch.autograd.graph.save_on_cpu(pin_memory=plan.device == "cuda"):
                 return super().training_step(*args, **kwargs)
 
-    r = plan.recipe
-    cbs = list(callbacks)
-    if r.train.early_stopping and args.eval_strategy != "no":
-        es = r.train.early_stopping
-        cbs.append(EarlyStoppingCallback(early_stopping_patience=es.patience,
-                                         early_stopping_threshold=es.threshold))
+    cbs = [*callbacks, *_early_stopping(plan, args)]
     trainer = FtuneTrainer(
         model=model,
         args=args,
@@ -72,4 +88,40 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
         callbacks=cbs,
     )
     trainer.remove_callback(PrinterCallback)  # ftune's own progress bar and metrics.jsonl replace raw dict prints
+    return trainer
+
+
+def _early_stopping(plan, args) -> list:
+    from transformers import EarlyStoppingCallback
+
+    es = plan.recipe.train.early_stopping
+    if es is None or args.eval_strategy == "no":
+        return []
+    return [EarlyStoppingCallback(early_stopping_patience=es.patience, early_stopping_threshold=es.threshold)]
+
+
+def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
+    """TRL's trainer for `train.objective` on the model ftune loaded and adapted; TRL computes the loss.
+
+    With a PEFT adapter TRL adds a frozen copy of it named `ref` as the reference; ftune trains a fresh adapter,
+    whose copy equals the base, so the copy is dropped and TRL scores the reference with the adapter disabled
+    (no second set of weights, nothing extra in final/). Full fine-tuning: TRL loads a frozen copy."""
+    from transformers import PrinterCallback
+
+    from ftune.worker.callbacks import preference_guard
+
+    Trainer = _import(plan.trainer_class)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=bundle.train,
+        eval_dataset=bundle.eval if args.eval_strategy != "no" or bundle.eval is not None else None,
+        processing_class=tokenizer,
+        callbacks=[*callbacks, preference_guard(plan), *_early_stopping(plan, args)],
+    )
+    peft_config = getattr(trainer.model, "peft_config", None)
+    if isinstance(peft_config, dict) and "ref" in peft_config:
+        trainer.model.delete_adapter("ref")
+        trainer.model.set_adapter("default")
+    trainer.remove_callback(PrinterCallback)
     return trainer

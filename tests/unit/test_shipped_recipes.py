@@ -23,6 +23,7 @@ def test_the_issue_recipes_ship():
         "llama7b-prefix.yaml",
         "llama7b-llama-adapter.yaml",
         "llama7b-freeze.yaml",
+        "llama7b-dpo-lora.yaml",
     }
 
 
@@ -40,7 +41,8 @@ def test_header_and_base(path):
     assert recipe_bases(path) == [str(RECIPES / "bases" / "llama2-7b.yaml")]
     r = load_recipe(path).recipe
     assert r.model.path == "meta-llama/Llama-2-7b-hf"
-    assert [s.path for s in r.data.train] == ["data/alpaca.jsonl"]
+    data = "data/preferences.jsonl" if r.train.objective == "dpo" else "data/alpaca.jsonl"
+    assert [s.path for s in r.data.train] == [data]
     assert r.model.trust_remote_code is False
 
 
@@ -79,3 +81,11 @@ def test_method_specific_recipes():
 def test_base_is_partial():
     base = (RECIPES / "bases" / "llama2-7b.yaml").read_text()
     assert "name:" not in base  # a base only: validated through the recipes that extend it
+
+
+def test_dpo_recipe_compiles_to_trl_dpo():
+    from ftune.plan.compile import compile_plan
+
+    plan = compile_plan(load_recipe(RECIPES / "llama7b-dpo-lora.yaml"), check_inputs=False, gpus=1)
+    assert plan.trainer_class == "trl.DPOTrainer" and plan.trainer["beta"] == 0.1
+    assert plan.trainer["metric_for_best_model"] == "eval_rewards/accuracies" and plan.trainer["greater_is_better"]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftune.plugins import installed
+from ftune.recipe.objectives import PREFERENCE_FORMATS
 from ftune.recipe.schema import Recipe
 from ftune.worker.data.check import check_fields
 from ftune.worker.data.errors import DataError
@@ -32,7 +33,7 @@ class DataBundle:
 
     train: object  # datasets.Dataset
     eval: object | None  # datasets.Dataset | None
-    collator: Callable[[list[dict]], dict]
+    collator: Callable[[list[dict]], dict] | None  # None: the trainer's own (TRL's preference collators)
     report: DataReport
     label_names: list[str] | None = None
     mechanism: str = "padding"  # padding | position_ids | block_mask (how packed samples stay apart)
@@ -50,6 +51,11 @@ def chat_template_of(recipe: Recipe, tokenizer) -> str:
     return own or DEFAULT_CHAT_TEMPLATE
 
 
+def is_preference(recipe: Recipe) -> bool:
+    """Whether the data is preference rows for TRL (the rules make every source agree with train.objective)."""
+    return recipe.data.train[0].format in PREFERENCE_FORMATS
+
+
 def build(
     recipe: Recipe,
     tokenizer,
@@ -62,6 +68,7 @@ def build(
 
     from ftune.worker.data import packing
     from ftune.worker.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
+    from ftune.worker.data import preference
     from ftune.worker.data.pipeline import preprocess
     from ftune.worker.data.sources import content_hash, resolve
 
@@ -90,7 +97,10 @@ def build(
             reason = cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                if is_preference(recipe):
+                    report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                else:
+                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 entry = cache.commit(scratch, key)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -101,6 +111,8 @@ def build(
     for line in report.lines():
         log(line)
 
+    if is_preference(recipe):  # TRL tokenizes the text columns and brings its own collator
+        return DataBundle(train, evals, None, report, None, "padding")
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     if recipe.model.task == "sequence-classification":
         collator, how = packing.ClassificationCollator(pad), "padding"

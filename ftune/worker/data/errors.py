@@ -101,4 +101,5 @@ def field_hint(fmt: str, available: list[str]) -> str:
 
 
 def _field_key(fmt: str) -> str:
-    return {"chat": "messages", "instruction": "instruction", "pretokenized": "input_ids"}.get(fmt, "text")
+    return {"chat": "messages", "instruction": "instruction", "pretokenized": "input_ids", "preference": "prompt",
+            "unpaired-preference": "prompt"}.get(fmt, "text")

@@ -69,6 +69,8 @@ def required_fields(src: Source) -> dict[str, str]:
         "chat": {"messages": f.messages},
         "pretokenized": {"input_ids": f.input_ids},
         "classification": {"text": f.text, "label": f.label},
+        "preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
+        "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
     }[src.spec.format]
 
 

@@ -1,0 +1,62 @@
+"""The preference objectives' part of `plan.trainer`: the exact extra kwargs of TRL's config classes.
+
+DPOConfig, KTOConfig, ORPOConfig and CPOConfig subclass TrainingArguments, so `plan.trainer` is their kwargs:
+the TrainingArguments ones (`ftune.plan.trainer`) plus these. Every value TRL would otherwise default is written
+out (beta, loss, lengths, dropout), so `ftune plan --format json` shows what will run. Light: no trl import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftune.recipe.objectives import objective
+from ftune.recipe.schema import Recipe
+
+SIMPO_BETA = 2.0  # the SimPO paper's range is 2.0-2.5; TRL's CPOConfig default (0.1) is CPO's
+SIMPO_GAMMA = 0.5
+TRL_BETA = 0.1
+
+
+def config_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """`train.objective` + `train.preference` + the data lengths → the TRL config's own kwargs ({} for sft)."""
+    name = recipe.train.objective
+    if name == "sft":
+        return {}
+    p = recipe.train.preference
+    get = (lambda key, default: default if p is None or getattr(p, key) is None else getattr(p, key))
+    out: dict[str, Any] = {
+        # prompt + completion, truncated at the end; None: no truncation, as for SFT
+        "max_length": recipe.data.max_seq_length,
+        # the policy and the reference must see the same network: TRL's default, written out
+        "disable_dropout": True,
+        "dataset_num_proc": recipe.data.num_proc,
+    }
+    if name == "dpo":
+        out |= {"beta": get("beta", TRL_BETA), "loss_type": [get("loss_type", "sigmoid")],
+                "label_smoothing": get("label_smoothing", 0.0),
+                "precompute_ref_log_probs": get("reference", "model") == "precomputed"}
+    elif name == "kto":
+        out |= {"beta": get("beta", TRL_BETA), "loss_type": get("loss_type", "kto"),
+                "desirable_weight": get("desirable_weight", 1.0), "undesirable_weight": get("undesirable_weight", 1.0),
+                "precompute_ref_log_probs": get("reference", "model") == "precomputed"}
+    elif name == "orpo":
+        out |= {"beta": get("beta", TRL_BETA)}
+    elif name == "simpo":
+        out |= {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": get("beta", SIMPO_BETA),
+                "simpo_gamma": get("gamma", SIMPO_GAMMA), "label_smoothing": get("label_smoothing", 0.0)}
+    return out
+
+
+def reference_note(recipe: Recipe) -> str | None:
+    """What the reference model costs, for `plan.notes` (None for sft and the reference-free objectives)."""
+    obj = objective(recipe.train.objective)
+    if not obj.uses_reference:
+        return None
+    p = recipe.train.preference
+    if p is not None and p.reference == "precomputed":
+        return (f"{obj.name} reference: log-probs precomputed once before training (one extra pass over the data); "
+                "no reference model is kept in memory")
+    if recipe.peft.uses_peft_library:
+        return f"{obj.name} reference: the base model with the adapter disabled (no second copy in memory)"
+    return (f"{obj.name} reference: a frozen copy of the model (its weights once more in memory); "
+            "`train.preference.reference: precomputed` avoids it")

@@ -1,0 +1,92 @@
+"""Preference rules: what TRL's preference trainers can't run, refused at `validate` with the key to change.
+
+The objectives, their data formats and their settings come from `ftune.recipe.objectives`. Whether trl is
+installed is an environment check (`ftune.plan.environment`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ftune.errors import Problem
+from ftune.recipe.objectives import PREFERENCE_FORMATS, objective
+from ftune.recipe.rules import Rule
+from ftune.recipe.schema import Recipe
+
+
+def _sources(recipe: Recipe):
+    yield from ((f"data.train.{i}", s) for i, s in enumerate(recipe.data.train))
+    if isinstance(recipe.data.eval, list):
+        yield from ((f"data.eval.{i}", s) for i, s in enumerate(recipe.data.eval))
+
+
+def formats_fit_objective(recipe: Recipe) -> Iterator[Problem]:
+    obj = objective(recipe.train.objective)
+    for where, src in _sources(recipe):
+        if obj.data_format is None and src.format in PREFERENCE_FORMATS:
+            yield Problem.at(f"{where}.format", f"{src.format} data needs a preference objective, but "
+                             "train.objective is 'sft'",
+                             "set `train.objective: dpo` (or orpo, simpo; kto for unpaired-preference)")
+        elif obj.data_format is not None and src.format != obj.data_format:
+            other = "kto" if src.format == "unpaired-preference" else "dpo, orpo or simpo"
+            yield Problem.at(f"{where}.format", f"train.objective '{obj.name}' reads `format: {obj.data_format}` "
+                             f"rows, not {src.format}",
+                             f"write the rows as {_shape(obj.data_format)}"
+                             + (f", or use {other}" if src.format in PREFERENCE_FORMATS else ""))
+
+
+def _shape(fmt: str) -> str:
+    return "{prompt, chosen, rejected}" if fmt == "preference" else "{prompt, completion, label: true|false}"
+
+
+def settings_fit_objective(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    obj = objective(t.objective)
+    if t.preference is None:
+        return
+    if obj.data_format is None:
+        yield Problem.at("train.preference", "train.preference sets a preference objective's options, but "
+                         "train.objective is 'sft'", "set `train.objective` (dpo, orpo, kto, simpo) or remove it")
+        return
+    for key in t.preference.model_fields_set:
+        if getattr(t.preference, key) is None or key in obj.settings:
+            continue
+        if key == "reference":
+            yield Problem.at("train.preference.reference", f"{obj.name} is reference-free: it scores no reference "
+                             "model, so `reference` has no effect", "remove it (or use dpo or kto)")
+        else:
+            uses = ", ".join(o for o in ("dpo", "orpo", "kto", "simpo") if key in objective(o).settings)
+            yield Problem.at(f"train.preference.{key}", f"{obj.name} has no `{key}` setting (used by: {uses})",
+                             f"remove it; {obj.name} takes: {', '.join(obj.settings)}")
+    loss = t.preference.loss_type
+    if loss is not None and "loss_type" in obj.settings and loss not in obj.loss_types:
+        yield Problem.at("train.preference.loss_type", f"{obj.name} has no loss_type '{loss}'",
+                         f"one of: {', '.join(obj.loss_types)}")
+
+
+def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
+    t, d = recipe.train, recipe.data
+    if t.objective == "sft":
+        if d.max_prompt_length is not None:
+            yield Problem.at("data.max_prompt_length", "max_prompt_length truncates the prompts of preference data; "
+                             "train.objective is 'sft'", "remove it, or use data.max_seq_length")
+        return
+    if recipe.model.task != "causal-lm":
+        yield Problem.at("train.objective", f"{t.objective} trains a causal LM on completions; model.task is "
+                         f"'{recipe.model.task}'", "use `model.task: causal-lm`, or `train.objective: sft`")
+    if d.packing:
+        yield Problem.at("data.packing", f"{t.objective} compares whole completions pair by pair; packed rows "
+                         "would mix samples", "set `data.packing: false`")
+    if d.train_on != "completion":
+        yield Problem.at("data.train_on", f"{t.objective} scores the completions only; train_on "
+                         f"'{d.train_on}' would be ignored", "remove it (completion is the default)")
+    if d.max_prompt_length is not None and d.max_seq_length is not None and d.max_prompt_length >= d.max_seq_length:
+        yield Problem.at("data.max_prompt_length", f"max_prompt_length ({d.max_prompt_length}) leaves no room for the "
+                         f"completion in data.max_seq_length ({d.max_seq_length})",
+                         "make it smaller than max_seq_length")
+    if t.neftune_alpha is not None:
+        yield Problem.at("train.neftune_alpha", f"NEFTune noise is for SFT; {t.objective} would score noisy "
+                         "embeddings against a clean reference", "remove it")
+
+
+RULES: list[Rule] = [formats_fit_objective, settings_fit_objective, trainer_fits_objective]

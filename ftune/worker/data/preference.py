@@ -1,0 +1,169 @@
+"""Preference data: rows → the text columns TRL's preference trainers read.
+
+`preference` rows become {prompt, chosen, rejected}, `unpaired-preference` rows {prompt, completion, label}.
+Fields may be strings, or chat message lists (rendered here with the run's chat template, so every objective
+sees the same text). The prompt keeps its last `data.max_prompt_length` tokens; TRL tokenizes the rest and
+truncates prompt + completion to `data.max_seq_length` (`max_length` in the Plan). The order of steps, the
+seeds and the cache are the SFT pipeline's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ftune.recipe.schema import EvalSplit, Recipe
+from ftune.worker.data.errors import DataError, row_location
+from ftune.worker.data.formats import check_columns, normalize_messages
+from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.worker.data.sources import Source, load
+
+BOOKKEEPING = ["_len", "_trainable", "_truncated"]
+COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "unpaired-preference": ("prompt", "completion", "label")}
+
+
+def features(fmt: str):
+    import datasets
+
+    cols = {c: datasets.Value("string") for c in COLUMNS[fmt]}
+    if fmt == "unpaired-preference":
+        cols["label"] = datasets.Value("bool")
+    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32"),
+                              "_truncated": datasets.Value("bool")})
+
+
+def _messages(value, role: str, src: Source, i: int, fail) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    return normalize_messages(value, src, i, fail)
+
+
+def render_pair(tok, template: str, prompt, completions: list, src: Source, i: int, fail) -> tuple[str, list[str]]:
+    """Prompt and completions as text. Chat fields are rendered with `template`: the prompt with the generation
+    prompt, each completion as what the full conversation adds after it."""
+    if all(isinstance(v, str) for v in [prompt, *completions]):
+        return prompt, list(completions)
+    msgs = _messages(prompt, "user", src, i, fail)
+    try:
+        head = tok.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=True)
+        outs = []
+        for c in completions:
+            full = tok.apply_chat_template(msgs + _messages(c, "assistant", src, i, fail), chat_template=template,
+                                           tokenize=False)
+            if not full.startswith(head):
+                raise fail(i, "the chat template renders the prompt differently once a completion follows it",
+                           "use a prefix-stable chat template (data.chat_template)")
+            outs.append(full[len(head):].rstrip())  # a template's trailing newline after end-of-turn is no signal
+    except DataError:
+        raise
+    except Exception as err:  # jinja raise_exception(), bad role order, ...
+        raise fail(i, f"the chat template rejected the conversation: {err}") from err
+    return head, outs
+
+
+def encoder(src: Source, tok, template: str, max_prompt: int | None, rows: list[int]):
+    fmt = src.spec.format
+    f = src.spec.fields
+
+    def fail(i: int, message: str, hint: str | None = None) -> DataError:
+        return DataError(f"{src.where}: row {rows[i] + 1} of {src.spec.path}: {message}", hint=hint,
+                         location=row_location(src.path, src.kind, rows[i]) if src.local else None)
+
+    def value(batch, col, i, k):
+        v = batch[col][k]
+        if v is None or (isinstance(v, (str, list)) and len(v) == 0):
+            raise fail(i, f"field `{col}` is empty")
+        return v
+
+    def encode(batch: dict, idx: list[int]) -> dict:
+        names = COLUMNS[fmt]
+        out: dict[str, list] = {c: [] for c in (*names, "_len", "_trainable", "_truncated")}
+        for k, i in enumerate(idx):
+            comp_cols = [f.chosen, f.rejected] if fmt == "preference" else [f.completion]
+            prompt, comps = render_pair(tok, template, value(batch, f.prompt, i, k),
+                                        [value(batch, c, i, k) for c in comp_cols], src, i, fail)
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            cut = max_prompt is not None and len(ids) > max_prompt
+            if cut:  # keep the end of the prompt: it sits next to the completion
+                prompt = tok.decode(ids[-max_prompt:])
+            out["prompt"].append(prompt)
+            out["_truncated"].append(cut)
+            scored = len(tok(comps[0], add_special_tokens=False)["input_ids"])  # the (chosen) completion
+            out["_len"].append(len(ids) + scored)
+            out["_trainable"].append(scored)
+            if fmt == "preference":
+                out["chosen"].append(comps[0])
+                out["rejected"].append(comps[1])
+            else:
+                label = batch[f.label][k]
+                if not isinstance(label, bool):
+                    raise fail(i, f"field `{f.label}` must be true or false (desirable or not), got {label!r}")
+                out["completion"].append(comps[0])
+                out["label"].append(label)
+        return out
+
+    return encode
+
+
+def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: Path, seed: int):
+    import numpy as np
+
+    check_columns(src, ds.column_names)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(ds)) if recipe.data.shuffle else np.arange(len(ds))
+    if src.spec.limit:
+        order = order[: src.spec.limit]
+    ds = ds.select(order, keep_in_memory=True)
+    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
+    enc = ds.map(encoder(src, tok, template, recipe.data.max_prompt_length, order.tolist()), batched=True,
+                 with_indices=True, remove_columns=ds.column_names, features=features(src.spec.format),
+                 num_proc=recipe.data.num_proc, cache_file_name=str(scratch / f"enc-{tag}.arrow"),
+                 load_from_cache_file=False, new_fingerprint=f"ftune-{tag}-{seed}",
+                 desc=f"ftune: {src.where} ({src.spec.format})")
+    truncated = int(np.asarray(enc["_truncated"]).sum())
+    return enc, SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
+
+
+def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
+               scratch: Path) -> DataReport:
+    """Build the preference datasets into `scratch/train` (and `scratch/eval`) and return the report."""
+    import datasets
+    import numpy as np
+
+    from ftune.worker.data.pipeline import mix, split_eval
+
+    data, seed = recipe.data, recipe.train.seed
+    report = DataReport(max_seq_length=data.max_seq_length)
+    train_parts, eval_parts = [], []
+    for i, src in enumerate(train_srcs):
+        enc, rep = encode_source(src, load(src, scratch), recipe, tokenizer, template, scratch, seed + i)
+        if isinstance(data.eval, EvalSplit):
+            enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
+            eval_parts.append(held)
+        report.sources.append(rep)
+        train_parts.append(enc)
+    for i, src in enumerate(eval_srcs):
+        enc, rep = encode_source(src, load(src, scratch), recipe, tokenizer, template, scratch, seed + 2000 + i)
+        report.sources.append(rep)
+        eval_parts.append(enc)
+    train = mix(train_parts, [s.spec.weight for s in train_srcs], seed)
+    for rep, part in zip(report.sources, train_parts + eval_parts):
+        rep.used = len(part)
+    if data.shuffle:
+        train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
+    if len(train) == 0:
+        raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
+    evals = datasets.concatenate_datasets(eval_parts) if eval_parts else None
+    lengths = np.asarray(train["_len"])
+    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
+    report.tokens, report.trainable_tokens = int(lengths.sum()), int(np.asarray(train["_trainable"]).sum())
+    for k, v in length_stats(lengths).items():
+        setattr(report, k, v)
+    train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
+    if evals is not None:
+        evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
+    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    return report
