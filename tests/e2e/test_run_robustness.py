@@ -1,5 +1,5 @@
-"""`ftune run` under stress: SIGKILL + resume is bit-identical, secrets never land on disk, bad input is
-refused before anything is written, `--dry-run` trains nothing."""
+"""`ftune run` under stress: secrets never land on disk, bad input is refused before anything is written,
+`--dry-run` trains nothing, Ctrl-C leaves a resumable run dir (SIGKILL/SIGTERM + resume: tests/faults/)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.e2e._util import base_recipe, ftune, write_recipe
 
 pytestmark = pytest.mark.slow
-
-
-def _tensors(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(str(file)))
-    return out
 
 
 def _resume_recipe(tiny_model_dir, text_data_file, out: str) -> dict:
@@ -37,32 +27,6 @@ def _resume_recipe(tiny_model_dir, text_data_file, out: str) -> dict:
         checkpoint={"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"},
         output={"dir": out, "report_to": ["none"]},
     )
-
-
-def test_resume_after_sigkill_is_bit_identical(tmp_path, tiny_model_dir, text_data_file):
-    ref = write_recipe(tmp_path, _resume_recipe(tiny_model_dir, text_data_file, "runs/ref"), "ref.yaml")
-    assert ftune("run", str(ref), cwd=tmp_path).code == 0
-
-    killed = write_recipe(tmp_path, _resume_recipe(tiny_model_dir, text_data_file, "runs/killed"), "killed.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(killed)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = tmp_path / "runs/killed/checkpoints/checkpoint-8/ftune_complete.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the run never reached checkpoint-8"
-    os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker, mid-training
-    proc.wait()
-    assert not (tmp_path / "runs/killed/final").exists()
-
-    res = ftune("run", str(killed), cwd=tmp_path)  # same command: checkpoint.resume=auto continues
-    assert res.code == 0, res.text
-    plan = json.loads((tmp_path / "runs/killed/plan.json").read_text())
-    assert plan["resume_from"] is not None and "checkpoint-" in plan["resume_from"]
-    a, b = _tensors(tmp_path / "runs/ref/final"), _tensors(tmp_path / "runs/killed/final")
-    assert a.keys() == b.keys() and len(a) > 0
-    for name in a:
-        assert bool((a[name] == b[name]).all()), f"{name} differs after resume"
 
 
 def test_secrets_are_masked_everywhere(tmp_path, tiny_model_dir, text_data_file):

@@ -103,6 +103,24 @@ def test_sigterm_to_ftune_saves_the_current_step_and_resumes_bit_identical(tmp_p
     assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
 
 
+def test_resume_after_sigkill_of_the_group_is_bit_identical(tmp_path, reference, tiny_model_dir, text_data_file):
+    """SIGKILL to the whole group mid-training (no handler runs): a rerun resumes from the latest complete
+    checkpoint and ends bit-identical to the uninterrupted reference."""
+    recipe = _recipe(tiny_model_dir, text_data_file, "runs/killed")
+    proc, path = _start(tmp_path, recipe, "killed")
+    run = tmp_path / "runs/killed"
+    _wait_for(run / "checkpoints/checkpoint-20/ftune_complete.json", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker
+    proc.communicate(timeout=30)
+    assert not (run / "final").exists()
+    res = ftune("run", str(path), cwd=tmp_path)  # same command: checkpoint.resume=auto continues
+    assert res.code == 0, res.text
+    assert "checkpoint-" in json.loads((run / "plan.json").read_text())["resume_from"]
+    a, b = _tensors(reference / "final"), _tensors(run / "final")
+    assert a.keys() == b.keys() and len(a) > 0
+    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
+
+
 def test_sigkill_of_ftune_alone_stops_its_workers(tmp_path, tiny_model_dir, text_data_file):
     recipe = _recipe(tiny_model_dir, text_data_file, "runs/orphan", max_steps=400)
     proc, path = _start(tmp_path, recipe, "orphan")
