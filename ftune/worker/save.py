@@ -38,14 +38,21 @@ def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
+QUANTIZED_LAYERS = ("Linear4bit", "Linear8bitLt")
+"""bitsandbytes layers: their `weight` holds packed integers (under FSDP stored as bf16 bytes, which can read as
+NaN), never a float to check."""
+
+
 def first_nonfinite(model, *, trainable_only: bool) -> str | None:
     """Name of the first parameter holding a NaN or an infinity (this process's shard), or None."""
     import torch
 
+    packed = {f"{name}.weight" for name, m in model.named_modules() if type(m).__name__ in QUANTIZED_LAYERS}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if (p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point() \
-                    and not bool(torch.isfinite(p).all()):
+            if name in packed or not ((p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point()):
+                continue
+            if not bool(torch.isfinite(p).all()):
                 return _clean(name)
     return None
 
