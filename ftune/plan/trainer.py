@@ -13,6 +13,8 @@ from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
 LOWER_IS_BETTER = ("loss", "perplexity")
+DISTRIBUTED_KEYS = ("ddp_backend", "fsdp", "fsdp_config", "deepspeed")
+"""TrainingArguments that join the launch's process group: a one-process evaluation (`ftune eval`) leaves them out."""
 
 
 def optimizer_kwargs(recipe: Recipe) -> dict[str, Any]:

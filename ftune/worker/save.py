@@ -43,11 +43,16 @@ QUANTIZED_LAYERS = ("Linear4bit", "Linear8bitLt")
 NaN), never a float to check."""
 
 
+def packed_weights(model) -> set[str]:
+    """Names of bitsandbytes' packed weights in `model` (never checked for finiteness)."""
+    return {f"{name}.weight" for name, m in model.named_modules() if type(m).__name__ in QUANTIZED_LAYERS}
+
+
 def first_nonfinite(model, *, trainable_only: bool) -> str | None:
     """Name of the first parameter holding a NaN or an infinity (this process's shard), or None."""
     import torch
 
-    packed = {f"{name}.weight" for name, m in model.named_modules() if type(m).__name__ in QUANTIZED_LAYERS}
+    packed = packed_weights(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name in packed or not ((p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point()):
@@ -177,9 +182,11 @@ def save_final(trainer, plan, tokenizer) -> dict:
         state = acc.get_state_dict(trainer.model_wrapped)  # collective: every rank must call it
         state = {_clean(k): v for k, v in state.items()}
         expected = {}
-        bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())), None)
+        unwrapped = acc.unwrap_model(trainer.model_wrapped)
+        packed = packed_weights(unwrapped)
+        bad = next((k for k, v in state.items()
+                    if k not in packed and v.is_floating_point() and not bool(v.isfinite().all())), None)
         if main and bad is None:
-            unwrapped = acc.unwrap_model(trainer.model_wrapped)
             expected = expected_from_full_state(unwrapped, state, is_adapter)
             if is_adapter:
                 save_adapter(unwrapped, state, final)

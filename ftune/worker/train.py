@@ -29,8 +29,12 @@ def training_arguments(plan, **replace):
 
 
 def eval_arguments(plan, output_dir=None):
-    """The run's TrainingArguments for evaluation alone (`ftune eval`): nothing saved, nothing reported."""
-    return training_arguments(plan, output_dir=str(output_dir or plan.run.eval_scratch), report_to="none",
+    """The run's TrainingArguments for evaluation alone, in this one process (`ftune eval`): nothing saved or
+    reported, and no process group (a distributed run's model is evaluated gathered, from final/)."""
+    from ftune.plan.trainer import DISTRIBUTED_KEYS
+
+    alone = plan.model_copy(update={"trainer": {k: v for k, v in plan.trainer.items() if k not in DISTRIBUTED_KEYS}})
+    return training_arguments(alone, output_dir=str(output_dir or plan.run.eval_scratch), report_to="none",
                               eval_strategy="no", save_strategy="no", load_best_model_at_end=False)
 
 

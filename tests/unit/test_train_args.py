@@ -142,3 +142,12 @@ def test_eval_on_start(tmp_path):
     assert training_arguments(plan).eval_on_start is True
     only_start = _plan(tmp_path, eval={"strategy": "no", "on_start": True})
     assert training_arguments(only_start).eval_on_start is True
+
+
+def test_eval_arguments_of_a_distributed_plan_run_in_one_process(tmp_path):
+    from ftune.worker.train import eval_arguments
+
+    plan = _plan(tmp_path, distributed={"strategy": "fsdp", "num_processes": 2}, peft={"method": "full"})
+    assert plan.trainer["fsdp"] is True and plan.trainer["ddp_backend"] == "gloo"
+    args = eval_arguments(plan)  # would try to join the launch's process group with the FSDP/DDP kwargs
+    assert not args.fsdp and args.ddp_backend is None and args.output_dir.endswith("eval-tmp")
