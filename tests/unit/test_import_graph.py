@@ -7,8 +7,9 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   3 plan, importers                                            decisions before launch
   4 estimate                                                   what a recipe will cost
   5 launch | worker                                            parent side | child side: never each other
-  6 cli                                                        the commands
-  7 demo                                                       runs the commands
+  6 infer                                                      after training: merge, generation, chat (over worker)
+  7 cli                                                        the commands
+  8 demo                                                       runs the commands
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ LAYERS = {
     "plan": 3, "importers": 3,
     "estimate": 4,
     "launch": 5, "worker": 5,
-    "cli": 6,
-    "demo": 7,
+    "infer": 6,
+    "cli": 7,
+    "demo": 8,
 }
 
 
