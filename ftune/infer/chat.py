@@ -79,10 +79,19 @@ class Session:
 
         self.messages.append({"role": "user", "content": text})
         lo = self.loaded
+        started = False
+
+        def stream(piece: str) -> None:  # the answer as stored: without the leading space of its first word
+            nonlocal started
+            piece = piece if started else piece.lstrip()
+            if piece:
+                started = True
+                on_text(piece)
+
         prompt = encode_prompt(lo.fmt, lo.tokenizer, {"messages": self.conversation()})
         [completion] = generate(lo.model, lo.tokenizer, [prompt], stop_ids=lo.stop_ids,
                                 max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                                seed=self.seed, streamer=_streamer(lo.tokenizer, on_text))
+                                seed=self.seed, streamer=_streamer(lo.tokenizer, stream))
         self.messages.append({"role": "assistant", "content": completion.text})
         return completion.text
 

@@ -10,6 +10,19 @@ from ftune.errors import FtuneError
 from ftune.infer.source import Target
 
 
+def quiet_libraries() -> None:
+    """ftune prints what it does; library progress bars and advisory warnings would bury the answer."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
 def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None, extra: dict | None = None):
     """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base.
 
@@ -80,6 +93,7 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
     from ftune.worker.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
 
+    quiet_libraries()
     tok = load_tokenizer(target)
     if target.plan is not None and not target.is_merged:
         model = load_trained(target.plan, target.model_dir, tok, extra=extra)

@@ -134,10 +134,11 @@ def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, 
 def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, log) -> MergeResult:
     import transformers
 
-    from ftune.infer.load import load_tokenizer
-    from ftune.worker.generation import prompt_format, stop_token_ids
+    from ftune.infer.load import load_tokenizer, quiet_libraries
+    from ftune.worker.generation import as_chat_template, prompt_format, stop_token_ids
     from ftune.worker.save import saved_tensors
 
+    quiet_libraries()
     tmp.mkdir(parents=True)
     tok = load_tokenizer(target)
     fmt = prompt_format(plan.recipe, tok)
@@ -166,8 +167,9 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, lo
     model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(tmp), max_shard_size=shard_size, safe_serialization=True)
-    if fmt.format == "chat":
-        tok.chat_template = fmt.template
+    template = as_chat_template(fmt)
+    if template is not None:
+        tok.chat_template = template
     tok.save_pretrained(str(tmp))
     del model
 

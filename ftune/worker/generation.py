@@ -51,6 +51,28 @@ def prompt_format(recipe, tokenizer) -> PromptFormat:
     return PromptFormat("text")
 
 
+def as_chat_template(fmt: PromptFormat) -> str | None:
+    """A Jinja chat template that renders prompts as `fmt` does (for a merged folder, so plain transformers
+    users get the run's prompt with `apply_chat_template`): the chat template itself, or the instruction
+    template around the last user message; None for plain text."""
+    import json
+    import string
+
+    if fmt.format == "chat":
+        return fmt.template
+    if fmt.format != "instruction":
+        return None
+    template = fmt.template or ALPACA_TEMPLATE_NO_INPUT
+    out = ["{%- set ns = namespace(prompt='') -%}{%- for m in messages -%}{%- if m['role'] == 'user' -%}"
+           "{%- set ns.prompt = m['content'] -%}{%- endif -%}{%- endfor -%}"]
+    for literal, name, _, _ in string.Formatter().parse(template):
+        if literal:
+            out.append("{{ " + json.dumps(literal) + " }}")
+        if name == "instruction":
+            out.append("{{ ns.prompt }}")
+    return "".join(out)
+
+
 def model_prompt_format(tokenizer) -> PromptFormat:
     """A model folder ftune did not write: its own chat template when it has one, else plain text."""
     template = getattr(tokenizer, "chat_template", None)
