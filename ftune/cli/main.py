@@ -53,7 +53,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "chat": Command(
         "ftune.cli.chat", "chat with a run's model in the terminal (/reset, /system, /set, /save)",
-        ("torch", "transformers", "peft", "accelerate", "datasets", "rich"),
+        ("torch", "transformers", "peft", "accelerate", "datasets"),
     ),
     "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
     "launch-script": Command("ftune.cli.launch_script",
