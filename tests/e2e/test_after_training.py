@@ -157,6 +157,10 @@ def test_generation_stops_at_a_stop_token(merged):
     assert cut.stopped and cut.ids == free.ids[:1]
     [long] = generate(model, tok, [prompt], stop_ids=[tok.eos_token_id], max_new_tokens=1)
     assert not long.stopped and long.ids == free.ids[:1]
+    # left-padded batches of prompts of different lengths decode as each prompt alone
+    prompts = [tok(t)["input_ids"] for t in ("add 2 and 3 =", "the cat sat on a mat and the dog ran add 7 and 1 =", "x")]
+    alone = [generate(model, tok, [p], stop_ids=[tok.eos_token_id], max_new_tokens=6)[0] for p in prompts]
+    assert generate(model, tok, prompts, stop_ids=[tok.eos_token_id], max_new_tokens=6, batch_size=3) == alone
 
 
 def test_chat_session_driven_through_stdin(lora_run, tmp_path, capsys, monkeypatch):
