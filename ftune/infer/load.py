@@ -46,7 +46,24 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         base = load_model(plan, tokenizer, labels=labels, spec=with_extra(model_load(recipe)))
         if section is not None:
             base = quantize.prepare_for_eval(base, recipe)
-        return PeftModel.from_pretrained(base, str(model_dir))
+        import warnings
+
+        hint = ("merge it first (`ftune merge RUN_DIR`) and generate with the merged folder, or raise --max-memory "
+                "so the adapted layers fit on a device")
+        on_disk = sorted(name for name, device in (getattr(base, "hf_device_map", None) or {}).items()
+                         if device == "disk")
+        if on_disk:  # checked before peft runs: it would write the offloaded weights under ./tmp and fail
+            raise FtuneError(f"the adapter can't be loaded over a base offloaded to disk ({len(on_disk)} modules on "
+                             f"disk, e.g. `{on_disk[0] or 'the whole model'}`)", hint=hint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # meta-parameter copies: checked just below
+            model = PeftModel.from_pretrained(base, str(model_dir))
+        offloaded = sorted(n for n, p in model.named_parameters() if p.device.type == "meta" and "base_layer" not in n
+                           and any(k in n for k in ("lora_", "prompt_encoder", "adaption_")))
+        if offloaded:  # peft can't load adapter weights into disk-offloaded layers: they would stay empty
+            raise FtuneError(f"the adapter can't be loaded over a base offloaded to disk ({len(offloaded)} adapter "
+                             f"tensors would stay empty, e.g. {offloaded[0]})", hint=hint)
+        return model
     if (model_dir / "config.json").is_file():
         return load_model(plan, tokenizer, spec=with_extra(model_load(plan.recipe, path=str(model_dir))))
     raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
@@ -112,4 +129,10 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
         eos = model.generation_config.eos_token_id
         extra_stops = [eos] if isinstance(eos, int) else list(eos or [])
         description = f"{'merged model' if target.is_merged else 'model'} {target.model_dir}"
+    placement = getattr(model, "hf_device_map", None) or getattr(getattr(model, "base_model", None), "hf_device_map", None)
+    if placement:  # dispatched by accelerate: say where the modules went (GPUs, cpu, disk)
+        from collections import Counter
+
+        counts = Counter(str(d) for d in placement.values())
+        description += " (modules on " + ", ".join(f"{d}: {n}" for d, n in sorted(counts.items())) + ")"
     return Loaded(model.eval(), tok, fmt, stop_token_ids(tok, fmt, extra_stops), description)
