@@ -11,13 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from ftune.worker.data import stops
 from ftune.worker.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 from ftune.worker.data.masking import IGNORE
-
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-               "</s>", "<|eom_id|>")
-"""End-of-turn tokens of common chat templates; one stops generation when it is in the vocabulary and the
-run's chat template writes it."""
 
 Prompt = str | dict
 """A plain prompt, `{"instruction", "input"}`, `{"prompt"}`, or `{"messages": [...]}` (a conversation)."""
@@ -106,15 +102,9 @@ def encode_prompt(fmt: PromptFormat, tokenizer, prompt: Prompt, system: str | No
 
 
 def stop_token_ids(tokenizer, fmt: PromptFormat | None = None, extra: Iterable[int] = ()) -> list[int]:
-    """EOS, the end-of-turn tokens the chat template writes, and `extra` (a model's generation config)."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    vocab = tokenizer.get_vocab()
+    """EOS, the end-of-turn tokens the run's chat template writes, and `extra` (a model's generation config)."""
     template = fmt.template if fmt is not None and fmt.format == "chat" else None
-    for token in END_OF_TURN:
-        if token in vocab and template is not None and token in template:
-            ids.append(vocab[token])
-    ids += [int(i) for i in extra]
-    return list(dict.fromkeys(ids))
+    return stops.stop_token_ids(tokenizer, template, extra)
 
 
 @dataclass(frozen=True)
