@@ -142,6 +142,20 @@ def test_generate_is_deterministic_and_equal_on_adapter_and_merged(lora_run, mer
     assert sampled == _generate(lora_run, capsys, "--temperature", "1.0", "--seed", "11")
 
 
+def test_big_model_inference_offloads_to_disk_under_a_memory_cap(lora_run, merged, tmp_path, capsys):
+    """accelerate's dispatch (meta init, then load-and-dispatch): a CPU cap below the model's size puts some layers
+    on disk; the answers stay the same. An adapter over disk-offloaded layers is refused, with the way out."""
+    cap = ("--device-map", "auto", "--max-memory", "cpu=250KB", "--offload-dir", str(tmp_path / "offload"))
+    code, out = cli("generate", merged["out"], *[a for p in PROMPTS for a in ("--prompt", p)], "--max-new-tokens", "6",
+                    "--format", "json", *cap, capsys=capsys)
+    assert code == 0, out
+    result = json.loads(out)
+    assert "disk: " in result["model"] and "cpu: " in result["model"]
+    assert [r["completion"] for r in result["results"]] == [r["completion"] for r in _generate(Path(merged["out"]), capsys)]
+    code, out = cli("generate", str(lora_run), "--prompt", "x", *cap[:3], "cpu=150KB", *cap[4:], capsys=capsys)
+    assert code == 1 and "the adapter can't be loaded over a base offloaded to disk" in out and "ftune merge" in out
+
+
 def test_generation_stops_at_a_stop_token(merged):
     """Decoding ends at the first stop token and drops it; else it runs to max_new_tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -223,3 +237,37 @@ def test_qlora_adapter_merges_into_the_unquantized_base_and_generates(lora_run, 
     assert len(quantized) == 3 and all(r["finish_reason"] in ("stop", "length") for r in quantized)
     code, out = cli("generate", str(run), "--prompt", "x", "--format", "json", capsys=capsys)
     assert "on a 4-bit base" in json.loads(out)["model"]
+
+
+def test_a_full_run_is_copied_and_resharded(tmp_path, tiny_model_dir, text_data_file, capsys):
+    """A full fine-tune's final/ is already a plain model: merge re-saves it in the dtype asked, re-sharded, verified.
+    (The run dir is assembled around the tiny model as final/: `ftune run` writes the same layout.)"""
+    import shutil
+
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+    from ftune.rundir import RunDir, mark_complete
+
+    recipe = base_recipe(tiny_model_dir, text_data_file, name="full", peft={"method": "full"},
+                         output={"dir": str(tmp_path / "runs" / "full")})
+    plan = compile_plan(load_recipe(str(write_recipe(tmp_path, recipe))), check_inputs=False)
+    run = RunDir(Path(plan.run_dir))
+    shutil.copytree(tiny_model_dir, run.final)
+    run.plan.write_text(plan.model_dump_json())
+    (run.final / "ftune.json").write_text(json.dumps({"method": "full", "adapter": False, "quantization": None}))
+    mark_complete(run.final, {})
+    code, out = cli("merge", str(run.root), "--dtype", "bfloat16", "--shard-size", "150KB", "--format", "json",
+                    capsys=capsys)
+    assert code == 0, out
+    result = json.loads(out)
+    assert result["action"] == "copied" and result["dtype"] == "bfloat16" and result["max_diff"] == 0.0
+    assert sum(f.endswith(".safetensors") for f in result["files"]) > 1
+    from transformers import AutoModelForCausalLM
+
+    import torch
+
+    reloaded = AutoModelForCausalLM.from_pretrained(result["out"])
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert next(reloaded.parameters()).dtype == torch.bfloat16
+    for (name, a), (_, b) in zip(sorted(reloaded.state_dict().items()), sorted(original.state_dict().items())):
+        assert torch.equal(a, b.to(torch.bfloat16)), name
