@@ -163,9 +163,10 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, lo
         model = _load_base(plan, tok, dtype, path=str(target.model_dir))
         reference = _logits(model, samples)
 
-    stops = stop_token_ids(tok, fmt)
-    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
-    model.generation_config.pad_token_id = tok.pad_token_id
+    if getattr(model, "generation_config", None) is not None:  # causal LMs: stop where the run's answers end
+        stops = stop_token_ids(tok, fmt)
+        model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
+        model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(tmp), max_shard_size=shard_size, safe_serialization=True)
     template = as_chat_template(fmt)
     if template is not None:
