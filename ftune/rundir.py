@@ -86,6 +86,11 @@ class RunDir:
         return self.root / "final"
 
     @property
+    def merged(self) -> Path:
+        """Where `ftune merge` writes the merged model by default (written as a hidden partial folder, then renamed)."""
+        return self.root / "merged"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 

@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             "recipe": loaded.file,
             "mechanism": bundle.mechanism,
             "report": bundle.report.as_dict(),
+            "warnings": bundle.warnings,
             "samples": [{k: v for k, v in s.items() if k not in ("trained",)} for s in shown],
         }
         json.dump(out, sys.stdout, indent=1)
@@ -174,3 +175,5 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
         console.print("  " + line.removeprefix("data: "))
     if rep.packing:
         console.print(f"  packing: attention kept per sample by {bundle.mechanism}")
+    for warning in bundle.warnings:
+        console.print(Text.assemble(("\nwarning", "bold yellow"), f": {warning}"))

@@ -1,7 +1,8 @@
 """`ftune eval RECIPE [key=value ...] [--model DIR] [--format json]`: evaluate a trained model, no training.
 
 By default the model is the run's `final/` (an adapter is loaded on the recipe's base model). Runs in
-this process on the recipe's eval data, with the same Trainer evaluation as `ftune run`.
+this process on the recipe's eval data, with the same Trainer evaluation as `ftune run`; with
+`eval.generate` set (or `--generate`) it also scores greedy completions of the eval prompts (exact match, F1).
 """
 
 from __future__ import annotations
@@ -20,35 +21,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys")
     p.add_argument("--model", help="model or adapter folder (default: <output.dir>/final)")
+    p.add_argument("--generate", action="store_true",
+                   help="also score greedy completions (exact match, F1) with eval.generate's defaults when it is unset")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
-def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None):
-    """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base."""
-    from ftune.plan.loading import model_load
-    from ftune.worker.model import load_model
+def evaluate(plan, model_dir: Path, generate=None) -> dict:
+    """Loss (and perplexity) on the eval data; generation metrics too when `generate` (an eval.generate section)."""
+    import math
 
-    if (model_dir / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        from ftune.worker import quantize
-
-        # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
-        # k-bit preparation, so eval reproduces the logged loss.
-        section = quantize.recorded_quantization(model_dir) or plan.recipe.quantization
-        recipe = plan.recipe.model_copy(update={"quantization": section})
-        base = load_model(plan, tokenizer, labels=labels, spec=model_load(recipe))
-        if section is not None:
-            base = quantize.prepare_for_eval(base, recipe)
-        return PeftModel.from_pretrained(base, str(model_dir))
-    if (model_dir / "config.json").is_file():
-        return load_model(plan, tokenizer, spec=model_load(plan.recipe, path=str(model_dir)))
-    raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
-                     hint="pass --model pointing at a run's final/ folder or a checkpoint")
-
-
-def evaluate(plan, model_dir: Path) -> dict:
-    from ftune.worker import data, tokenizer, train
+    from ftune.infer.load import load_trained
+    from ftune.worker import data, generation, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
@@ -57,7 +40,16 @@ def evaluate(plan, model_dir: Path) -> dict:
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
-    return trainer.evaluate(eval_dataset=bundle.eval)
+    metrics = trainer.evaluate(eval_dataset=bundle.eval)
+    if "eval_loss" in metrics:
+        metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
+    if generate is not None:
+        fmt = generation.prompt_format(plan.recipe, tok)
+        metrics.update(generation.generation_metrics(
+            model, tok, bundle.eval, metrics=generate.metrics, max_new_tokens=generate.max_new_tokens,
+            max_samples=generate.max_samples, stop_ids=generation.stop_token_ids(tok, fmt),
+            batch_size=args.per_device_eval_batch_size))
+    return metrics
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,11 +64,21 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
+    section = plan.recipe.eval.generate
+    if args.generate and section is None:
+        from ftune.recipe.rules.core import eval_generate_needs_prompts
+        from ftune.recipe.schema import GenerateEval
+
+        section = GenerateEval()
+        with_generate = plan.recipe.model_copy(update={"eval": plan.recipe.eval.model_copy(update={"generate": section})})
+        problems = list(eval_generate_needs_prompts(with_generate))
+        if problems:
+            raise loaded.error(problems)
     from ftune.launch.lock import claim
 
     lock, _ = claim(plan.run, "eval")  # one live run per run dir: not while `ftune run` trains into it
     with lock:
-        metrics = evaluate(plan, model_dir)
+        metrics = evaluate(plan, model_dir, section)
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         print(f"ftune: warning: {', '.join(bad)} not finite: the model's outputs hold NaN or infinity "

@@ -43,6 +43,18 @@ COMMANDS: dict[str, Command] = {
         "ftune.cli.eval", "evaluate a trained model on the recipe's eval data",
         ("torch", "transformers", "peft", "accelerate", "datasets"),
     ),
+    "merge": Command(
+        "ftune.cli.merge", "merge a LoRA run into its base: a plain HF model folder, verified, written atomically",
+        ("torch", "transformers", "peft", "accelerate", "datasets", "safetensors"),
+    ),
+    "generate": Command(
+        "ftune.cli.generate", "generate with a run's model (adapter, merged or QLoRA): its prompt format and stop tokens",
+        ("torch", "transformers", "peft", "accelerate", "datasets"),
+    ),
+    "chat": Command(
+        "ftune.cli.chat", "chat with a run's model in the terminal (/reset, /system, /set, /save)",
+        ("torch", "transformers", "peft", "accelerate", "datasets"),
+    ),
     "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
     "launch-script": Command("ftune.cli.launch_script",
                              "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),

@@ -3,12 +3,11 @@
 The task figures load the models with plain transformers/peft, as a user would: answer loss is the
 mean cross-entropy over the answer tokens (and end-of-sequence), tokenized exactly as ftune's
 `instruction` format does (prompt alone, then the answer); accuracy is exact match of the greedy
-continuation up to end-of-sequence.
+continuation up to end-of-sequence, decoded and scored by the machinery of `ftune generate` and `eval.generate`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,36 +67,21 @@ def answer_loss(model, tokenizer, rows: list[TaskRow]) -> float:
 
 
 def greedy_answers(model, tokenizer, rows: list[TaskRow], max_new_tokens: int = 4) -> list[str]:
-    """Greedy continuation of each prompt up to end-of-sequence; prompts of one length share a batch (no padding)."""
-    import torch
+    """Greedy continuation of each prompt up to end-of-sequence, decoded as `ftune generate` and
+    `eval.generate` decode (ftune.worker.generation)."""
+    from ftune.worker.generation import generate
 
-    by_length: dict[int, list[int]] = defaultdict(list)
     prompts = [_encode(tokenizer, r)[0] for r in rows]
-    for i, p in enumerate(prompts):
-        by_length[len(p)].append(i)
-    out = [""] * len(rows)
-    for length, idx in by_length.items():
-        batch = torch.tensor([prompts[i] for i in idx])
-        with torch.no_grad():
-            gen = model.generate(
-                input_ids=batch,
-                attention_mask=torch.ones_like(batch),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        for k, i in enumerate(idx):
-            new = gen[k, length:].tolist()
-            if tokenizer.eos_token_id in new:
-                new = new[: new.index(tokenizer.eos_token_id)]
-            out[i] = tokenizer.decode(new, skip_special_tokens=True).strip()
-    return out
+    completions = generate(model, tokenizer, prompts, stop_ids=[tokenizer.eos_token_id], max_new_tokens=max_new_tokens,
+                           batch_size=len(rows))
+    return [c.text for c in completions]
 
 
 def score(model, tokenizer, rows: list[TaskRow], show: int = 4) -> TaskScore:
+    from ftune.worker.generation import exact_match
+
     answers = greedy_answers(model, tokenizer, rows)
-    right = sum(a == r.answer for a, r in zip(answers, rows))
+    right = sum(exact_match(a, r.answer) for a, r in zip(answers, rows))
     step = max(1, len(rows) // show)
     samples = [(rows[i].prompt, rows[i].answer, answers[i]) for i in range(0, len(rows), step)][:show]
     return TaskScore(answer_loss(model, tokenizer, rows), right / len(rows), samples)

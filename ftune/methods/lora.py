@@ -29,6 +29,10 @@ class Config(MethodConfig):
     use_dora: bool = False
     """Weight-decomposed LoRA (DoRA)."""
 
+    @property
+    def merge(self) -> str | None:
+        return "merge"
+
 
 def inject(model, cfg: Config, task: str):
     from peft import LoraConfig, get_peft_model

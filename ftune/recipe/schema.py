@@ -362,6 +362,15 @@ class TrainSection(Section):
     """Trainer callbacks registered by installed plugins, by name (a recipe never names code)."""
 
 
+class GenerateEval(Section):
+    max_new_tokens: int = Field(64, gt=0)
+    """Longest greedy completion per eval row."""
+    metrics: list[Literal["exact_match", "f1"]] = Field(default_factory=lambda: ["exact_match", "f1"], min_length=1)
+    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap)."""
+    max_samples: int | None = Field(200, gt=0)
+    """Eval rows to generate for (null: all)."""
+
+
 class EvalSection(Section):
     strategy: Literal["no", "steps", "epoch"] = "no"
     """When to evaluate."""
@@ -371,6 +380,9 @@ class EvalSection(Section):
     """Eval batch size per device; default: train.per_device_batch_size."""
     on_start: bool = False
     """Also evaluate before the first step, so metrics.jsonl holds the starting eval loss."""
+    generate: GenerateEval | None = None
+    """Evaluation by generation: greedy completions of the eval prompts scored against the reference answers
+    (instruction and chat data), reported by `ftune eval` and at the end of `ftune run` (into metrics.jsonl)."""
 
 
 class CheckpointSection(Section):

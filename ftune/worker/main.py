@@ -84,6 +84,8 @@ def run_stages(plan: Plan) -> dict:
         folder = run.checkpoints / f"checkpoint-{step}"
         raise terminated_error(step, str(folder) if is_complete(folder) else None)
     final_metrics = trainer.evaluate() if trainer.eval_dataset is not None else {}
+    if recipe.eval.generate is not None and trainer.eval_dataset is not None:
+        final_metrics.update(_generation_metrics(plan, trainer, tok, console))
     saved = save.save_final(trainer, plan, tok)
     result = {}
     if console:
@@ -91,6 +93,27 @@ def run_stages(plan: Plan) -> dict:
         if recipe.output.loss_curve:
             report.loss_curve(run)
     return result
+
+
+def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
+    """Evaluation by generation at the end of training (eval.generate), logged into metrics.jsonl.
+
+    Greedy decoding of a sharded model needs every rank in step; it runs in single-process runs, and
+    `ftune eval` computes the same metrics for any run."""
+    from ftune.worker import generation
+
+    if plan.world_size > 1:
+        if console:
+            console.print("[yellow]eval.generate[/yellow]: skipped in a multi-process run; `ftune eval` computes it")
+        return {}
+    section = plan.recipe.eval.generate
+    fmt = generation.prompt_format(plan.recipe, tok)
+    metrics = generation.generation_metrics(
+        trainer.model, tok, trainer.eval_dataset, metrics=section.metrics, max_new_tokens=section.max_new_tokens,
+        max_samples=section.max_samples, stop_ids=generation.stop_token_ids(tok, fmt),
+        batch_size=trainer.args.per_device_eval_batch_size)
+    trainer.log(metrics)
+    return metrics
 
 
 def _write_error(run: RunDir, payload: dict) -> None:

@@ -67,8 +67,12 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
         ppl = math.exp(min(final_metrics["eval_loss"], 50))
         lines.append(f"eval loss {final_metrics['eval_loss']:.4f} (perplexity {ppl:.2f}), best {min(evals):.4f}")
     for key in ("eval_accuracy", "eval_f1", "eval_rewards/accuracies", "eval_rewards/margins"):
-        if key in final_metrics:
+        if key in final_metrics and "eval_generated" not in final_metrics:
             lines.append(f"{key[5:]} {final_metrics[key]:.4f}")
+    if "eval_generated" in final_metrics:  # evaluation by generation (eval.generate)
+        scores = ", ".join(f"{k[5:]} {final_metrics[k]:.4f}" for k in ("eval_exact_match", "eval_f1") if k in final_metrics)
+        lines.append(f"generation ({final_metrics['eval_generated']} greedy answers): {scores}, "
+                     f"stopped {final_metrics['eval_stopped']:.0%}")
     lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "
                  f"{saved.get('tensors', 0)} tensors, verified)")
     lines.append(f"metrics {run.metrics}")

@@ -82,3 +82,23 @@ def test_missing_tokenizer_is_a_clear_error(tmp_path, text_data_file, capsys):
     data = f"  train:\n    - path: {text_data_file}\n"
     assert main(["data", write_recipe(tmp_path, tmp_path / "no-model", data)]) == 1
     assert "cannot load the tokenizer" in capsys.readouterr().err
+
+
+def test_chat_training_that_never_trains_a_stop_token_is_warned(tmp_path, tiny_tokenizer_dir, capsys):
+    """A chat template that ends assistant turns with nothing: the model would never learn to stop."""
+    rows = [{"messages": [{"role": "user", "content": f"add {i} and 1"}, {"role": "assistant", "content": "the cat sat"}]}
+            for i in range(20)]
+    data_file = tmp_path / "chat.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    no_eos = "{% for m in messages %}{{ m['role'] }}:\\n{{ m['content'] }}\\n{% endfor %}" \
+             "{% if add_generation_prompt %}assistant:\\n{% endif %}"
+    data = f"  train:\n    - path: {data_file}\n      format: chat\n"
+    assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data + f'  chat_template: "{no_eos}"\n'),
+                 "--format", "json"]) == 0
+    [warning] = json.loads(capsys.readouterr().out)["warnings"]
+    assert warning.startswith("no trained token is a stop token (</s>) in the first 20 training rows")
+    # ftune's default template ends every turn with eos_token: no warning
+    assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+    assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data + f'  chat_template: "{no_eos}"\n')]) == 0
+    assert "warning: no trained token is a stop token" in capsys.readouterr().out

@@ -8,8 +8,9 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   4 plan, importers                                            decisions before launch
   5 estimate                                                   what a recipe will cost
   6 launch | worker                                            parent side | child side: never each other
-  7 cli                                                        the commands
-  8 demo                                                       runs the commands
+  7 infer                                                      after training: merge, generation, chat (over worker)
+  8 cli                                                        the commands
+  9 demo                                                       runs the commands
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ LAYERS = {
     "plan": 4, "importers": 4,
     "estimate": 5,
     "launch": 6, "worker": 6,
-    "cli": 7,
-    "demo": 8,
+    "infer": 7,
+    "cli": 8,
+    "demo": 9,
 }
 
 

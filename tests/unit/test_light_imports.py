@@ -56,7 +56,7 @@ sys.exit(code)
 """
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "data", "eval"])
+@pytest.mark.parametrize("command", ["run", "plan", "data", "eval", "merge", "generate", "chat"])
 def test_heavy_command_without_the_stack_names_the_extra(command):
     """As on a light install: the stack is looked up (find_spec) before the command's module is imported."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

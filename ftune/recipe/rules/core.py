@@ -69,6 +69,26 @@ def eval_on_start_needs_data(recipe: Recipe) -> Iterator[Problem]:
         )
 
 
+def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
+    """Generation metrics complete the eval prompts: they need eval data, a causal LM, and masked prompts."""
+    if recipe.eval.generate is None:
+        return
+    if recipe.data.eval is None:
+        yield Problem.at("eval.generate", "eval.generate needs eval data, but `data.eval` is not set",
+                         "set `data.eval` (e.g. `{split: 0.05}`), or remove `eval.generate`")
+    if recipe.model.task != "causal-lm":
+        yield Problem.at("eval.generate", f"eval.generate needs a causal-lm model, not model.task '{recipe.model.task}'",
+                         "remove `eval.generate`: classification reports accuracy through the eval loss only")
+    formats = {s.format for s in recipe.data.train}
+    if not formats & {"instruction", "chat"}:
+        yield Problem.at("eval.generate", "eval.generate scores answers to prompts, so it needs instruction or chat "
+                         f"data; data.train has {', '.join(sorted(formats))}",
+                         "use `format: instruction` or `format: chat` sources, or remove `eval.generate`")
+    elif recipe.data.train_on == "all":
+        yield Problem.at("data.train_on", "eval.generate needs prompts apart from answers, but `data.train_on: all` "
+                         "trains on the prompts too", "set `data.train_on: completion`, or remove `eval.generate`")
+
+
 def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Problem]:
     if recipe.eval.strategy == "steps" and recipe.eval.steps is None:
         yield Problem.at(
@@ -224,6 +244,7 @@ RULES: list[Rule] = [
     packing_supported,
     eval_needs_eval_data,
     eval_on_start_needs_data,
+    eval_generate_needs_prompts,
     eval_steps_needs_steps,
     warmup_once,
     training_length,

@@ -11,7 +11,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ftune.plugins import installed
 from ftune.recipe.objectives import PREFERENCE_FORMATS
@@ -37,6 +37,8 @@ class DataBundle:
     report: DataReport
     label_names: list[str] | None = None
     mechanism: str = "padding"  # padding | position_ids | block_mask (how packed samples stay apart)
+    warnings: list[str] = field(default_factory=list)
+    """Problems that don't stop training but will show later (a stop token never trained)."""
 
 
 def chat_template_of(recipe: Recipe, tokenizer) -> str:
@@ -110,6 +112,11 @@ def build(
     evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
     for line in report.lines():
         log(line)
+    from ftune.worker.data.stops import untrained_stop_warning
+
+    warning = untrained_stop_warning(recipe, tokenizer, train, template)
+    if warning:
+        log(f"warning: {warning}")
 
     if is_preference(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, "padding")
@@ -121,4 +128,4 @@ def build(
         collator = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
     else:
         collator, how = packing.PaddingCollator(pad), "padding"
-    return DataBundle(train, evals, collator, report, report.label_names, how)
+    return DataBundle(train, evals, collator, report, report.label_names, how, [warning] if warning else [])

@@ -1,0 +1,111 @@
+"""`ftune generate RUN_DIR_OR_MODEL (--prompt TEXT | --file prompts.jsonl)`: batched generation with the run's
+prompt format (instruction template or chat template) and stop tokens (EOS and end-of-turn).
+
+Works on a run's final/ (an adapter, over a freshly quantized base for QLoRA, or a full model), a merged
+folder, or any HF model folder. `--device-map auto` loads a model too big for one device with accelerate's
+big-model inference (meta-device init, then load-and-dispatch; `--max-memory` caps each device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ftune.errors import Location, UsageError
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments `generate` and `chat` share: what to load and how to decode."""
+    p.add_argument("target", metavar="RUN_DIR_OR_MODEL",
+                   help="a run dir, its recipe file, its final/, a merged folder, or an HF model folder")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="seed for sampling: the same seed gives the same text")
+    p.add_argument("--device-map", choices=["auto"], help="spread the model over GPUs, CPU and disk (accelerate)")
+    p.add_argument("--max-memory", action="append", default=[], metavar="DEVICE=SIZE",
+                   help="memory cap per device for --device-map, e.g. 0=20GiB, cpu=64GiB (repeatable)")
+    p.add_argument("--offload-dir", help="folder for weights that fit nowhere else (--device-map)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    src.add_argument("--file", help="jsonl of prompts: {prompt}, {instruction, input} or {messages} per line")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def check_decoding(args: argparse.Namespace) -> None:
+    if args.max_new_tokens <= 0:
+        raise UsageError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def dispatch(args: argparse.Namespace) -> dict:
+    from ftune.infer.load import dispatch_kwargs
+
+    caps = {}
+    for item in args.max_memory:
+        device, eq, size = item.partition("=")
+        if not eq or not size:
+            raise UsageError(f"--max-memory {item!r}: expected DEVICE=SIZE, e.g. cpu=8GiB or 0=20GiB")
+        caps[int(device) if device.isdigit() else device] = size
+    if (caps or args.offload_dir) and not args.device_map:
+        raise UsageError("--max-memory and --offload-dir need --device-map auto")
+    return dispatch_kwargs(args.device_map, caps or None, args.offload_dir)
+
+
+def read_prompts(path: str) -> list:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{path}: no such file", hint="--file takes a jsonl file, one prompt object per line")
+    prompts = []
+    for n, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise UsageError(f"not valid JSON: {err.msg}", location=Location(file=path, line=n)) from None
+        if isinstance(row, str):
+            row = {"prompt": row}
+        if not isinstance(row, dict) or not {"prompt", "instruction", "messages"} & set(row):
+            raise UsageError("a prompt row needs `prompt`, `instruction` or `messages`",
+                             location=Location(file=path, line=n))
+        prompts.append(row)
+    if not prompts:
+        raise UsageError(f"{path} holds no prompts")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from ftune.infer.load import load_for_generation
+    from ftune.infer.source import resolve
+    from ftune.worker.generation import encode_prompt, generate
+
+    check_decoding(args)
+    extra = dispatch(args)
+    prompts = read_prompts(args.file) if args.file else list(args.prompt)
+    target = resolve(args.target, allow_model=True)
+    lo = load_for_generation(target, extra=extra)
+    encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
+    completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
+    if args.format == "json":
+        rows = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),
+                 "finish_reason": "stop" if c.stopped else "length"} for p, c in zip(prompts, completions)]
+        print(json.dumps({"model": lo.description, "prompt_format": lo.fmt.format, "stop_token_ids": lo.stop_ids,
+                          "results": rows}, indent=2, ensure_ascii=False))
+        return 0
+    for p, c in zip(prompts, completions):
+        if len(prompts) > 1:
+            shown = p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)
+            print(f"### {shown}")
+        print(c.text)
+    return 0

@@ -1,0 +1,138 @@
+"""Loading a trained model for evaluation or generation: an adapter over its base (quantized as it was trained),
+a full model, a merged folder, or any HF folder; optionally dispatched across devices (big-model inference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftune.errors import FtuneError
+from ftune.infer.source import Target
+
+
+def quiet_libraries() -> None:
+    """ftune prints what it does; library progress bars and advisory warnings would bury the answer."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = None, extra: dict | None = None):
+    """The trained model from `model_dir`: a full model folder, or an adapter put on the recipe's base.
+
+    `extra` adds `from_pretrained` kwargs (device_map, max_memory, offload_folder) to the recipe's.
+    """
+    from ftune.plan.loading import model_load
+    from ftune.worker.model import load_model
+
+    def with_extra(spec):
+        return spec.model_copy(update={"kwargs": {**spec.kwargs, **extra}}) if extra else spec
+
+    if (model_dir / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        from ftune.worker import quantize
+
+        # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
+        # k-bit preparation, so eval reproduces the logged loss.
+        section = quantize.recorded_quantization(model_dir) or plan.recipe.quantization
+        recipe = plan.recipe.model_copy(update={"quantization": section})
+        base = load_model(plan, tokenizer, labels=labels, spec=with_extra(model_load(recipe)))
+        if section is not None:
+            base = quantize.prepare_for_eval(base, recipe)
+        import warnings
+
+        hint = ("merge it first (`ftune merge RUN_DIR`) and generate with the merged folder, or raise --max-memory "
+                "so the adapted layers fit on a device")
+        on_disk = sorted(name for name, device in (getattr(base, "hf_device_map", None) or {}).items()
+                         if device == "disk")
+        if on_disk:  # checked before peft runs: it would write the offloaded weights under ./tmp and fail
+            raise FtuneError(f"the adapter can't be loaded over a base offloaded to disk ({len(on_disk)} modules on "
+                             f"disk, e.g. `{on_disk[0] or 'the whole model'}`)", hint=hint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # meta-parameter copies: checked just below
+            model = PeftModel.from_pretrained(base, str(model_dir))
+        offloaded = sorted(n for n, p in model.named_parameters() if p.device.type == "meta" and "base_layer" not in n
+                           and any(k in n for k in ("lora_", "prompt_encoder", "adaption_")))
+        if offloaded:  # peft can't load adapter weights into disk-offloaded layers: they would stay empty
+            raise FtuneError(f"the adapter can't be loaded over a base offloaded to disk ({len(offloaded)} adapter "
+                             f"tensors would stay empty, e.g. {offloaded[0]})", hint=hint)
+        return model
+    if (model_dir / "config.json").is_file():
+        return load_model(plan, tokenizer, spec=with_extra(model_load(plan.recipe, path=str(model_dir))))
+    raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
+                     hint="pass --model pointing at a run's final/ folder or a checkpoint")
+
+
+def load_tokenizer(target: Target):
+    """The tokenizer saved with the model (final/ and merged folders hold one), with a pad token."""
+    if target.plan is not None:
+        from ftune.worker.tokenizer import load
+
+        return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target.model_dir))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def dispatch_kwargs(device_map: str | None, max_memory: dict | None, offload_dir: str | None) -> dict:
+    """accelerate's big-model inference through `from_pretrained`: build on the meta device, then load each
+    weight straight to the device `device_map` gives it (GPUs, then CPU, then `offload_dir` on disk)."""
+    out: dict = {}
+    if device_map:
+        out["device_map"] = device_map
+    if max_memory:
+        out["max_memory"] = max_memory
+    if offload_dir:
+        out["offload_folder"] = offload_dir
+    return out
+
+
+@dataclass
+class Loaded:
+    model: object
+    tokenizer: object
+    fmt: object  # PromptFormat
+    stop_ids: list[int]
+    description: str
+
+
+def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
+    """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
+    from ftune.worker.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
+
+    quiet_libraries()
+    tok = load_tokenizer(target)
+    if target.plan is not None and not target.is_merged:
+        model = load_trained(target.plan, target.model_dir, tok, extra=extra)
+        fmt = prompt_format(target.plan.recipe, tok)
+        q = target.record.get("quantization")
+        kind = "adapter" if target.is_adapter else "model"
+        description = f"{kind} {target.model_dir}" + (f" on a {q['bits']}-bit base" if target.is_adapter and q else "")
+        extra_stops: list[int] = []
+    else:
+        import transformers
+
+        kwargs = {"dtype": "auto", **(extra or {})}
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(target.model_dir), **kwargs)
+        prompt = target.record.get("prompt")
+        fmt = PromptFormat.from_dict(prompt) if prompt else model_prompt_format(tok)
+        eos = model.generation_config.eos_token_id
+        extra_stops = [eos] if isinstance(eos, int) else list(eos or [])
+        description = f"{'merged model' if target.is_merged else 'model'} {target.model_dir}"
+    placement = getattr(model, "hf_device_map", None) or getattr(getattr(model, "base_model", None), "hf_device_map", None)
+    if placement:  # dispatched by accelerate: say where the modules went (GPUs, cpu, disk)
+        from collections import Counter
+
+        counts = Counter(str(d) for d in placement.values())
+        description += " (modules on " + ", ".join(f"{d}: {n}" for d, n in sorted(counts.items())) + ")"
+    return Loaded(model.eval(), tok, fmt, stop_token_ids(tok, fmt, extra_stops), description)

@@ -1,0 +1,197 @@
+"""`ftune merge`: a run's output as a plain HF model folder, verified, written atomically.
+
+LoRA is folded into its base, loaded unquantized in the chosen dtype (a QLoRA adapter too: never into
+dequantized 4-bit weights); full and freeze runs are re-saved (re-sharded). Methods that add computation
+with no weights to fold into (prefix tuning, LLaMA-Adapter) are refused. The folder is written as a hidden
+`.NAME.partial-PID` sibling, reloaded with plain transformers and compared with the unmerged model on a few
+eval samples, marked complete, and only then renamed: a killed or failed merge leaves nothing that looks
+finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ftune.errors import FtuneError, Location, RunError, UsageError
+from ftune.infer.source import PARTIAL, RECORD, Target
+from ftune.rundir import is_complete, mark_complete
+
+DTYPES = ("bfloat16", "float16", "float32")
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+"""Largest |merged - unmerged| logit allowed, relative to the largest |logit| of the unmerged model (at least 1).
+float32 only reorders sums; half precisions round W + BA once, where the unmerged model rounds each product."""
+SAMPLES = 4
+SAMPLE_TOKENS = 64
+FALLBACK_TEXTS = ("The quick brown fox jumps over the lazy dog.", "1 2 3 4 5 6 7 8 9 10",
+                  "Question: what is the capital of France?\nAnswer:", "def add(a, b):\n    return a + b")
+
+
+@dataclass
+class MergeResult:
+    out: str
+    action: str
+    """`merged` (adapter folded into its base) or `copied` (a full model, re-sharded)."""
+    dtype: str
+    base: str
+    """How the base was loaded, e.g. 'unquantized bfloat16 (the run trained on a 4-bit base)'."""
+    max_diff: float
+    tolerance: float
+    samples: int
+    sample_source: str
+    files: list[str]
+
+
+def default_dtype(plan) -> str:
+    dtype = plan.recipe.model.dtype
+    return dtype if dtype in DTYPES else "bfloat16"
+
+
+def _sample_inputs(plan, tokenizer) -> tuple[list[list[int]], str]:
+    """A few eval rows (train rows when there is no eval split) as the run tokenized them; fixed texts when
+    the data is gone."""
+    from ftune.worker import data
+
+    try:
+        bundle = data.build(plan.recipe, tokenizer, log=lambda *a, **k: None)
+    except (FtuneError, OSError):
+        return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (data unavailable)"
+    rows, where = (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")
+    picked = [list(rows[i]["input_ids"][:SAMPLE_TOKENS]) for i in range(min(SAMPLES, len(rows)))]
+    return picked, f"{len(picked)} {where} rows"
+
+
+def _logits(model, samples: list[list[int]]) -> list:
+    import torch
+
+    device = model.get_input_embeddings().weight.device
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([s], device=device)).logits.float().cpu() for s in samples]
+
+
+def _max_diff(reference: list, found: list) -> tuple[float, float]:
+    """(largest absolute difference, largest |reference logit|)."""
+    diff = max(float((a - b).abs().max()) for a, b in zip(reference, found))
+    scale = max(float(a.abs().max()) for a in reference)
+    return diff, scale
+
+
+def _load_base(plan, tokenizer, dtype: str, path: str | None = None):
+    from ftune.plan.loading import model_load
+    from ftune.worker.model import load_model
+
+    recipe = plan.recipe.model_copy(update={"quantization": None})  # merge into full-precision weights
+    spec = model_load(recipe, path=path)
+    spec = spec.model_copy(update={"kwargs": {**spec.kwargs, "dtype": dtype}})
+    return load_model(plan, tokenizer, spec=spec).eval()
+
+
+def refuse_unmergeable(target: Target) -> str:
+    """The action for the target's method (`merge` or `copy`); raises for methods that can't be merged."""
+    if target.plan is None:
+        raise UsageError(f"{target.model_dir} is not a run's output: merge needs the run (its plan.json)",
+                         hint="pass the run dir or the recipe that trained it")
+    if target.is_merged:
+        raise UsageError(f"{target.model_dir} is already a merged model", hint="generate with it directly")
+    peft = target.plan.recipe.peft
+    method = target.record.get("method", peft.method)
+    if peft.merge is None:
+        raise FtuneError(
+            f"a {method} adapter can't be merged into its base: {method} adds prompt/prefix computation that has "
+            "no weight to fold into, so it stays an adapter",
+            hint=f"use it as it is: `ftune generate {target.model_dir.parent}` or `ftune chat {target.model_dir.parent}` "
+                 "load the adapter over its base",
+            location=Location(file=str(target.model_dir / "adapter_config.json")))
+    return peft.merge
+
+
+def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, shard_size: str = "5GB",
+          force: bool = False, log: Callable[[str], None] = lambda s: None) -> MergeResult:
+    """Write the merged (or re-sharded) model of `target` to `out` (default: <run>/merged), verified."""
+    action = refuse_unmergeable(target)
+    plan = target.plan
+    dtype = dtype or default_dtype(plan)
+    out = (out or target.model_dir.parent / "merged").resolve()
+    if out.exists() and not force:
+        state = "a finished merge" if is_complete(out) else "something ftune did not finish writing"
+        raise UsageError(f"{out} already exists ({state})", hint="pass --force to replace it, or --out DIR",
+                         location=Location(file=str(out)))
+    for stale in out.parent.glob(f".{out.name}{PARTIAL}*"):  # left by a killed merge: never a result
+        log(f"removing {stale.name}, left by an interrupted merge")
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}{PARTIAL}{os.getpid()}"
+    try:
+        return _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, log)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, log) -> MergeResult:
+    import transformers
+
+    from ftune.infer.load import load_tokenizer, quiet_libraries
+    from ftune.worker.generation import as_chat_template, prompt_format, stop_token_ids
+    from ftune.worker.save import saved_tensors
+
+    quiet_libraries()
+    tmp.mkdir(parents=True)
+    tok = load_tokenizer(target)
+    fmt = prompt_format(plan.recipe, tok)
+    quant = target.record.get("quantization") or (plan.recipe.quantization.model_dump() if plan.recipe.quantization
+                                                   else None)
+    base = f"unquantized {dtype}" + (f" (the run trained on a {quant['bits']}-bit base; the adapter is folded into "
+                                     "full-precision weights, not dequantized ones)" if quant else "")
+    record = {"merged_from": str(target.model_dir), "method": plan.recipe.peft.method,
+              "base_model": plan.recipe.model.path, "dtype": dtype, "base": base, "prompt": fmt.to_dict()}
+    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")  # first: a partial folder says what it is
+
+    samples, sample_source = _sample_inputs(plan, tok)
+    if action == "merge":
+        from peft import PeftModel
+
+        log(f"loading the base {plan.recipe.model.path} {base}")
+        unmerged = PeftModel.from_pretrained(_load_base(plan, tok, dtype), str(target.model_dir)).eval()
+        reference = _logits(unmerged, samples)
+        model = unmerged.merge_and_unload()
+    else:
+        log(f"loading {target.model_dir} in {dtype}")
+        model = _load_base(plan, tok, dtype, path=str(target.model_dir))
+        reference = _logits(model, samples)
+
+    if getattr(model, "generation_config", None) is not None:  # causal LMs: stop where the run's answers end
+        stops = stop_token_ids(tok, fmt)
+        model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
+        model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(str(tmp), max_shard_size=shard_size, safe_serialization=True)
+    template = as_chat_template(fmt)
+    if template is not None:
+        tok.chat_template = template
+    tok.save_pretrained(str(tmp))
+    del model
+
+    leftovers = sorted(n for n in saved_tensors(tmp) if "lora_" in n or ".base_layer." in n)
+    if leftovers:
+        raise RunError(f"merge check failed: adapter tensors remain in the merged model: {leftovers[:3]}",
+                       hint="report this with the run dir; the run's final/ is untouched")
+    cls = getattr(transformers, plan.model_load.auto_class)
+    reloaded = cls.from_pretrained(str(tmp), dtype=dtype).eval()
+    diff, scale = _max_diff(reference, _logits(reloaded, samples))
+    tolerance = TOLERANCE[dtype] * max(1.0, scale)
+    if not diff <= tolerance:
+        raise RunError(
+            f"merge check failed: the merged model's logits differ from the unmerged ones by {diff:.3g} "
+            f"(allowed in {dtype}: {tolerance:.3g}) on {sample_source}",
+            hint="nothing was written; try --dtype float32, and report this with the run dir")
+    files = sorted(p.name for p in tmp.iterdir())
+    result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
+                         len(samples), sample_source, files)
+    mark_complete(tmp, asdict(result))
+    if out.exists() and force:
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return result

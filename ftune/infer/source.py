@@ -1,0 +1,120 @@
+"""What `RUN_DIR_OR_RECIPE` / `RUN_DIR_OR_MODEL` names: a run dir, a recipe, a run's final/, a merged folder,
+or (for generation) any HF model folder. Light: no torch; every dead end is a located `FtuneError`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftune.errors import FtuneError, Location, UsageError
+from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
+
+RECORD = "ftune.json"
+"""final/ftune.json (the save stage) and <merged>/ftune.json (merge) record what the folder holds."""
+PARTIAL = ".partial-"
+"""A merge writes into `.<name>.partial-<pid>` next to its output and renames it when verified."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model to merge or generate with, and the run it came from (when it came from one)."""
+
+    model_dir: Path
+    plan: object | None = None
+    """The run's `Plan` (None for a model folder ftune did not train)."""
+    record: dict = field(default_factory=dict)
+    """The folder's ftune.json: method, base_model, quantization (final/), or merged_from, prompt (merged)."""
+
+    @property
+    def is_adapter(self) -> bool:
+        return (self.model_dir / "adapter_config.json").is_file()
+
+    @property
+    def is_merged(self) -> bool:
+        return "merged_from" in self.record
+
+
+def _plan(run_root: Path):
+    from pydantic import ValidationError
+
+    from ftune.plan.model import Plan
+
+    path = RunDir(run_root).plan
+    try:
+        return Plan.load(path)
+    except (ValidationError, ValueError, OSError) as err:
+        raise FtuneError(f"{path} is not a readable ftune plan: {str(err).splitlines()[0]}",
+                         hint="it was written by a different ftune version or edited; run `ftune run RECIPE` again",
+                         location=Location(file=str(path))) from err
+
+
+def _record(folder: Path) -> dict:
+    path = folder / RECORD
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise FtuneError(f"{path} is not valid JSON: {err}", location=Location(file=str(path))) from err
+
+
+def _final(run: RunDir, plan) -> Target:
+    final = run.final
+    if not final.is_dir():
+        raise FtuneError(f"{run.root} has no final/ folder: the run did not finish",
+                         hint="finish it with `ftune run RECIPE` (it resumes from the last checkpoint)",
+                         location=Location(file=str(final)))
+    if not is_complete(final):
+        raise FtuneError(f"{final} is incomplete (no {COMPLETE_MARKER}): its save was interrupted or failed",
+                         hint="run `ftune run RECIPE` again to save it; the checkpoints are kept",
+                         location=Location(file=str(final)))
+    return Target(final, plan, _record(final))
+
+
+def _merged(folder: Path) -> Target:
+    if PARTIAL in folder.name or not is_complete(folder):
+        raise FtuneError(f"{folder} is a half-written merge (no {COMPLETE_MARKER}): the merge was interrupted "
+                         "or failed its check", hint="delete it and run `ftune merge RUN_DIR` again",
+                         location=Location(file=str(folder)))
+    record = _record(folder)
+    source = Path(record["merged_from"])
+    run_root = source.parent
+    plan = _plan(run_root) if RunDir(run_root).plan.is_file() else None
+    return Target(folder, plan, record)
+
+
+def resolve(arg: str, overrides: list[str] | tuple[str, ...] = (), *, allow_model: bool = False) -> Target:
+    """The target `arg` names: a recipe file, a run dir, a run's final/, a merged folder, or (with
+    `allow_model`) any HF model folder."""
+    path = Path(arg).expanduser()
+    if not path.exists():
+        raise UsageError(f"{arg}: no such file or folder",
+                         hint="pass a run dir (runs/NAME), its recipe file" + (", or a model folder" if allow_model else ""))
+    if path.is_file():
+        import os
+
+        from ftune.plan.compile import compile_plan
+        from ftune.recipe import load_recipe
+
+        loaded = load_recipe(str(path), list(overrides))
+        os.environ.update(loaded.secret_env)
+        plan = compile_plan(loaded, check_inputs=False)
+        return _final(plan.run, plan)
+    if overrides:
+        raise UsageError(f"key=value overrides apply to a recipe, but {arg} is a folder",
+                         hint="pass the recipe file instead, or drop the overrides")
+    path = path.resolve()
+    record = _record(path)
+    if PARTIAL in path.name or "merged_from" in record:
+        return _merged(path)
+    if RunDir(path).plan.is_file():
+        return _final(RunDir(path), _plan(path))
+    if RunDir(path.parent).plan.is_file() and path == RunDir(path.parent).final:
+        return _final(RunDir(path.parent), _plan(path.parent))
+    if allow_model and (path / "config.json").is_file():
+        return Target(path)
+    what = "a run dir (with plan.json), a recipe file" + (", a merged folder or a model folder (config.json)"
+                                                          if allow_model else " or a run's final/ folder")
+    raise FtuneError(f"{path} is not {what}", hint="point at the run dir `ftune run` wrote (output.dir)",
+                     location=Location(file=str(path)))
