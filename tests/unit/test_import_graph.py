@@ -2,7 +2,7 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 rundir, modeling, methods, tiny                            shared by both sides
+  1 rundir, modeling, methods, tiny, chat                      shared by both sides
   2 recipe                                                     the recipe language
   3 plan, importers                                            decisions before launch
   4 estimate                                                   what a recipe will cost
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "rundir": 1, "modeling": 1, "methods": 1, "tiny": 1,
+    "rundir": 1, "modeling": 1, "methods": 1, "tiny": 1, "chat": 1,
     "recipe": 2,
     "plan": 3, "importers": 3,
     "estimate": 4,

@@ -38,11 +38,12 @@ class DataBundle:
 
 
 def chat_template_of(recipe: Recipe, tokenizer) -> str:
-    """data.chat_template, else the tokenizer's, else ftune's default."""
+    """data.chat_template (a built-in's file or the Jinja string), else the tokenizer's, else ftune's default."""
+    from ftune.chat import resolve
     from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
 
     if recipe.data.chat_template:
-        return recipe.data.chat_template
+        return resolve(recipe.data.chat_template)
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, dict):
         own = own.get("default") or next(iter(own.values()), None)
