@@ -28,10 +28,34 @@ class Config(MethodConfig):
     """Rank-stabilised LoRA: scale by alpha / sqrt(r)."""
     use_dora: bool = False
     """Weight-decomposed LoRA (DoRA)."""
+    init: Literal["default", "gaussian", "pissa", "olora", "loftq"] = "default"
+    """Adapter initialisation (peft's init_lora_weights): `default` (B = 0), `gaussian`, `pissa` and `olora` (start
+    from the weights' principal directions / a QR factor, moving them out of the base; the saved adapter is converted
+    back to a plain LoRA on the original base, at twice the rank), `loftq` (4-bit LoftQ, CUDA with bitsandbytes)."""
 
 
-def inject(model, cfg: Config, task: str):
-    from peft import LoraConfig, get_peft_model
+INIT_WEIGHTS = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora", "loftq": "loftq"}
+MOVES_BASE_WEIGHTS = ("pissa", "olora", "loftq")  # these change the base: the saved adapter needs converting
+
+
+def token_layers(model, token_ids: list[int]) -> dict[str, list[int]] | None:
+    """peft's trainable_token_indices: the rows of `token_ids` in the input embedding, and in the output head
+    when it is not tied to it (tied heads follow the embedding in peft)."""
+    if not token_ids:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = {names[id(model.get_input_embeddings())]: list(token_ids)}
+    head = model.get_output_embeddings()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if head is not None and not tied and id(head) in names:
+        layers[names[id(head)]] = list(token_ids)
+    return layers
+
+
+def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = None):
+    """Wrap `model` in LoRA adapters; `trained_tokens` (model.add_tokens and the special tokens set) get their
+    embedding and head rows trained and saved with the adapter (peft's trainable tokens, not whole matrices)."""
+    from peft import LoftQConfig, LoraConfig, get_peft_model
 
     task_type = "SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM"
     target = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
@@ -44,6 +68,9 @@ def inject(model, cfg: Config, task: str):
         bias=cfg.bias,
         use_rslora=cfg.use_rslora,
         use_dora=cfg.use_dora,
+        init_lora_weights=INIT_WEIGHTS[cfg.init],
+        loftq_config=LoftQConfig(loftq_bits=4) if cfg.init == "loftq" else {},
+        trainable_token_indices=token_layers(model, trained_tokens or []),
         task_type=task_type,
     )
     return get_peft_model(model, config)
