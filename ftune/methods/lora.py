@@ -31,11 +31,12 @@ class Config(MethodConfig):
     init: Literal["default", "gaussian", "pissa", "olora", "loftq"] = "default"
     """Adapter initialisation (peft's init_lora_weights): `default` (B = 0), `gaussian`, `pissa` and `olora` (start
     from the weights' principal directions / a QR factor, moving them out of the base; the saved adapter is converted
-    back to a plain LoRA on the original base, at twice the rank), `loftq` (4-bit LoftQ, CUDA with bitsandbytes)."""
+    back to a plain LoRA on the original base, at twice the rank). `loftq` is refused: its adapter fits only the
+    LoftQ-quantized base peft writes into the model, which ftune does not save."""
 
 
 INIT_WEIGHTS = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora", "loftq": "loftq"}
-MOVES_BASE_WEIGHTS = ("pissa", "olora", "loftq")  # these change the base: the saved adapter needs converting
+MOVES_BASE_WEIGHTS = ("pissa", "olora")  # these change the base: the saved adapter is converted back
 
 
 def token_layers(model, token_ids: list[int]) -> dict[str, list[int]] | None:
@@ -55,7 +56,7 @@ def token_layers(model, token_ids: list[int]) -> dict[str, list[int]] | None:
 def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = None):
     """Wrap `model` in LoRA adapters; `trained_tokens` (model.add_tokens and the special tokens set) get their
     embedding and head rows trained and saved with the adapter (peft's trainable tokens, not whole matrices)."""
-    from peft import LoftQConfig, LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     task_type = "SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM"
     target = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
@@ -69,7 +70,6 @@ def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = Non
         use_rslora=cfg.use_rslora,
         use_dora=cfg.use_dora,
         init_lora_weights=INIT_WEIGHTS[cfg.init],
-        loftq_config=LoftQConfig(loftq_bits=4) if cfg.init == "loftq" else {},
         trainable_token_indices=token_layers(model, trained_tokens or []),
         task_type=task_type,
     )

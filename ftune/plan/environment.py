@@ -136,18 +136,5 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
                                 "sync_module_states, which fails on CPU processes)", "remove it for CPU runs"))
     if quantization.needs_bitsandbytes(recipe):
         found += quantization.check_device(recipe, device)
-    found += loftq(recipe, device)
     return found
 
-
-def loftq(recipe: Recipe, device: str) -> list[Problem]:
-    """peft's LoftQ quantizes each adapted weight with bitsandbytes on a CUDA (or XPU) device: refused elsewhere."""
-    if recipe.peft.method != "lora" or recipe.peft.init != "loftq":
-        return []
-    if device == "cpu":
-        return [Problem.at("peft.init", "peft.init 'loftq' quantizes the base with bitsandbytes on a GPU; this run "
-                                        "is on CPU", "use `peft.init: pissa` or `olora` (no quantization) on CPU")]
-    if importlib.util.find_spec("bitsandbytes") is None:
-        return [Problem.at("peft.init", "peft.init 'loftq' needs bitsandbytes, which is not installed",
-                           "pip install 'ftune[quant]'")]
-    return []

@@ -123,6 +123,39 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     return {n: tuple(state[n].shape) if n in state else (-1,) for n in trainable}
 
 
+def converts_initial(plan) -> bool:
+    """peft.init pissa/olora moved part of the base weights into the adapter: the final adapter is converted
+    against the initial one, so it applies to the original base (at twice the rank)."""
+    from ftune.methods.lora import MOVES_BASE_WEIGHTS
+
+    peft = plan.recipe.peft
+    return peft.method == "lora" and peft.init in MOVES_BASE_WEIGHTS
+
+
+def save_initial_adapter(model, plan) -> None:
+    """Save the adapter as initialised (before any step), for the conversion at the end (rank 0 only)."""
+    folder = plan.run.initial_adapter
+    name = getattr(model, "active_adapter", "default")
+    config = model.peft_config[name]
+    init, config.init_lora_weights = config.init_lora_weights, True  # a plain LoRA when loaded back
+    try:
+        model.save_pretrained(str(folder))
+    finally:
+        config.init_lora_weights = init
+
+
+def _doubled_rank(expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Shapes after peft's conversion to a plain LoRA: lora_A (r, in) -> (2r, in), lora_B (out, r) -> (out, 2r)."""
+    out = {}
+    for name, shape in expected.items():
+        if ".lora_A." in name:
+            shape = (2 * shape[0], *shape[1:])
+        elif ".lora_B." in name:
+            shape = (shape[0], 2 * shape[1], *shape[2:])
+        out[name] = shape
+    return out
+
+
 def save_final(trainer, plan, tokenizer) -> dict:
     """Write final/ (adapter or model + tokenizer), verify it, then mark it complete. Returns a summary.
 
@@ -146,6 +179,10 @@ def save_final(trainer, plan, tokenizer) -> dict:
             else:
                 unwrapped.save_pretrained(str(final), state_dict=state, safe_serialization=True)
         acc.wait_for_everyone()
+    elif converts_initial(plan):
+        expected = _doubled_rank(expected_tensors(model, is_adapter)) if main else {}
+        if main:
+            model.save_pretrained(str(final), path_initial_model_for_weight_conversion=str(plan.run.initial_adapter))
     else:
         expected = expected_tensors(model, is_adapter) if main else {}
         trainer.save_model(str(final))

@@ -155,15 +155,15 @@ def load_best_needs_eval(recipe: Recipe) -> Iterator[Problem]:
     why = ("checkpoint.load_best" if c.load_best else "train.early_stopping" if recipe.train.early_stopping else None)
     if why is None:
         return
-    if e.per_epoch is not None or c.per_epoch is not None:
-        yield from _load_best_per_epoch(recipe, why)
-    elif e.strategy == "no":
+    if not evaluates(recipe):
         if c.load_best:  # early stopping without eval is its own rule
             yield Problem.at(
                 "checkpoint.load_best",
                 "load_best needs evaluation to know which checkpoint is best, but eval.strategy is 'no'",
-                "set `eval.strategy` (and `data.eval`), or `checkpoint.load_best: false`",
+                "set `eval.strategy` or `eval.per_epoch` (and `data.eval`), or `checkpoint.load_best: false`",
             )
+    elif e.per_epoch is not None or c.per_epoch is not None:
+        yield from _load_best_per_epoch(recipe, why)
     elif c.strategy != e.strategy:
         yield Problem.at(
             "checkpoint.strategy",
@@ -189,8 +189,6 @@ def _load_best_per_epoch(recipe: Recipe, why: str) -> Iterator[Problem]:
     path = "checkpoint.per_epoch" if c.per_epoch is not None else "checkpoint.strategy"
     hint = (f"set `checkpoint.per_epoch: {e.per_epoch}` (or a divisor of it)" if e.per_epoch is not None
             else f"use `eval.per_epoch: {c.per_epoch}` with `checkpoint.per_epoch`")
-    if es == "no":
-        return  # early stopping without eval is its own rule
     if es != ss:
         yield Problem.at(path, f"{why} needs a checkpoint saved at every evaluation, but with train.epochs "
                                f"{recipe.train.epochs:g} evaluations run per '{es}' and saves per '{ss}'", hint)

@@ -111,11 +111,17 @@ def lora_init_fits(recipe: Recipe) -> Iterator[Problem]:
     p = recipe.peft
     if p.method != "lora" or p.init in ("default", "gaussian"):
         return
+    if p.init == "loftq":
+        yield Problem.at("peft.init", "peft.init 'loftq' replaces the base weights with their LoftQ quantization, and "
+                                      "the adapter only fits that new base, which ftune does not save (and peft "
+                                      "runs LoftQ only on a CUDA device with bitsandbytes)",
+                         "use `peft.init: pissa` (or `olora`), or QLoRA (`quantization: {bits: 4}`) with the "
+                         "default init")
+        return
     if recipe.quantization is not None:
         yield Problem.at("peft.init", f"peft.init '{p.init}' rewrites the base weights, which a "
-                                      f"{recipe.quantization.bits}-bit base can't take"
-                         + (" (LoftQ quantizes the base itself)" if p.init == "loftq" else ""),
-                         "remove `quantization` (LoftQ is the quantized variant), or use `peft.init: default`")
+                                      f"{recipe.quantization.bits}-bit base can't take",
+                         "remove `quantization`, or use `peft.init: default`")
     if recipe.distributed.strategy in ("fsdp", "deepspeed"):
         yield Problem.at("peft.init", f"peft.init '{p.init}' saves an adapter converted against the initial one, "
                                       f"which ftune does not gather under {recipe.distributed.strategy}",
