@@ -132,9 +132,8 @@ def converts_initial(plan) -> bool:
     return peft.method == "lora" and peft.init in MOVES_BASE_WEIGHTS
 
 
-def save_initial_adapter(model, plan) -> None:
+def save_initial_adapter(model, folder: Path) -> None:
     """Save the adapter as initialised (before any step), for the conversion at the end (rank 0 only)."""
-    folder = plan.run.initial_adapter
     name = getattr(model, "active_adapter", "default")
     config = model.peft_config[name]
     init, config.init_lora_weights = config.init_lora_weights, True  # a plain LoRA when loaded back
@@ -142,6 +141,11 @@ def save_initial_adapter(model, plan) -> None:
         model.save_pretrained(str(folder))
     finally:
         config.init_lora_weights = init
+
+
+def save_converted(model, initial: Path, folder: Path) -> None:
+    """The trained PiSSA/OLoRA adapter as a plain LoRA of twice the rank on the original base (peft's conversion)."""
+    model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(initial))
 
 
 def _doubled_rank(expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -182,7 +186,7 @@ def save_final(trainer, plan, tokenizer) -> dict:
     elif converts_initial(plan):
         expected = _doubled_rank(expected_tensors(model, is_adapter)) if main else {}
         if main:
-            model.save_pretrained(str(final), path_initial_model_for_weight_conversion=str(plan.run.initial_adapter))
+            save_converted(model, plan.run.initial_adapter, final)
     else:
         expected = expected_tensors(model, is_adapter) if main else {}
         trainer.save_model(str(final))
