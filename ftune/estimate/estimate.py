@@ -188,6 +188,8 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
     from ftune.methods import method_module
 
     cfg = recipe.peft
+    if cfg.method == "lora" and cfg.init != "default":
+        cfg = cfg.model_copy(update={"init": "default"})  # same shapes; PiSSA's SVD can't run on the meta device
     linear = _linear_names(model)
     try:
         if trained_tokens and cfg.method == "lora":  # as the worker's peft stage

@@ -144,8 +144,21 @@ def save_initial_adapter(model, folder: Path) -> None:
 
 
 def save_converted(model, initial: Path, folder: Path) -> None:
-    """The trained PiSSA/OLoRA adapter as a plain LoRA of twice the rank on the original base (peft's conversion)."""
+    """The trained PiSSA/OLoRA adapter as a plain LoRA of twice the rank on the original base (peft's conversion).
+
+    peft 0.21's conversion keeps only the lora_A/lora_B tensors: the adapter's other tensors (trainable token
+    rows, resized embeddings, modules_to_save) are put back unchanged, since the conversion does not touch them.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
+
     model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(initial))
+    path = folder / "adapter_model.safetensors"
+    converted = load_file(str(path))
+    kept = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()
+            if k not in converted and ".lora_" not in k}
+    if kept:
+        save_file({**converted, **kept}, str(path), metadata={"format": "pt"})
 
 
 def _doubled_rank(expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:

@@ -22,6 +22,10 @@ def load(path: str, recipe, token: str | None = None):
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     apply_tokens(tok, recipe.model)
+    if recipe.data.chat_template:  # saved with the tokenizer in final/, so inference formats prompts the same way
+        from ftune.chat import resolve
+
+        tok.chat_template = resolve(recipe.data.chat_template)
     if tok.pad_token is None:
         # Causal LMs often ship without a pad token; padding positions carry no loss, so EOS is safe.
         tok.pad_token = tok.eos_token or tok.unk_token

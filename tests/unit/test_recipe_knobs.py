@@ -183,3 +183,15 @@ def test_tracker_settings_without_the_tracker_send_nothing_and_are_refused(tmp_p
     tags = problems(tmp_path, output={"report_to": ["wandb"], "trackers": {"wandb": {"tags": ["a,b"]}}})
     assert "without ','" in tags["output.trackers.wandb.tags.0"].message
     assert "run_name" not in plan(tmp_path).trainer and not any(k.startswith("WANDB") for k in plan(tmp_path).launch.env)
+
+
+def test_special_tokens_are_vocabulary_not_secrets(tmp_path):
+    from ftune.recipe._secrets import shown_override
+
+    loaded = load_recipe(write(tmp_path, model={"special_tokens": {"eos_token": "<|im_end|>"}, "hub_token": "hf_x"}),
+                         ["model.special_tokens.pad_token=<pad>"])
+    assert loaded.recipe.model.special_tokens.eos_token == "<|im_end|>"
+    assert loaded.recipe.model.special_tokens.pad_token == "<pad>"
+    assert loaded.recipe.model.hub_token == "***" and list(loaded.secrets) == ["model.hub_token"]
+    assert shown_override("model.special_tokens.eos_token=<e>") == "model.special_tokens.eos_token=<e>"
+    assert shown_override("model.hub_token=hf_x") == "model.hub_token=***"
