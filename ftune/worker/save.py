@@ -42,7 +42,7 @@ def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bo
     if not found:
         raise RunError(
             f"save check failed: {folder} holds no tensors",
-            hint="the saved adapter/model is empty; with FSDP v1 + LoRA use distributed.fsdp.version=2",
+            hint="the saved adapter/model is empty; report this with the run dir",
         )
     if is_adapter:
         # peft strips the adapter name ("default") when saving.
@@ -74,6 +74,16 @@ def _clean(name: str) -> str:
     return name
 
 
+def _without_adapter_name(key: str, name: str) -> str:
+    """peft's checkpoint name for a model key (`q_proj.lora_A.default.weight` -> `q_proj.lora_A.weight`). peft does
+    this itself, but under FSDP v1 the LoRA layers are wrapped too (`lora_A.default._fsdp_wrapped_module.weight`),
+    so its rule only applies once the wrapper segments are gone."""
+    if key.endswith(f".{name}"):
+        return key.removesuffix(f".{name}")
+    head, _, suffix = key.rpartition(".")
+    return f"{head.removesuffix(f'.{name}')}.{suffix}" if head.endswith(f".{name}") else key
+
+
 def _as_model_names(model, state: dict) -> dict:
     """Key the state dict by the model's own (wrapped) names: peft finds adapter tensors by module name."""
     raw = {_clean(n): n for n, _ in model.named_parameters()}
@@ -97,7 +107,8 @@ def save_adapter(model, state: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = getattr(model, "active_adapter", "default")
     chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
-    save_file({_clean(k): v.contiguous() for k, v in chosen.items()}, str(folder / "adapter_model.safetensors"),
+    save_file({_without_adapter_name(_clean(k), name): v.contiguous() for k, v in chosen.items()},
+              str(folder / "adapter_model.safetensors"),
               metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[name])
     config.inference_mode = True
@@ -115,8 +126,9 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     from peft import get_peft_model_state_dict
 
     trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
-    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state))
-    chosen = {_clean(k): v for k, v in chosen.items()}
+    name = getattr(model, "active_adapter", "default")
+    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
+    chosen = {_without_adapter_name(_clean(k), name): v for k, v in chosen.items()}
     if len(chosen) >= len(trainable):
         return {k: tuple(v.shape) for k, v in chosen.items()}
     # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
