@@ -255,10 +255,7 @@ def eval_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 def per_epoch(section: str):
     def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
-        if as_int(value) != 1:
-            raise Unmappable(f"{section} several times per epoch: ftune's {section}.strategy is steps (every N) or "
-                             f"epoch (once); set {section}.steps")
-        ctx.set(f"{section}.strategy", "epoch")
+        ctx.set(f"{section}.per_epoch", as_int(value))
         return NOTHING
 
     return translate
@@ -286,8 +283,14 @@ def _wandb_env(var: str):
     return translate
 
 
-SPECIAL_TOKENS = Skip("ftune takes special tokens from the tokenizer and adds none; set them in the "
-                      "tokenizer folder (model.tokenizer) before training")
+SPECIAL = ("pad_token", "eos_token", "bos_token", "unk_token")
+
+
+def special_token(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if path[-1] not in SPECIAL:
+        raise Unmappable(f"ftune sets {', '.join(SPECIAL)} (model.special_tokens), not {path[-1]}")
+    ctx.set(f"model.special_tokens.{path[-1]}", str(value))
+    return NOTHING
 
 TABLE: dict[str, Key | Skip] = {
     # model
@@ -308,8 +311,8 @@ TABLE: dict[str, Key | Skip] = {
     "bfloat16": Key("model.dtype", load_dtype("bfloat16")),
     "float16": Key("model.dtype", load_dtype("float16")),
     "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
-    "special_tokens.*": SPECIAL_TOKENS,
-    "tokens": Skip("ftune adds no tokens to the vocabulary"),
+    "special_tokens.*": Key(None, special_token),
+    "tokens": Key("model.add_tokens", lambda v, c, p: [str(t) for t in (v if isinstance(v, list) else [v])]),
     # adapter and quantization
     "adapter": Key(None, adapter),
     "load_in_8bit": Key(None, quant_bits(8)),
@@ -366,7 +369,7 @@ TABLE: dict[str, Key | Skip] = {
     "fsdp_version": Key(None, fsdp_version),
     **fsdp_config_table(("fsdp_config.",)),
     "deepspeed": Key(None, deepspeed_from_file),
-    "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
+    "ddp_timeout": Key("distributed.timeout", lambda v, c, p: as_int(v)),
     # eval and checkpoints
     "eval_steps": Key(None, eval_steps),
     "evals_per_epoch": Key(None, per_epoch("eval")),
@@ -395,13 +398,20 @@ TABLE: dict[str, Key | Skip] = {
 }
 
 
+# axolotl's template names -> ftune's built-in ones (same turn format)
+TEMPLATE_NAMES = {"chatml": "chatml", "llama3": "llama3", "mistral_v1": "mistral", "mistral_v2v3": "mistral",
+                  "gemma": "gemma", "gemma3": "gemma", "phi_3": "phi3", "qwen_25": "qwen", "alpaca": "alpaca"}
+
+
 def _template_name(value: Any) -> Any:
     if value == "tokenizer_default":
         return NOTHING  # ftune's default: the tokenizer's own template
     if isinstance(value, str) and ("{%" in value or "{{" in value):
         return value
-    raise Unmappable(f"{value!r} is an axolotl template name; data.chat_template takes Jinja text "
-                     "(without it ftune uses the tokenizer's own template)")
+    if value in TEMPLATE_NAMES:
+        return TEMPLATE_NAMES[value]
+    raise Unmappable(f"{value!r} is an axolotl template name with no ftune built-in (ftune has "
+                     f"{', '.join(sorted(set(TEMPLATE_NAMES.values())))}); data.chat_template also takes Jinja text")
 
 
 def finish(ctx: Context) -> None:
@@ -417,12 +427,22 @@ def finish(ctx: Context) -> None:
             for key in ("type", "double_quant"):
                 ctx.out["quantization"].pop(key, None)
             ctx.out["quantization"].pop("compute_dtype", None)
+    for section in ("eval", "checkpoint"):  # per_epoch counts epochs; axolotl also allows it with max_steps
+        n = ctx.get(f"{section}.per_epoch")
+        if n is not None and ctx.get("train.max_steps") is not None:
+            ctx.out[section].pop("per_epoch")
+            if n == 1:
+                ctx.set(f"{section}.strategy", "epoch")
+            else:
+                ctx.note(None, f"{section}s_per_epoch: {n} with max_steps: ftune's {section}.per_epoch needs "
+                               f"train.epochs; set {section}.steps (the run's steps per epoch / {n})")
     if ctx.get("train.epochs") is None and ctx.get("train.max_steps") is None:
         ctx.set("train.epochs", 1)
         ctx.note(None, "train.epochs: 1 is axolotl's default num_epochs (the config sets none)")
-    if ctx.get("data.eval") is not None and ctx.get("eval.strategy") is None:
+    if ctx.get("data.eval") is not None and ctx.get("eval.strategy") is None and ctx.get("eval.per_epoch") is None:
         ctx.note(None, "the config holds out eval data but sets no eval schedule: set eval.strategy (steps or epoch)")
-    if ctx.get("train.early_stopping") is not None and ctx.get("eval.strategy") is None:
+    if (ctx.get("train.early_stopping") is not None and ctx.get("eval.strategy") is None
+            and ctx.get("eval.per_epoch") is None):
         ctx.set("eval.strategy", "epoch")
         ctx.note(None, "eval.strategy: epoch, so that early_stopping_patience has evaluations to watch")
 

@@ -39,18 +39,20 @@ INIT_WEIGHTS = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olor
 MOVES_BASE_WEIGHTS = ("pissa", "olora")  # these change the base: the saved adapter is converted back
 
 
-def token_layers(model, token_ids: list[int]) -> dict[str, list[int]] | None:
+def token_layers(model, token_ids: list[int], whole: list[str] | None = None) -> dict[str, list[int]] | None:
     """peft's trainable_token_indices: the rows of `token_ids` in the input embedding, and in the output head
-    when it is not tied to it (tied heads follow the embedding in peft)."""
+    when it is not tied to it (tied heads follow the embedding in peft). A layer named in `whole`
+    (peft.modules_to_save) trains entirely already, so it gets no row adapter (peft refuses both)."""
     if not token_ids:
         return None
     names = {id(m): n for n, m in model.named_modules()}
-    layers = {names[id(model.get_input_embeddings())]: list(token_ids)}
+    layers = [model.get_input_embeddings()]
     head = model.get_output_embeddings()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    if head is not None and not tied and id(head) in names:
-        layers[names[id(head)]] = list(token_ids)
-    return layers
+    if head is not None and not getattr(model.config, "tie_word_embeddings", False):
+        layers.append(head)
+    found = {names[id(m)]: list(token_ids) for m in layers if id(m) in names}
+    found = {n: ids for n, ids in found.items() if n.rsplit(".", 1)[-1] not in (whole or [])}
+    return found or None
 
 
 def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = None):
@@ -70,7 +72,7 @@ def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = Non
         use_rslora=cfg.use_rslora,
         use_dora=cfg.use_dora,
         init_lora_weights=INIT_WEIGHTS[cfg.init],
-        trainable_token_indices=token_layers(model, trained_tokens or []),
+        trainable_token_indices=token_layers(model, trained_tokens or [], cfg.modules_to_save),
         task_type=task_type,
     )
     return get_peft_model(model, config)

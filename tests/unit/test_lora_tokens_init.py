@@ -100,3 +100,14 @@ def test_converted_adapter_reproduces_the_trained_model_on_the_original_base(tin
     with torch.no_grad():
         plain = _base(tiny_model_dir)(input_ids=x[:, :6]).logits
     assert not torch.allclose(plain, want[:, :6, :vocab], atol=1e-4)  # the step changed the model
+
+
+def test_embedding_in_modules_to_save_trains_whole_instead_of_rows(tiny_model_dir):
+    """Axolotl's habit (lora_modules_to_save: [embed_tokens, lm_head] with added tokens): whole matrices train."""
+    base = _base(tiny_model_dir)
+    cfg = lora.Config(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"])
+    model = lora.inject(base, cfg, "causal-lm", trained_tokens=[3, 4])
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert not any("trainable_tokens" in n for n in names)
+    assert any("embed_tokens.modules_to_save" in n for n in names) and any("lm_head.modules_to_save" in n for n in names)
+    assert lora.token_layers(_base(tiny_model_dir), [3], ["lm_head"]) == {"model.embed_tokens": [3]}

@@ -144,12 +144,6 @@ def test_token_rules(tmp_path):
     assert "peft.method 'prefix'" in found["model.add_tokens"].message
 
 
-def test_added_tokens_and_whole_embeddings_exclude_each_other(tmp_path):
-    found = problems(tmp_path, model={"add_tokens": ["<x>"]},
-                     peft={"method": "lora", "modules_to_save": ["lm_head"]})
-    assert "lm_head" in found["peft.modules_to_save"].message
-
-
 # ------------------------------------------------------------------------------ LoRA init
 def test_lora_init_rules(tmp_path):
     assert "only fits that new base" in problems(tmp_path, peft={"method": "lora", "init": "loftq"})["peft.init"].message

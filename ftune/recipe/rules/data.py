@@ -98,13 +98,6 @@ def tokens_fit(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("model.add_tokens" if added else "model.special_tokens",
                          f"new token rows can't train with peft.method '{method}' (it trains no embedding)",
                          "use `peft.method: lora` (the rows train with the adapter) or `full`")
-    if method == "lora":
-        whole = [n for n in recipe.peft.modules_to_save or [] if n in ("embed_tokens", "lm_head", "wte", "embed_in")]
-        if whole:
-            yield Problem.at("peft.modules_to_save",
-                             f"{', '.join(whole)} in modules_to_save trains the whole matrix, while the tokens set "
-                             "in model.add_tokens / model.special_tokens train only their rows; peft takes one",
-                             f"remove {', '.join(whole)} from `peft.modules_to_save`")
 
 
 def lora_init_fits(recipe: Recipe) -> Iterator[Problem]:
