@@ -66,7 +66,8 @@ class ModelSection(Section):
     """Override the tokenizer's special tokens (a token not in the vocabulary is added, as with add_tokens)."""
     add_tokens: list[str] | None = None
     """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
-    of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter."""
+    of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
+    (the whole matrices instead when peft.modules_to_save names the embedding and head)."""
 
 
 # ---------------------------------------------------------------------------------------------- data
