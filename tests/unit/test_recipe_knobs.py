@@ -51,6 +51,11 @@ def test_a_jinja_chat_template_must_parse(tmp_path):
     assert "does not parse" in p.message and "endfor" in p.message
 
 
+def test_transformers_generation_tags_parse(tmp_path):
+    template = "{% for m in messages %}{% generation %}{{ m.content }}{%- endgeneration -%}{% endfor %}"
+    assert load_recipe(write(tmp_path, data={"chat_template": template})).recipe.data.chat_template == template
+
+
 def test_as_chat_is_for_instruction_rows(tmp_path):
     found = problems(tmp_path, data={"train": [{"path": "d.jsonl", "format": "text", "as_chat": True}]})
     assert "format is 'text'" in found["data.train.0.as_chat"].message

@@ -15,6 +15,7 @@ from ftune.recipe.schema import Recipe
 # One `+`-joined part of datasets' slice syntax: a split name, then optionally [from:to] in rows or percent.
 _SPLIT_PART = re.compile(r"^\s*[\w.-]+\s*(\[\s*(-?\d+\s*%?)?\s*:\s*(-?\d+\s*%?)?\s*\])?\s*$")
 _FILE_TYPES = ("json", "csv", "parquet", "text")
+_GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
 _FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 
@@ -39,8 +40,10 @@ def chat_template_known(recipe: Recipe) -> Iterator[Problem]:
         import jinja2
     except ImportError:  # the light install: the worker reports a broken template
         return
+    # transformers adds {% generation %} ... {% endgeneration %} (assistant masks) to Jinja; plain Jinja lacks it
+    plain = _GENERATION_TAG.sub("", value)
     try:
-        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(value)
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(plain)
     except jinja2.TemplateSyntaxError as err:
         yield Problem.at("data.chat_template", f"the Jinja chat template does not parse: {err.message} "
                                                f"(template line {err.lineno})",
