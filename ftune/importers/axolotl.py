@@ -270,10 +270,17 @@ def save_steps(value: Any, ctx: Context, path: PeerPath) -> Any:
     return NOTHING
 
 
-def wandb_project(value: Any, ctx: Context, path: PeerPath) -> Any:
-    report_to_wandb(ctx)
-    raise Unmappable("ftune reports to wandb (output.report_to: [wandb]) but has no key for the project: "
-                     f"export WANDB_PROJECT={value}")
+def wandb_setting(key: str):
+    """wandb_project / _entity / _name / _mode -> output.trackers.wandb.*, and report to wandb."""
+
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if key == "mode" and value not in ("online", "offline"):
+            raise Unmappable(f"W&B mode {value!r}: ftune sets online or offline (report_to decides whether at all)")
+        report_to_wandb(ctx)
+        ctx.set(f"output.trackers.wandb.{key}", str(value))
+        return NOTHING
+
+    return translate
 
 
 def _wandb_env(var: str):
@@ -382,13 +389,13 @@ TABLE: dict[str, Key | Skip] = {
     "auto_resume_from_checkpoints": Key("checkpoint.resume", lambda v, c, p: "auto" if as_bool(v) else False),
     "output_dir": Key("output.dir"),
     # tracking
-    "wandb_project": Key(None, wandb_project),
-    "wandb_entity": Key(None, _wandb_env("WANDB_ENTITY")),
-    "wandb_name": Key(None, _wandb_env("WANDB_NAME")),
+    "wandb_project": Key(None, wandb_setting("project")),
+    "wandb_entity": Key(None, wandb_setting("entity")),
+    "wandb_name": Key(None, wandb_setting("run_name")),
     "wandb_run_id": Key(None, _wandb_env("WANDB_RUN_ID")),
     "wandb_log_model": Key(None, _wandb_env("WANDB_LOG_MODEL")),
     "wandb_watch": Key(None, _wandb_env("WANDB_WATCH")),
-    "wandb_mode": Key(None, _wandb_env("WANDB_MODE")),
+    "wandb_mode": Key(None, wandb_setting("mode")),
     "use_tensorboard": Key("output.report_to", lambda v, c, p: ["tensorboard"] if as_bool(v) else NOTHING),
     # axolotl's own switches
     "strict": Skip("ftune is always strict: an unknown recipe key is an error"),

@@ -63,11 +63,12 @@ def test_axolotl_qlora_values(tmp_path, capsys):
     assert (t["optimizer"], t["mixed_precision"], t["gradient_checkpointing"]) == ("paged_adamw_8bit", "bf16", True)
     assert r["eval"] == {"strategy": "steps", "steps": 50}
     assert r["checkpoint"] == {"strategy": "steps", "steps": 100, "keep": 2}
-    assert r["output"] == {"dir": "./outputs/support-qlora", "report_to": ["wandb"]}
+    assert r["output"] == {"dir": "./outputs/support-qlora", "report_to": ["wandb"],
+                           "trackers": {"wandb": {"project": "support-bot", "entity": "acme"}}}
     assert r["name"] == "support-qlora"
     unmapped = {u.key: u for u in convert("axolotl", str(DATA / "axolotl" / "qlora.yml")).unmapped}
     assert not any(key.startswith("special_tokens") for key in unmapped)
-    assert "WANDB_PROJECT=support-bot" in unmapped["wandb_project"].reason
+    assert "wandb_project" not in unmapped and "wandb_entity" not in unmapped
     assert unmapped["datasets.1.shards"].line == 30
     assert "chat_template" not in unmapped and r["data"]["chat_template"] == "chatml" and "tf32" in unmapped
     assert "wandb_watch" not in unmapped  # an empty key asks for nothing
