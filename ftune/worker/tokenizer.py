@@ -22,10 +22,13 @@ def load(path: str, recipe, token: str | None = None):
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     apply_tokens(tok, recipe.model)
-    if recipe.data.chat_template:  # saved with the tokenizer in final/, so inference formats prompts the same way
-        from ftune.chat import resolve
+    sources = list(recipe.data.train) + (list(recipe.data.eval) if isinstance(recipe.data.eval, list) else [])
+    if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for s in sources):
+        from ftune.worker.data import chat_template_of
 
-        tok.chat_template = resolve(recipe.data.chat_template)
+        # the template the data is rendered with is saved with the tokenizer in final/, so inference formats
+        # prompts the same way (ftune's default included, for a tokenizer that has none)
+        tok.chat_template = chat_template_of(recipe, tok)
     if tok.pad_token is None:
         # Causal LMs often ship without a pad token; padding positions carry no loss, so EOS is safe.
         tok.pad_token = tok.eos_token or tok.unk_token

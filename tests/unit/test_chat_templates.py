@@ -99,3 +99,17 @@ def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_
     assert (src.turns, src.unstopped) == (2, 0)
     labels = [lab for lab in b.train[0]["labels"] if lab != -100]
     assert labels[-1] == tok.convert_tokens_to_ids("<|im_end|>") and trained(tok, b.train[0]) == "5<|im_end|>"
+
+
+def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
+    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.worker.tokenizer import load
+
+    def recipe(**data):
+        return Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {
+            "train": [{"path": "d.jsonl", "format": "chat"}], **data}})
+
+    assert load(str(tiny_tokenizer_dir), recipe(chat_template="phi3")).chat_template == builtin("phi3")
+    assert load(str(tiny_tokenizer_dir), recipe()).chat_template == DEFAULT_CHAT_TEMPLATE  # it has none of its own
+    text = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {"train": [{"path": "d"}]}})
+    assert not load(str(tiny_tokenizer_dir), text).chat_template
