@@ -91,6 +91,11 @@ class RunDir:
         return self.root / "merged"
 
     @property
+    def initial_adapter(self) -> Path:
+        """The adapter as initialised (peft.init pissa/olora), which the final adapter is converted against."""
+        return self.root / "initial_adapter"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 
@@ -125,7 +130,7 @@ class RunDir:
 
     def outputs(self) -> tuple[Path, ...]:
         """What a run produces: removed when `output.overwrite` starts over."""
-        return (self.final, self.checkpoints, self.metrics, self.summary, self.params, self.loss_curve,
+        return (self.final, self.checkpoints, self.initial_adapter, self.metrics, self.summary, self.params, self.loss_curve,
                 self.tensorboard)
 
     def complete_checkpoints(self) -> list[Path]:

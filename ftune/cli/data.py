@@ -172,8 +172,7 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
         console.print(f"  {source.where}: {source.path} ({source.format}): {source.rows} rows, "
                       f"{source.dropped} dropped, {source.truncated} truncated, {source.used} used")
     for line in rep.lines():
-        console.print("  " + line.removeprefix("data: "))
+        line = line.removeprefix("data: ")
+        console.print("  " + line, style="bold red" if line.startswith("WARNING") else None)
     if rep.packing:
         console.print(f"  packing: attention kept per sample by {bundle.mechanism}")
-    for warning in bundle.warnings:
-        console.print(Text.assemble(("\nwarning", "bold yellow"), f": {warning}"))

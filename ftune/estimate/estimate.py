@@ -184,12 +184,16 @@ def _linear_names(model) -> list[str]:
     return sorted(names)
 
 
-def _apply_method(model, recipe: Recipe):
+def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None):
     from ftune.methods import method_module
 
     cfg = recipe.peft
+    if cfg.method == "lora" and cfg.init != "default":
+        cfg = cfg.model_copy(update={"init": "default"})  # same shapes; PiSSA's SVD can't run on the meta device
     linear = _linear_names(model)
     try:
+        if trained_tokens and cfg.method == "lora":  # as the worker's peft stage
+            return method_module(cfg.method).inject(model, cfg, recipe.model.task, trained_tokens=trained_tokens)
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
     except FtuneError as e:  # e.g. freeze's "matches no parameter": say which key
         if e.location is None:
@@ -351,9 +355,18 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
     from ftune.estimate.probe import formula_profile, probe_activations
 
+    from ftune.estimate.tokens import plan_tokens
+
     model, config, dtype = _build(recipe, config_file)
+    notes: list[str] = []
+    tokens = plan_tokens(recipe, model.get_input_embeddings().num_embeddings)
+    if tokens is not None:
+        if tokens.embeddings > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
+        notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
+                     "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
     quantized = _quantize_layout(model, recipe)
-    model = _apply_method(model, recipe)
+    model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
     if hasattr(model, "get_nb_trainable_parameters"):
@@ -362,7 +375,6 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         total = sum(f.numel for f in facts)
         trainable = sum(f.numel for f in facts if f.trainable)
 
-    notes: list[str] = []
     detected_device, detected = detect_device_memory()
     device = device or ("cuda" if gpu_memory is not None else detected_device)
     device_memory = gpu_memory if gpu_memory is not None else detected

@@ -259,19 +259,23 @@ def every_n_steps(section: str, verb: str):
 
 def per_epoch(section: str):
     def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
-        if as_int(value) != 1:
-            raise Unmappable(f"{section} several times per epoch: ftune's {section}.strategy is steps (every N) or "
-                             f"epoch (once); set {section}.steps")
-        ctx.set(f"{section}.strategy", "epoch")
+        ctx.set(f"{section}.per_epoch", as_int(value))
         return NOTHING
 
     return translate
 
 
-def wandb_project(value: Any, ctx: Context, path: PeerPath) -> Any:
-    report_to_wandb(ctx)
-    raise Unmappable("ftune reports to wandb (output.report_to: [wandb]) but has no key for the project: "
-                     f"export WANDB_PROJECT={value}")
+def wandb_setting(key: str):
+    """wandb_project / _entity / _name / _mode -> output.trackers.wandb.*, and report to wandb."""
+
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if key == "mode" and value not in ("online", "offline"):
+            raise Unmappable(f"W&B mode {value!r}: ftune sets online or offline (report_to decides whether at all)")
+        report_to_wandb(ctx)
+        ctx.set(f"output.trackers.wandb.{key}", str(value))
+        return NOTHING
+
+    return translate
 
 
 def _wandb_env(var: str):
@@ -281,8 +285,14 @@ def _wandb_env(var: str):
     return translate
 
 
-SPECIAL_TOKENS = Skip("ftune takes special tokens from the tokenizer and adds none; set them in the "
-                      "tokenizer folder (model.tokenizer) before training")
+SPECIAL = ("pad_token", "eos_token", "bos_token", "unk_token")
+
+
+def special_token(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if path[-1] not in SPECIAL:
+        raise Unmappable(f"ftune sets {', '.join(SPECIAL)} (model.special_tokens), not {path[-1]}")
+    ctx.set(f"model.special_tokens.{path[-1]}", str(value))
+    return NOTHING
 
 TABLE: dict[str, Key | Skip] = {
     # model
@@ -303,8 +313,8 @@ TABLE: dict[str, Key | Skip] = {
     "bfloat16": Key("model.dtype", load_dtype("bfloat16")),
     "float16": Key("model.dtype", load_dtype("float16")),
     "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
-    "special_tokens.*": SPECIAL_TOKENS,
-    "tokens": Skip("ftune adds no tokens to the vocabulary"),
+    "special_tokens.*": Key(None, special_token),
+    "tokens": Key("model.add_tokens", lambda v, c, p: [str(t) for t in (v if isinstance(v, list) else [v])]),
     # adapter and quantization
     "adapter": Key(None, adapter),
     "load_in_8bit": Key(None, quant_bits(8)),
@@ -361,7 +371,7 @@ TABLE: dict[str, Key | Skip] = {
     "fsdp_version": Key(None, fsdp_version),
     **fsdp_config_table(("fsdp_config.",)),
     "deepspeed": Key(None, deepspeed_from_file),
-    "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
+    "ddp_timeout": Key("distributed.timeout", lambda v, c, p: as_int(v)),
     # eval and checkpoints
     "eval_steps": Key(None, every_n_steps("eval", "evaluates")),
     "evals_per_epoch": Key(None, per_epoch("eval")),
@@ -374,13 +384,13 @@ TABLE: dict[str, Key | Skip] = {
     "auto_resume_from_checkpoints": Key("checkpoint.resume", lambda v, c, p: "auto" if as_bool(v) else False),
     "output_dir": Key("output.dir"),
     # tracking
-    "wandb_project": Key(None, wandb_project),
-    "wandb_entity": Key(None, _wandb_env("WANDB_ENTITY")),
-    "wandb_name": Key(None, _wandb_env("WANDB_NAME")),
+    "wandb_project": Key(None, wandb_setting("project")),
+    "wandb_entity": Key(None, wandb_setting("entity")),
+    "wandb_name": Key(None, wandb_setting("run_name")),
     "wandb_run_id": Key(None, _wandb_env("WANDB_RUN_ID")),
     "wandb_log_model": Key(None, _wandb_env("WANDB_LOG_MODEL")),
     "wandb_watch": Key(None, _wandb_env("WANDB_WATCH")),
-    "wandb_mode": Key(None, _wandb_env("WANDB_MODE")),
+    "wandb_mode": Key(None, wandb_setting("mode")),
     "use_tensorboard": Key("output.report_to", lambda v, c, p: ["tensorboard"] if as_bool(v) else NOTHING),
     # axolotl's own switches
     "strict": Skip("ftune is always strict: an unknown recipe key is an error"),
@@ -390,13 +400,20 @@ TABLE: dict[str, Key | Skip] = {
 }
 
 
+# axolotl's template names -> ftune's built-in ones (same turn format)
+TEMPLATE_NAMES = {"chatml": "chatml", "llama3": "llama3", "mistral_v1": "mistral", "mistral_v2v3": "mistral",
+                  "gemma": "gemma", "gemma3": "gemma", "phi_3": "phi3", "qwen_25": "qwen", "alpaca": "alpaca"}
+
+
 def _template_name(value: Any) -> Any:
     if value == "tokenizer_default":
         return NOTHING  # ftune's default: the tokenizer's own template
     if isinstance(value, str) and ("{%" in value or "{{" in value):
         return value
-    raise Unmappable(f"{value!r} is an axolotl template name; data.chat_template takes Jinja text "
-                     "(without it ftune uses the tokenizer's own template)")
+    if value in TEMPLATE_NAMES:
+        return TEMPLATE_NAMES[value]
+    raise Unmappable(f"{value!r} is an axolotl template name with no ftune built-in (ftune has "
+                     f"{', '.join(sorted(set(TEMPLATE_NAMES.values())))}); data.chat_template also takes Jinja text")
 
 
 def finish(ctx: Context) -> None:
@@ -412,12 +429,22 @@ def finish(ctx: Context) -> None:
             for key in ("type", "double_quant"):
                 ctx.out["quantization"].pop(key, None)
             ctx.out["quantization"].pop("compute_dtype", None)
+    for section in ("eval", "checkpoint"):  # per_epoch counts epochs; axolotl also allows it with max_steps
+        n = ctx.get(f"{section}.per_epoch")
+        if n is not None and ctx.get("train.max_steps") is not None:
+            ctx.out[section].pop("per_epoch")
+            if n == 1:
+                ctx.set(f"{section}.strategy", "epoch")
+            else:
+                ctx.note(None, f"{section}s_per_epoch: {n} with max_steps: ftune's {section}.per_epoch needs "
+                               f"train.epochs; set {section}.steps (the run's steps per epoch / {n})")
     if ctx.get("train.epochs") is None and ctx.get("train.max_steps") is None:
         ctx.set("train.epochs", 1)
         ctx.note(None, "train.epochs: 1 is axolotl's default num_epochs (the config sets none)")
-    if ctx.get("data.eval") is not None and ctx.get("eval.strategy") is None:
+    if ctx.get("data.eval") is not None and ctx.get("eval.strategy") is None and ctx.get("eval.per_epoch") is None:
         ctx.note(None, "the config holds out eval data but sets no eval schedule: set eval.strategy (steps or epoch)")
-    if ctx.get("train.early_stopping") is not None and ctx.get("eval.strategy") is None:
+    if (ctx.get("train.early_stopping") is not None and ctx.get("eval.strategy") is None
+            and ctx.get("eval.per_epoch") is None):
         ctx.set("eval.strategy", "epoch")
         ctx.note(None, "eval.strategy: epoch, so that early_stopping_patience has evaluations to watch")
 

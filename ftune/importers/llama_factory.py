@@ -92,8 +92,9 @@ def eval_strategy(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 
 def special_tokens(value: Any, ctx: Context, path: PeerPath) -> Any:
-    raise Unmappable(f"ftune adds no tokens to the vocabulary ({value}); add them to the tokenizer folder "
-                     "(model.tokenizer) before training")
+    """`new_special_tokens: "<a>,<b>"` (or a list) -> model.add_tokens, kept in order, without repeats."""
+    tokens = [str(t).strip() for t in (value if isinstance(value, list) else str(value).split(","))]
+    return list(dict.fromkeys([*(ctx.get("model.add_tokens") or []), *(t for t in tokens if t)]))
 
 
 TABLE: dict[str, Key | Skip] = {
@@ -104,9 +105,9 @@ TABLE: dict[str, Key | Skip] = {
     "trust_remote_code": Key("model.trust_remote_code", lambda v, c, p: as_bool(v)),
     "hf_hub_token": Skip("a token is never copied into a recipe: write `model.hub_token: ${env:HF_TOKEN}`"),
     "flash_attn": Key("model.attn_implementation", lambda v, c, p: _attention(v)),
-    "new_special_tokens": Key(None, special_tokens),
-    "add_special_tokens": Key(None, special_tokens),
-    "resize_vocab": Skip("ftune adds no tokens, so the vocabulary keeps its size"),
+    "new_special_tokens": Key("model.add_tokens", special_tokens),
+    "add_special_tokens": Key("model.add_tokens", special_tokens),
+    "resize_vocab": Skip("ftune resizes the embeddings when model.add_tokens outgrows them; nothing to set"),
     "template": Skip("LLaMA-Factory's prompt templates are code; ftune renders chat data with the tokenizer's "
                      "template or data.chat_template (Jinja text), and instruction data with data.train.N.template"),
     "enable_liger_kernel": Skip("ftune has no Liger kernels switch"),
@@ -125,7 +126,7 @@ TABLE: dict[str, Key | Skip] = {
     "additional_target": Key("peft.modules_to_save", lambda v, c, p: lora_target(v, c, p)),
     "use_rslora": Key("peft.use_rslora", lambda v, c, p: as_bool(v)),
     "use_dora": Key("peft.use_dora", lambda v, c, p: as_bool(v)),
-    "pissa_init": Skip("ftune has no PiSSA initialisation"),
+    "pissa_init": Key("peft.init", lambda v, c, p: "pissa" if as_bool(v) else NOTHING),
     "loraplus_lr_ratio": Skip("ftune has no LoRA+ learning-rate ratio"),
     "quantization_bit": Key("quantization.bits", quantization_bit),
     "quantization_method": USED_LATER,
@@ -187,7 +188,7 @@ TABLE: dict[str, Key | Skip] = {
     "deepspeed": Key(None, deepspeed_from_file),
     "fsdp": Key(None, hf_fsdp_options),
     **fsdp_config_table(("fsdp_config.",)),
-    "ddp_timeout": Skip("ftune has no key for the process-group timeout"),
+    "ddp_timeout": Key("distributed.timeout", lambda v, c, p: as_int(v)),
     "include_num_input_tokens_seen": Skip("ftune logs no token counts"),
 }
 

@@ -28,13 +28,40 @@ class Config(MethodConfig):
     """Rank-stabilised LoRA: scale by alpha / sqrt(r)."""
     use_dora: bool = False
     """Weight-decomposed LoRA (DoRA)."""
+    init: Literal["default", "gaussian", "pissa", "olora", "loftq"] = "default"
+    """Adapter initialisation (peft's init_lora_weights): `default` (B = 0), `gaussian`, `pissa` and `olora` (start
+    from the weights' principal directions / a QR factor, moving them out of the base; the saved adapter is converted
+    back to a plain LoRA on the original base, at twice the rank). `loftq` is refused: its adapter fits only the
+    LoftQ-quantized base peft writes into the model, which ftune does not save."""
 
     @property
     def merge(self) -> str | None:
         return "merge"
 
 
-def inject(model, cfg: Config, task: str):
+INIT_WEIGHTS = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora", "loftq": "loftq"}
+MOVES_BASE_WEIGHTS = ("pissa", "olora")  # these change the base: the saved adapter is converted back
+
+
+def token_layers(model, token_ids: list[int], whole: list[str] | None = None) -> dict[str, list[int]] | None:
+    """peft's trainable_token_indices: the rows of `token_ids` in the input embedding, and in the output head
+    when it is not tied to it (tied heads follow the embedding in peft). A layer named in `whole`
+    (peft.modules_to_save) trains entirely already, so it gets no row adapter (peft refuses both)."""
+    if not token_ids:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = [model.get_input_embeddings()]
+    head = model.get_output_embeddings()
+    if head is not None and not getattr(model.config, "tie_word_embeddings", False):
+        layers.append(head)
+    found = {names[id(m)]: list(token_ids) for m in layers if id(m) in names}
+    found = {n: ids for n, ids in found.items() if n.rsplit(".", 1)[-1] not in (whole or [])}
+    return found or None
+
+
+def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = None):
+    """Wrap `model` in LoRA adapters; `trained_tokens` (model.add_tokens and the special tokens set) get their
+    embedding and head rows trained and saved with the adapter (peft's trainable tokens, not whole matrices)."""
     from peft import LoraConfig, get_peft_model
 
     task_type = "SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM"
@@ -48,6 +75,8 @@ def inject(model, cfg: Config, task: str):
         bias=cfg.bias,
         use_rslora=cfg.use_rslora,
         use_dora=cfg.use_dora,
+        init_lora_weights=INIT_WEIGHTS[cfg.init],
+        trainable_token_indices=token_layers(model, trained_tokens or [], cfg.modules_to_save),
         task_type=task_type,
     )
     return get_peft_model(model, config)

@@ -16,6 +16,7 @@ from ftune.errors import Problem
 from ftune.plan import accelerate, environment, preference
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
+from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import training_arguments
 from ftune.recipe.objectives import objective
 from ftune.recipe.schema import Recipe
@@ -127,7 +128,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         launch=LaunchSpec(
             accelerate_config=config,
             command=accelerate.launch_command(run.accelerate_config, run.plan, python=sys.executable),
-            env=_worker_env(device, num_processes, run),
+            env=_worker_env(device, num_processes, run) | tracker_env(recipe),
         ),
         notes=notes,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftune.recipe.schedule import eval_schedule, evaluates, save_schedule
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
@@ -32,11 +33,22 @@ def optimizer_kwargs(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
+def tracker_run_name(recipe: Recipe) -> str | None:
+    """TrainingArguments.run_name, which W&B and MLflow both take: a tracker's `run_name`, else the recipe's name
+    when a tracker is on (else transformers' default, the output dir, shows in their UIs)."""
+    trackers = recipe.output.trackers
+    chosen = [t.run_name for t in (trackers.wandb, trackers.mlflow) if t is not None and t.run_name] if trackers else []
+    if chosen:
+        return chosen[0]
+    return recipe.name if {"wandb", "mlflow"} & set(recipe.output.report_to) else None
+
+
 def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: int, mixed_precision: str,
                        accelerate_config: dict[str, Any]) -> dict[str, Any]:
     """Recipe + distributed settings → TrainingArguments kwargs (JSON-serialisable)."""
     t, ev, ck = recipe.train, recipe.eval, recipe.checkpoint
-    has_eval = recipe.data.eval is not None and ev.strategy != "no"
+    has_eval = recipe.data.eval is not None and evaluates(recipe)
+    (eval_strategy, eval_steps), (save_strategy, save_steps) = eval_schedule(recipe), save_schedule(recipe)
     load_best = ck.load_best or bool(t.early_stopping)
     best_metric = t.early_stopping.metric if t.early_stopping else "eval_loss"
     kwargs: dict[str, Any] = dict(
@@ -67,11 +79,11 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         # ftune logs it as it is and stops the run on it (worker/callbacks.py NumericsGuard)
         logging_nan_inf_filter=False,
         neftune_noise_alpha=t.neftune_alpha,
-        eval_strategy=ev.strategy if has_eval else "no",
-        eval_steps=ev.steps,
+        eval_strategy=eval_strategy if has_eval else "no",
+        eval_steps=eval_steps,  # below 1: a ratio of the total steps (eval.per_epoch)
         eval_on_start=ev.on_start and recipe.data.eval is not None,
-        save_strategy=ck.strategy,
-        save_steps=ck.steps,
+        save_strategy=save_strategy,
+        save_steps=save_steps,
         save_total_limit=ck.keep,
         load_best_model_at_end=load_best,
         metric_for_best_model=best_metric if has_eval else None,
@@ -86,6 +98,11 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         use_cpu=device == "cpu",
         **speed_kwargs(recipe, device),
     )
+    if recipe.distributed.timeout is not None:
+        kwargs["ddp_timeout"] = recipe.distributed.timeout
+    name = tracker_run_name(recipe)
+    if name is not None:
+        kwargs["run_name"] = name
     kwargs.update(_distributed(accelerate_config, device=device, world_size=world_size))
     return kwargs
 

@@ -25,6 +25,8 @@ PATH_KEYS = ("name", "model.path", "model.tokenizer", "data.cache_dir", "data.tr
              "distributed.accelerate_config", "distributed.deepspeed.config", "checkpoint.resume", "output.dir")
 """Values that become paths (`name` names the default run dir): they show in listings, logs and plan.json."""
 ENV_PREFIX = "FTUNE_SECRET_"
+NOT_SECRET = ("model.special_tokens",)
+"""Sections whose `*_token` keys name vocabulary tokens (`eos_token: <|im_end|>`), not credentials."""
 
 
 def is_secret_key(name: object) -> bool:
@@ -33,6 +35,12 @@ def is_secret_key(name: object) -> bool:
         return False
     words = re.findall(r"[a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
     return any(w in SECRET_WORDS for w in words)
+
+
+def is_secret_path(path: KeyPath) -> bool:
+    """Whether the value at `path` is a secret: its last key's words say so, outside NOT_SECRET sections."""
+    dotted = ".".join(str(p) for p in path)
+    return bool(path) and is_secret_key(path[-1]) and not any(dotted.startswith(f"{s}.") for s in NOT_SECRET)
 
 
 def is_path_key(path: KeyPath) -> bool:
@@ -50,7 +58,9 @@ def env_name(path: KeyPath) -> str:
 def shown_override(arg: str) -> str:
     """An override as messages and `ftune show` quote it: the value of a secret key masked."""
     key, eq, _ = arg.partition("=")
-    return f"{key}={MASK}" if eq and any(is_secret_key(p) for p in key.lstrip("~").split(".")) else arg
+    parts = key.lstrip("~").split(".")
+    secret = any(is_secret_key(p) for p in parts) and not any(key.lstrip("~").startswith(f"{s}.") for s in NOT_SECRET)
+    return f"{key}={MASK}" if eq and secret else arg
 
 
 def override_secrets(args: list[str] | tuple[str, ...]) -> set[str]:
@@ -92,7 +102,7 @@ def mask_secrets(raw: dict, out: dict) -> Masked:
                 holders[os.environ[name]] = name
     masked = Masked()
     for path, value in list(leaves(out)):
-        if path and is_secret_key(path[-1]) and isinstance(value, str) and value and value != MASK:
+        if is_secret_path(path) and isinstance(value, str) and value and value != MASK:
             named = [n for n in own.get(path, ()) if os.environ.get(n) == value]
             if named:
                 holders.setdefault(value, named[0])

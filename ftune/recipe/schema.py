@@ -27,6 +27,19 @@ class Section(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------- model
+class SpecialTokens(Section):
+    """Special tokens set on the tokenizer before training (and saved with it)."""
+
+    pad_token: str | None = None
+    """Padding token (never trained: padding carries no loss); default: the tokenizer's, else eos."""
+    eos_token: str | None = None
+    """End-of-sequence token: what ends an answer, so what generation stops on (e.g. `<|im_end|>` for chatml)."""
+    bos_token: str | None = None
+    """Beginning-of-sequence token."""
+    unk_token: str | None = None
+    """Unknown token."""
+
+
 class ModelSection(Section):
     path: str
     """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable."""
@@ -53,6 +66,12 @@ class ModelSection(Section):
     """Class names for `task: sequence-classification`, in id order."""
     hub_token: str | None = None
     """Hub access token; write `${env:HF_TOKEN}` so it is read from the environment and masked in outputs."""
+    special_tokens: SpecialTokens | None = None
+    """Override the tokenizer's special tokens (a token not in the vocabulary is added, as with add_tokens)."""
+    add_tokens: list[str] | None = None
+    """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
+    of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
+    (the whole matrices instead when peft.modules_to_save names the embedding and head)."""
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -100,11 +119,16 @@ class DataSource(Section):
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
-    """Split to read when the source holds several."""
+    """Split to read when the source holds several; `datasets` slice syntax selects part of it: `train[:20%]`,
+    `train[100:200]`, `train[:50%]+validation[:10%]`."""
     fields: Fields = Field(default_factory=Fields)
     """Column names, when they differ from the defaults."""
     template: str | None = None
-    """`instruction`: prompt template with {instruction} and {input}; the output follows it."""
+    """`instruction`: prompt template with {instruction} and {input}; the output follows it (with `as_chat`: the
+    user turn)."""
+    as_chat: bool = False
+    """`instruction`: render each row through `data.chat_template` as one user turn (instruction, then input)
+    and one assistant turn (output), instead of a plain prompt template."""
     roles: dict[str, str] | None = None
     """`chat`: map source role names to user/assistant/system, e.g. {human: user, gpt: assistant}."""
     weight: float | None = Field(None, gt=0)
@@ -134,7 +158,8 @@ class DataSection(Section):
     shuffle: bool = True
     """Shuffle the training rows (seeded by train.seed)."""
     chat_template: str | None = None
-    """Jinja chat template overriding the tokenizer's; a default is used when the tokenizer has none."""
+    """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
+    qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
     max_dropped_fraction: float = Field(0.1, ge=0.0, le=1.0)
     """Error when more than this fraction of samples has no trainable token after truncation."""
     num_proc: int | None = Field(None, gt=0)
@@ -222,6 +247,9 @@ class DistributedSection(Section):
     """Rendezvous backend."""
     same_network: bool = True
     """Whether all machines share a local network."""
+    timeout: int | None = Field(None, ge=1)
+    """Seconds a collective operation may wait for the other processes before the run fails (ddp_timeout;
+    transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
     accelerate_config: str | None = None
     """An existing accelerate config file to start from; the recipe's explicit keys win."""
     fsdp: FsdpSection | None = None
@@ -383,6 +411,8 @@ class EvalSection(Section):
     generate: GenerateEval | None = None
     """Evaluation by generation: greedy completions of the eval prompts scored against the reference answers
     (instruction and chat data), reported by `ftune eval` and at the end of `ftune run` (into metrics.jsonl)."""
+    per_epoch: int | None = Field(None, ge=1)
+    """Evaluate N times per epoch, evenly (instead of `strategy`/`steps`; needs `train.epochs`)."""
 
 
 class CheckpointSection(Section):
@@ -396,6 +426,47 @@ class CheckpointSection(Section):
     """`auto`: continue from the latest complete checkpoint in the run dir; a checkpoint path; or false."""
     load_best: bool = False
     """Load the best checkpoint (by early_stopping.metric or eval_loss) at the end."""
+    per_epoch: int | None = Field(None, ge=1)
+    """Save N checkpoints per epoch, evenly (instead of `strategy`/`steps`; needs `train.epochs`)."""
+
+
+class WandbSettings(Section):
+    """Weights & Biases settings, passed as its environment variables (WANDB_*); used only when report_to has wandb."""
+
+    project: str | None = None
+    """WANDB_PROJECT."""
+    entity: str | None = None
+    """WANDB_ENTITY: the team or user that owns the project."""
+    run_name: str | None = None
+    """The run's name (TrainingArguments.run_name, shared with MLflow); default: the recipe's name."""
+    tags: list[str] | None = None
+    """WANDB_TAGS."""
+    group: str | None = None
+    """WANDB_RUN_GROUP."""
+    mode: Literal["online", "offline"] | None = None
+    """WANDB_MODE: `offline` keeps the run on this machine (sync it later)."""
+
+
+class MlflowSettings(Section):
+    """MLflow settings, passed as its environment variables (MLFLOW_*); used only when report_to has mlflow."""
+
+    tracking_uri: str | None = None
+    """MLFLOW_TRACKING_URI: a server URL or a local folder (file:...); default: ./mlruns."""
+    experiment: str | None = None
+    """MLFLOW_EXPERIMENT_NAME."""
+    run_name: str | None = None
+    """The run's name (TrainingArguments.run_name, shared with W&B); default: the recipe's name."""
+    tags: dict[str, str] | None = None
+    """MLFLOW_TAGS: run tags as name: value."""
+
+
+class Trackers(Section):
+    """Settings of the experiment trackers named in output.report_to."""
+
+    wandb: WandbSettings | None = None
+    """Weights & Biases."""
+    mlflow: MlflowSettings | None = None
+    """MLflow."""
 
 
 class OutputSection(Section):
@@ -409,6 +480,9 @@ class OutputSection(Section):
     """Allow starting over in a run dir that holds a finished run."""
     loss_curve: bool = True
     """Write loss_curve.png at the end."""
+    trackers: Trackers | None = None
+    """Tracker settings (W&B project/entity/run name/tags, MLflow experiment/tags); nothing is sent unless the
+    tracker is also in report_to."""
 
 
 PeftSection = Annotated[Union[tuple(config_classes())], Field(discriminator="method")]  # noqa: UP007

@@ -1,8 +1,8 @@
 """Stage 5: distributed set-up on the worker, before TrainingArguments exist.
 
 The distributed TrainingArguments are compiled into `plan.trainer` from the same accelerate config the
-launcher writes (ftune.plan.trainer). What is left for run time is `prepare`: the CPU FSDP shim below, the
-only place ftune patches a library.
+launcher writes (ftune.plan.trainer). What is left for run time is `prepare`: the CPU FSDP shim and the FSDP v1
+adapter names fix below, the only places ftune patches a library.
 """
 
 from __future__ import annotations
@@ -59,8 +59,45 @@ def apply_cpu_fsdp_shim() -> None:
     _SHIM_APPLIED = True
 
 
+# ------------------------------------------------------------------------------ FSDP v1 adapter names
+FSDP_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_NAMES_FIX_APPLIED = False
+
+
+def apply_fsdp1_adapter_names_fix() -> None:
+    """Let peft find adapter tensors under FSDP v1 (peft 0.21, accelerate 1.15; measured on 2 CPU processes).
+
+    peft selects an adapter's tensors from a state dict by key prefixes it collects from `named_modules()`.
+    Under FSDP v1 those names run through `_fsdp_wrapped_module.`, while FSDP's state dicts (sharded and full)
+    carry clean names, so peft selected nothing: checkpoints held no adapter tensor, resuming restored nothing,
+    and `final/` was empty. The prefixes peft collects are returned with the wrapper segments removed as well,
+    so saving and loading (the Trainer's checkpoints through accelerate, ftune's final save) match either form.
+    """
+    global _NAMES_FIX_APPLIED
+    if _NAMES_FIX_APPLIED:
+        return
+    from peft.tuners import tuners_utils
+
+    collect = tuners_utils._get_tuner_state_dict_key_prefixes
+
+    def prefixes(model, adapter_name=None):
+        found = collect(model, adapter_name)
+        clean = set()
+        for prefix in found:
+            for wrapper in FSDP_WRAPPERS:
+                prefix = prefix.replace(wrapper, "")
+            clean.add(prefix)
+        return set(found) | clean
+
+    tuners_utils._get_tuner_state_dict_key_prefixes = prefixes
+    _NAMES_FIX_APPLIED = True
+
+
 def prepare(plan) -> None:
     """Called by the worker before TrainingArguments/the Trainer exist."""
+    d = plan.recipe.distributed
+    if d.strategy == "fsdp" and d.fsdp is not None and d.fsdp.version == 1 and plan.recipe.peft.uses_peft_library:
+        apply_fsdp1_adapter_names_fix()
     if plan.recipe.distributed.strategy != "fsdp" or plan.device != "cpu":
         return
     import warnings

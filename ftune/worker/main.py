@@ -66,7 +66,9 @@ def run_stages(plan: Plan) -> dict:
 
         model = quantize.prepare(model, recipe)
         quant_line = describe_line(describe(recipe, model))
-    model, counts = apply_method(model, plan)
+    model, counts = apply_method(model, plan, tokenizer.trained_token_ids(tok, recipe.model))
+    if main and save.converts_initial(plan):
+        save.save_initial_adapter(model, run.initial_adapter)
     if console:
         report.header(console, plan, counts, bundle, quant_line)
         run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")

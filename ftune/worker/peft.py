@@ -33,15 +33,19 @@ def count_parameters(model) -> ParamCounts:
     return ParamCounts(trainable, total)
 
 
-def apply_method(model, plan):
-    """Inject the recipe's method; the seed is set first so adapter initialisation is reproducible."""
+def apply_method(model, plan, trained_tokens: list[int] | None = None):
+    """Inject the recipe's method; the seed is set first so adapter initialisation is reproducible.
+    `trained_tokens`: ids whose embedding rows train (model.add_tokens, model.special_tokens)."""
     from transformers import set_seed
 
     recipe = plan.recipe
     set_seed(recipe.train.seed)
     module = method_module(recipe.peft.method)
     try:
-        model = module.inject(model, recipe.peft, recipe.model.task)
+        if trained_tokens and recipe.peft.method == "lora":
+            model = module.inject(model, recipe.peft, recipe.model.task, trained_tokens=trained_tokens)
+        else:  # full trains every row; the rules refuse added tokens with the other adapters
+            model = module.inject(model, recipe.peft, recipe.model.task)
     except ValueError as err:
         if "target" in str(err).lower() and recipe.peft.method == "lora":
             from ftune.plan.preflight import target_hint

@@ -82,7 +82,7 @@ def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bo
     if not found:
         raise RunError(
             f"save check failed: {folder} holds no tensors",
-            hint="the saved adapter/model is empty; with FSDP v1 + LoRA use distributed.fsdp.version=2",
+            hint="the saved adapter/model is empty; report this with the run dir",
         )
     if is_adapter:
         # peft strips the adapter name ("default") when saving.
@@ -118,6 +118,16 @@ def _clean(name: str) -> str:
     return name
 
 
+def _without_adapter_name(key: str, name: str) -> str:
+    """peft's checkpoint name for a model key (`q_proj.lora_A.default.weight` -> `q_proj.lora_A.weight`). peft does
+    this itself, but under FSDP v1 the LoRA layers are wrapped too (`lora_A.default._fsdp_wrapped_module.weight`),
+    so its rule only applies once the wrapper segments are gone."""
+    if key.endswith(f".{name}"):
+        return key.removesuffix(f".{name}")
+    head, _, suffix = key.rpartition(".")
+    return f"{head.removesuffix(f'.{name}')}.{suffix}" if head.endswith(f".{name}") else key
+
+
 def _as_model_names(model, state: dict) -> dict:
     """Key the state dict by the model's own (wrapped) names: peft finds adapter tensors by module name."""
     raw = {_clean(n): n for n, _ in model.named_parameters()}
@@ -141,7 +151,8 @@ def save_adapter(model, state: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     name = getattr(model, "active_adapter", "default")
     chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
-    save_file({_clean(k): v.contiguous() for k, v in chosen.items()}, str(folder / "adapter_model.safetensors"),
+    save_file({_without_adapter_name(_clean(k), name): v.contiguous() for k, v in chosen.items()},
+              str(folder / "adapter_model.safetensors"),
               metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[name])
     config.inference_mode = True
@@ -159,12 +170,63 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     from peft import get_peft_model_state_dict
 
     trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
-    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state))
-    chosen = {_clean(k): v for k, v in chosen.items()}
+    name = getattr(model, "active_adapter", "default")
+    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
+    chosen = {_without_adapter_name(_clean(k), name): v for k, v in chosen.items()}
     if len(chosen) >= len(trainable):
         return {k: tuple(v.shape) for k, v in chosen.items()}
     # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
     return {n: tuple(state[n].shape) if n in state else (-1,) for n in trainable}
+
+
+def converts_initial(plan) -> bool:
+    """peft.init pissa/olora moved part of the base weights into the adapter: the final adapter is converted
+    against the initial one, so it applies to the original base (at twice the rank)."""
+    from ftune.methods.lora import MOVES_BASE_WEIGHTS
+
+    peft = plan.recipe.peft
+    return peft.method == "lora" and peft.init in MOVES_BASE_WEIGHTS
+
+
+def save_initial_adapter(model, folder: Path) -> None:
+    """Save the adapter as initialised (before any step), for the conversion at the end (rank 0 only)."""
+    name = getattr(model, "active_adapter", "default")
+    config = model.peft_config[name]
+    init, config.init_lora_weights = config.init_lora_weights, True  # a plain LoRA when loaded back
+    try:
+        model.save_pretrained(str(folder))
+    finally:
+        config.init_lora_weights = init
+
+
+def save_converted(model, initial: Path, folder: Path) -> None:
+    """The trained PiSSA/OLoRA adapter as a plain LoRA of twice the rank on the original base (peft's conversion).
+
+    peft 0.21's conversion keeps only the lora_A/lora_B tensors: the adapter's other tensors (trainable token
+    rows, resized embeddings, modules_to_save) are put back unchanged, since the conversion does not touch them.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
+
+    model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(initial))
+    path = folder / "adapter_model.safetensors"
+    converted = load_file(str(path))
+    kept = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()
+            if k not in converted and ".lora_" not in k}
+    if kept:
+        save_file({**converted, **kept}, str(path), metadata={"format": "pt"})
+
+
+def _doubled_rank(expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Shapes after peft's conversion to a plain LoRA: lora_A (r, in) -> (2r, in), lora_B (out, r) -> (out, 2r)."""
+    out = {}
+    for name, shape in expected.items():
+        if ".lora_A." in name:
+            shape = (2 * shape[0], *shape[1:])
+        elif ".lora_B." in name:
+            shape = (shape[0], 2 * shape[1], *shape[2:])
+        out[name] = shape
+    return out
 
 
 def save_final(trainer, plan, tokenizer) -> dict:
@@ -195,6 +257,13 @@ def save_final(trainer, plan, tokenizer) -> dict:
         acc.wait_for_everyone()
         if main and bad is not None:  # raised after the barrier: no rank waits for rank 0 forever
             raise nonfinite(f"parameter {bad}", trainer.state.global_step)
+    elif converts_initial(plan):
+        bad = first_nonfinite(model, trainable_only=is_adapter)
+        if bad is not None:  # never write final/ from non-finite weights
+            raise nonfinite(f"parameter {bad}", trainer.state.global_step)
+        expected = _doubled_rank(expected_tensors(model, is_adapter)) if main else {}
+        if main:
+            save_converted(model, plan.run.initial_adapter, final)
     else:
         bad = first_nonfinite(model, trainable_only=is_adapter)
         if bad is not None:  # never write final/ from non-finite weights

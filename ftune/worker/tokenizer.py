@@ -21,11 +21,37 @@ def load(path: str, recipe, token: str | None = None):
             f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
+    apply_tokens(tok, recipe.model)
+    sources = list(recipe.data.train) + (list(recipe.data.eval) if isinstance(recipe.data.eval, list) else [])
+    if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for s in sources):
+        from ftune.worker.data import chat_template_of
+
+        # the template the data is rendered with is saved with the tokenizer in final/, so inference formats
+        # prompts the same way (ftune's default included, for a tokenizer that has none)
+        tok.chat_template = chat_template_of(recipe, tok)
     if tok.pad_token is None:
         # Causal LMs often ship without a pad token; padding positions carry no loss, so EOS is safe.
         tok.pad_token = tok.eos_token or tok.unk_token
     tok.padding_side = "right"
     return tok
+
+
+def apply_tokens(tok, model) -> None:
+    """`model.special_tokens` and `model.add_tokens` on the tokenizer (a token not in the vocabulary is added;
+    the model's embeddings are resized to match when it loads)."""
+    special = model.special_tokens.model_dump(exclude_none=True) if model.special_tokens else {}
+    if special:
+        tok.add_special_tokens(special)
+    if model.add_tokens:
+        tok.add_tokens(list(model.add_tokens))
+
+
+def trained_token_ids(tok, model) -> list[int]:
+    """Ids whose embedding rows train: `model.add_tokens` and the special tokens set in the recipe (pad aside:
+    padding carries no loss)."""
+    special = model.special_tokens.model_dump(exclude_none=True) if model.special_tokens else {}
+    names = list(model.add_tokens or []) + [v for k, v in special.items() if k != "pad_token"]
+    return sorted({tok.convert_tokens_to_ids(t) for t in names})
 
 
 def load_tokenizer(plan):

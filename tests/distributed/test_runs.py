@@ -1,4 +1,4 @@
-"""Two real processes through `ftune run` (accelerate launch, gloo on CPU): DDP, FSDP v2 and FSDP v1.
+"""Two real processes through `ftune run` (accelerate launch, gloo on CPU): DDP, FSDP v2 and FSDP v1 (full and LoRA).
 
 Each distributed run is compared with a one-process run over the same global batch (2 x 2 vs 1 x 4):
 the logged losses must agree within LOSS_RTOL, the ranks must see different data, the wrapping must
@@ -35,7 +35,7 @@ STRATEGIES = {
     "fsdp2ac": {"strategy": "fsdp", "num_processes": 2, "fsdp": {"activation_checkpointing": True}},
 }
 CASES = [("ddp", "lora"), ("fsdp2", "lora"), ("ddp", "full"), ("fsdp2", "full"), ("fsdp1", "full"),
-         ("fsdp2ac", "lora")]
+         ("fsdp1", "lora"), ("fsdp2ac", "lora")]
 
 
 def recipe(model_dir: Path, data_file: Path, out: Path, peft: dict, distributed: dict, batch: int,
@@ -157,14 +157,6 @@ def test_checkpoint_resumes(runner, kind, method, layout):
     assert losses(resumed)[-2:] == pytest.approx(losses(first)[2:], rel=LOSS_RTOL)
 
 
-def test_fsdp1_with_lora_is_refused_before_launch(tmp_path, tiny_model_dir, text_data_file):
-    r = recipe(tiny_model_dir, text_data_file, tmp_path / "out", LORA, STRATEGIES["fsdp1"], 2)
-    res = ftune("run", str(write_recipe(tmp_path, r)), cwd=tmp_path)
-    assert res.code == 1
-    assert "distributed.fsdp.version" in res.text and "zero tensors" in res.text
-    assert not (tmp_path / "out").exists()
-
-
 def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, text_data_file):
     dist = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"transformer_layer_cls": ["GPT2Block"]}}
     r = recipe(tiny_model_dir, text_data_file, tmp_path / "out", LORA, dist, 2)
@@ -175,7 +167,7 @@ def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, t
 
 
 @pytest.mark.parametrize(("kind", "method"), [("fsdp2", "lora"), ("fsdp1", "full"), ("ddp", "lora"),
-                                             ("fsdp2ac", "lora")])
+                                             ("fsdp2ac", "lora"), ("fsdp1", "lora")])
 def test_checkpoints_read_back_and_match_the_model(runner, kind, method, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -225,7 +225,6 @@ def paths(r: Recipe) -> dict[str, str]:
         ({"strategy": "fsdp"}, {"quantization": {"bits": 8}}, "quantization.bits", "8-bit quantization"),
         ({"strategy": "fsdp", "fsdp": {"sharding_strategy": "hybrid_shard"}}, {},
          "distributed.fsdp.sharding_strategy", "needs FSDP version 1"),
-        ({"strategy": "fsdp", "fsdp": {"version": 1}}, {}, "distributed.fsdp.version", "zero tensors"),
         ({"strategy": "fsdp", "fsdp": {"auto_wrap_policy": "size", "transformer_layer_cls": ["X"]}}, {},
          "distributed.fsdp.transformer_layer_cls", "only used by auto_wrap_policy 'transformer'"),
         ({"strategy": "deepspeed", "deepspeed": {"stage": 2, "offload_params": True}}, {},

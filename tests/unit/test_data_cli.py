@@ -96,9 +96,10 @@ def test_chat_training_that_never_trains_a_stop_token_is_warned(tmp_path, tiny_t
     assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data + f'  chat_template: "{no_eos}"\n'),
                  "--format", "json"]) == 0
     [warning] = json.loads(capsys.readouterr().out)["warnings"]
-    assert warning.startswith("no trained token is a stop token (</s>) in the first 20 training rows")
+    assert "20 of 20 trained answers end without a trained stop token (</s>" in warning
     # ftune's default template ends every turn with eos_token: no warning
     assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
     assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data + f'  chat_template: "{no_eos}"\n')]) == 0
-    assert "warning: no trained token is a stop token" in capsys.readouterr().out
+    assert "WARNING data.train[0]: 20 of 20 trained answers end without a trained stop token" in \
+        capsys.readouterr().out.replace("\n", " ")

@@ -44,7 +44,8 @@ def test_axolotl_qlora_values(tmp_path, capsys):
     code, r, text, err = run_import(capsys, tmp_path, "axolotl", DATA / "axolotl" / "qlora.yml")
     assert code == 0
     assert r["model"] == {"path": "models/tiny-llama", "trust_remote_code": False, "dtype": "bfloat16",
-                          "attn_implementation": "flash_attention_2"}
+                          "attn_implementation": "flash_attention_2",
+                          "special_tokens": {"pad_token": "<|pad|>", "eos_token": "<|im_end|>"}}
     assert r["peft"] == {"method": "lora", "r": 32, "alpha": 64.0, "dropout": 0.1, "target_modules": "all-linear",
                          "modules_to_save": ["embed_tokens", "lm_head"]}
     assert r["quantization"] == {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
@@ -62,14 +63,14 @@ def test_axolotl_qlora_values(tmp_path, capsys):
     assert (t["optimizer"], t["mixed_precision"], t["gradient_checkpointing"]) == ("paged_adamw_8bit", "bf16", True)
     assert r["eval"] == {"strategy": "steps", "steps": 50}
     assert r["checkpoint"] == {"strategy": "steps", "steps": 100, "keep": 2}
-    assert r["output"] == {"dir": "./outputs/support-qlora", "report_to": ["wandb"]}
+    assert r["output"] == {"dir": "./outputs/support-qlora", "report_to": ["wandb"],
+                           "trackers": {"wandb": {"project": "support-bot", "entity": "acme"}}}
     assert r["name"] == "support-qlora"
     unmapped = {u.key: u for u in convert("axolotl", str(DATA / "axolotl" / "qlora.yml")).unmapped}
-    assert unmapped["special_tokens.pad_token"].line == 66
-    assert "tokenizer" in unmapped["special_tokens.eos_token"].reason
-    assert "WANDB_PROJECT=support-bot" in unmapped["wandb_project"].reason
+    assert not any(key.startswith("special_tokens") for key in unmapped)
+    assert "wandb_project" not in unmapped and "wandb_entity" not in unmapped
     assert unmapped["datasets.1.shards"].line == 30
-    assert "chat_template" in unmapped and "tf32" in unmapped
+    assert "chat_template" not in unmapped and r["data"]["chat_template"] == "chatml" and "tf32" in unmapped
     assert "wandb_watch" not in unmapped  # an empty key asks for nothing
 
 
@@ -84,6 +85,7 @@ def test_axolotl_fsdp_and_deepspeed(tmp_path, capsys):
     assert qa["fields"] == {"instruction": "question", "output": "answer"} and qa["template"] == "Q: {instruction}\nA: "
     assert r["data"]["eval"] == [{"path": "corpus/heldout.jsonl", "format": "instruction"}]
     assert r["train"]["early_stopping"] == {"patience": 3} and r["eval"]["strategy"] == "epoch"
+    assert "per_epoch" not in r["eval"] and r["checkpoint"]["strategy"] == "epoch"  # max_steps: once per epoch
     _, r, _, _ = run_import(capsys, tmp_path, "axolotl", DATA / "axolotl" / "lora-deepspeed.yml")
     assert r["distributed"] == {"strategy": "deepspeed", "num_processes": "auto", "deepspeed": {"stage": 2}}
     assert r["quantization"] == {"bits": 8} and r["model"]["dtype"] == "float16"
@@ -181,3 +183,16 @@ def test_mapping_tables_are_documented():
     for module in (axolotl, llama_factory, torchtune):
         missing = [key for key in module.TABLE if not key.startswith("fsdp_config.") and f"`{key}`" not in docs]
         assert not missing, f"{module.PEER} keys missing from docs/import.md: {missing}"
+
+
+def test_new_recipe_keys_are_imported(tmp_path, capsys):
+    """Keys that have ftune equivalents since issue 12: tokens, timeouts, per-epoch schedules, template names."""
+    _, r, _, _ = run_import(capsys, tmp_path, "llama-factory", DATA / "llama-factory" / "qlora-sft.yaml")
+    assert r["model"]["add_tokens"] == ["<|tool|>", "<|end_tool|>"] and r["distributed"]["timeout"] == 180000000
+    cfg = tmp_path / "epochs.yml"
+    cfg.write_text("base_model: m\ndatasets:\n  - path: d.jsonl\n    type: completion\nnum_epochs: 2\n"
+                   "evals_per_epoch: 4\nsaves_per_epoch: 2\nval_set_size: 0.1\nchat_template: qwen_25\n"
+                   "tokens: ['<x>']\nddp_timeout: 7200\n")
+    _, r, _, _ = run_import(capsys, tmp_path, "axolotl", cfg)
+    assert (r["eval"], r["checkpoint"]["per_epoch"]) == ({"per_epoch": 4}, 2)
+    assert (r["data"]["chat_template"], r["model"]["add_tokens"], r["distributed"]["timeout"]) == ("qwen", ["<x>"], 7200)

@@ -4,6 +4,7 @@ launch; the name tables agree with the installed transformers; and every recipe 
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 import yaml
@@ -119,8 +120,10 @@ def test_scheduler_args_match_transformers_signatures():
 OPTIMIZER_CHOICES = ["adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor", "adamw_8bit",
                      "galore_adamw", "adamw_bnb8bit", "lion_32bit"]
 train_sections = st.fixed_dictionaries(
-    {"max_steps": st.integers(1, 50)},
+    {},
     optional={
+        "max_steps": st.integers(1, 50),
+        "epochs": st.sampled_from([0.5, 1, 2.5, 3]),
         "optimizer": st.sampled_from(OPTIMIZER_CHOICES),
         "optimizer_args": st.fixed_dictionaries({}, optional={
             "betas": st.sampled_from([[0.9, 0.95], [0.9], [1.5, 0.9]]), "eps": st.sampled_from([1e-8, 0, -1]),
@@ -135,15 +138,17 @@ train_sections = st.fixed_dictionaries(
         "mixed_precision": st.sampled_from(["no", "bf16"]),
         "gradient_accumulation_steps": st.integers(1, 3),
     },
-)
+).map(lambda t: {"max_steps": None, **t})  # write() would add max_steps: 10 to an epochs-only run
 eval_sections = st.fixed_dictionaries({}, optional={"strategy": st.sampled_from(["no", "steps", "epoch"]),
-                                                    "steps": st.sampled_from([2, 5])})
+                                                    "steps": st.sampled_from([2, 5]),
+                                                    "per_epoch": st.sampled_from([1, 2, 3, 4])})
 checkpoint_sections = st.fixed_dictionaries({}, optional={"strategy": st.sampled_from(["no", "steps", "epoch"]),
                                                           "steps": st.sampled_from([4, 5, 7]),
+                                                          "per_epoch": st.sampled_from([1, 2, 4]),
                                                           "load_best": st.booleans()})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(train=train_sections, evaluation=eval_sections, checkpoint=checkpoint_sections)
 def test_every_recipe_that_validates_builds_its_training_arguments(tmp_path, train, evaluation, checkpoint):
     import torch
@@ -162,6 +167,8 @@ def test_every_recipe_that_validates_builds_its_training_arguments(tmp_path, tra
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     optimizer = cls(model.parameters(), **kwargs)
-    total = args.max_steps
+    total = args.max_steps if args.max_steps > 0 else 24  # an epochs run: any total the data gives
+    for ratio in (args.eval_steps, args.save_steps):  # below 1: the Trainer's ratio of the total steps
+        assert ratio is None or ratio >= 1 or 0 < ratio < 1 and math.ceil(total * ratio) >= 1
     get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(total),
                   num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs)

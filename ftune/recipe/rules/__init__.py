@@ -1,6 +1,6 @@
 """Cross-field rules: checks the schema alone can't express, run after the Recipe validates.
 
-Each module (`core`, `train`, `quantization`, `distributed`, `preference`) exposes `RULES`, a list of functions
+Each module (`core`, `train`, `data`, `quantization`, `distributed`, `preference`, `plugins`) exposes `RULES`, a list of functions
 `rule(recipe) -> Iterable[Problem]` (`Problem.at(path, message, hint)`, the one problem type of every check).
 The path is the dotted key as the user wrote it (`peft.r`, not pydantic's `peft.lora.r`); the loader locates it.
 """
@@ -23,6 +23,7 @@ Rule = Callable[["Recipe"], Iterable[Problem]]
 MODULES: tuple[str, ...] = (
     "ftune.recipe.rules.core",
     "ftune.recipe.rules.train",
+    "ftune.recipe.rules.data",
     "ftune.recipe.rules.quantization",
     "ftune.recipe.rules.distributed",
     "ftune.recipe.rules.plugins",

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
+from ftune.recipe.schedule import eval_schedule, evaluates, save_schedule
 from ftune.recipe.schema import SCHEMA_VERSION, Recipe
 
 
@@ -52,7 +53,13 @@ def packing_needs_max_seq_length(recipe: Recipe) -> Iterator[Problem]:
 
 
 def eval_needs_eval_data(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.eval.strategy != "no" and recipe.data.eval is None:
+    if recipe.eval.per_epoch is not None and recipe.data.eval is None:
+        yield Problem.at(
+            "eval.per_epoch",
+            f"eval.per_epoch is {recipe.eval.per_epoch} but there is no eval data",
+            "set `data.eval: {split: 0.05}` (or a list of sources), or remove `eval.per_epoch`",
+        )
+    elif recipe.eval.strategy != "no" and recipe.data.eval is None:
         yield Problem.at(
             "eval.strategy",
             f"eval.strategy is '{recipe.eval.strategy}' but there is no eval data",
@@ -90,7 +97,7 @@ def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
 
 
 def eval_steps_needs_steps(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.eval.strategy == "steps" and recipe.eval.steps is None:
+    if recipe.eval.strategy == "steps" and recipe.eval.steps is None and recipe.eval.per_epoch is None:
         yield Problem.at(
             "eval.steps",
             "eval.strategy is 'steps' but `eval.steps` is not set",
@@ -128,12 +135,37 @@ def lora_rank_positive(recipe: Recipe) -> Iterator[Problem]:
 
 
 def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.train.early_stopping is not None and recipe.eval.strategy == "no":
+    if recipe.train.early_stopping is not None and not evaluates(recipe):
         yield Problem.at(
             "train.early_stopping",
             "early stopping needs evaluation, but eval.strategy is 'no'",
-            "set `eval.strategy: steps` (with `eval.steps`) or `epoch`, and `data.eval`",
+            "set `eval.strategy: steps` (with `eval.steps`) or `epoch`, or `eval.per_epoch`, and `data.eval`",
         )
+
+
+def per_epoch_fits(recipe: Recipe) -> Iterator[Problem]:
+    """`per_epoch` replaces `strategy`/`steps` and counts epochs, so it needs `train.epochs` (not max_steps)."""
+    for name, section in (("eval", recipe.eval), ("checkpoint", recipe.checkpoint)):
+        n = section.per_epoch
+        if n is None:
+            continue
+        written = section.model_fields_set
+        if recipe.train.epochs is None or recipe.train.max_steps is not None:
+            yield Problem.at(
+                f"{name}.per_epoch",
+                f"{name}.per_epoch counts epochs, but the run's length is "
+                + ("train.max_steps" if recipe.train.max_steps is not None else "not set in epochs"),
+                f"set `train.epochs` (and remove `train.max_steps`), or use `{name}.steps`",
+            )
+        if "steps" in written:
+            yield Problem.at(f"{name}.per_epoch", f"can't set both `{name}.steps` and `{name}.per_epoch`",
+                             "keep one of them")
+        if "strategy" in written and section.strategy != "steps" and not (section.strategy == "epoch" and n == 1):
+            yield Problem.at(
+                f"{name}.per_epoch",
+                f"`{name}.per_epoch: {n}` contradicts `{name}.strategy: {section.strategy}`",
+                f"remove `{name}.strategy` (per_epoch sets the schedule)",
+            )
 
 
 def load_best_needs_eval(recipe: Recipe) -> Iterator[Problem]:
@@ -143,13 +175,15 @@ def load_best_needs_eval(recipe: Recipe) -> Iterator[Problem]:
     why = ("checkpoint.load_best" if c.load_best else "train.early_stopping" if recipe.train.early_stopping else None)
     if why is None:
         return
-    if e.strategy == "no":
+    if not evaluates(recipe):
         if c.load_best:  # early stopping without eval is its own rule
             yield Problem.at(
                 "checkpoint.load_best",
                 "load_best needs evaluation to know which checkpoint is best, but eval.strategy is 'no'",
-                "set `eval.strategy` (and `data.eval`), or `checkpoint.load_best: false`",
+                "set `eval.strategy` or `eval.per_epoch` (and `data.eval`), or `checkpoint.load_best: false`",
             )
+    elif e.per_epoch is not None or c.per_epoch is not None:
+        yield from _load_best_per_epoch(recipe, why)
     elif c.strategy != e.strategy:
         yield Problem.at(
             "checkpoint.strategy",
@@ -163,6 +197,26 @@ def load_best_needs_eval(recipe: Recipe) -> Iterator[Problem]:
             f"{why} needs checkpoint.steps ({c.steps}) to be a multiple of eval.steps ({e.steps})",
             f"set `checkpoint.steps: {e.steps * max(1, c.steps // e.steps)}`",
         )
+
+
+def _load_best_per_epoch(recipe: Recipe, why: str) -> Iterator[Problem]:
+    """The Trainer's load-best checks on the compiled schedules: same strategy, saves a multiple of evals
+    (ratios and absolute steps never mix)."""
+    c, e = recipe.checkpoint, recipe.eval
+    if recipe.data.eval is None or recipe.train.epochs is None or recipe.train.max_steps is not None:
+        return  # eval_needs_eval_data / per_epoch_fits say why
+    (es, ev), (ss, sv) = eval_schedule(recipe), save_schedule(recipe)
+    path = "checkpoint.per_epoch" if c.per_epoch is not None else "checkpoint.strategy"
+    hint = (f"set `checkpoint.per_epoch: {e.per_epoch}` (or a divisor of it)" if e.per_epoch is not None
+            else f"use `eval.per_epoch: {c.per_epoch}` with `checkpoint.per_epoch`")
+    if es != ss:
+        yield Problem.at(path, f"{why} needs a checkpoint saved at every evaluation, but with train.epochs "
+                               f"{recipe.train.epochs:g} evaluations run per '{es}' and saves per '{ss}'", hint)
+    elif es == "steps" and ev and sv % ev:
+        multiple = ev < 1 and sv < 1 and (sv * 1_000_000) % (ev * 1_000_000) == 0
+        if not multiple:
+            yield Problem.at(path, f"{why} needs every save to fall on an evaluation: checkpoints every {sv:g} and "
+                                   f"evaluations every {ev:g} (ratios of the run's steps) don't line up", hint)
 
 
 def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
@@ -250,6 +304,7 @@ RULES: list[Rule] = [
     training_length,
     lora_rank_positive,
     early_stopping_needs_eval,
+    per_epoch_fits,
     load_best_needs_eval,
     task_matches_format,
     classification_labels,

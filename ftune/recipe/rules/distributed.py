@@ -75,16 +75,6 @@ def fsdp_options_fit_version(recipe: Recipe) -> Iterator[Problem]:
                         "set `distributed.fsdp.auto_wrap_policy: transformer`, or remove transformer_layer_cls")
 
 
-def fsdp_v1_adapters_refused(recipe: Recipe) -> Iterator[Problem]:
-    """peft 0.21 + FSDP v1 saves adapters with zero tensors (measured): refuse rather than ship that."""
-    f = recipe.distributed.fsdp
-    if recipe.distributed.strategy == "fsdp" and f is not None and f.version == 1 and recipe.peft.uses_peft_library:
-        yield Problem.at("distributed.fsdp.version",
-                        f"FSDP version 1 with a peft adapter ({recipe.peft.method}) saves an adapter with zero "
-                        "tensors and checkpoints that restore nothing (peft 0.21)",
-                        "use `distributed.fsdp.version: 2` (the default), or `distributed.strategy: ddp`")
-
-
 def deepspeed_options_consistent(recipe: Recipe) -> Iterator[Problem]:
     ds = recipe.distributed.deepspeed
     if recipe.distributed.strategy != "deepspeed" or ds is None:
@@ -107,6 +97,5 @@ RULES: list[Rule] = [
     machine_rank_in_range,
     no_8bit_with_fsdp,
     fsdp_options_fit_version,
-    fsdp_v1_adapters_refused,
     deepspeed_options_consistent,
 ]

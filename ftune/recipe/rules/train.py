@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
+from ftune.recipe.schedule import evaluates
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import DEVICE_OPTIMIZERS, OPTIMIZERS, SCHEDULER_ARGS, is_low_rank
 
@@ -98,7 +99,7 @@ def scheduler_args_fit(recipe: Recipe) -> Iterator[Problem]:
 
 
 def plateau_needs_eval(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.train.lr_scheduler == "reduce_lr_on_plateau" and recipe.eval.strategy == "no":
+    if recipe.train.lr_scheduler == "reduce_lr_on_plateau" and not evaluates(recipe):
         yield Problem.at("train.lr_scheduler", "reduce_lr_on_plateau lowers the rate when the eval metric stalls, "
                          "but eval.strategy is 'no'",
                          "set `eval.strategy` (and `data.eval`), or another lr_scheduler")

@@ -42,11 +42,12 @@ class DataBundle:
 
 
 def chat_template_of(recipe: Recipe, tokenizer) -> str:
-    """data.chat_template, else the tokenizer's, else ftune's default."""
+    """data.chat_template (a built-in's file or the Jinja string), else the tokenizer's, else ftune's default."""
+    from ftune.chat import resolve
     from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
 
     if recipe.data.chat_template:
-        return recipe.data.chat_template
+        return resolve(recipe.data.chat_template)
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, dict):
         own = own.get("default") or next(iter(own.values()), None)
@@ -112,11 +113,6 @@ def build(
     evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
     for line in report.lines():
         log(line)
-    from ftune.worker.data.stops import untrained_stop_warning
-
-    warning = untrained_stop_warning(recipe, tokenizer, train, template)
-    if warning:
-        log(f"warning: {warning}")
 
     if is_preference(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, "padding")
@@ -128,4 +124,4 @@ def build(
         collator = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
     else:
         collator, how = packing.PaddingCollator(pad), "padding"
-    return DataBundle(train, evals, collator, report, report.label_names, how, [warning] if warning else [])
+    return DataBundle(train, evals, collator, report, report.label_names, how, report.warnings())

@@ -196,6 +196,9 @@ def _instruction(batch, idx, src, ctx, fail):
     instructions = _strings(batch, f.instruction, idx, fail)
     inputs = _strings(batch, f.input, idx, fail, optional=True)
     outputs = _strings(batch, f.output, idx, fail)
+    if src.spec.as_chat:
+        yield from _instruction_as_chat(idx, instructions, inputs, outputs, src, ctx, fail)
+        return
     prompts = []
     for ins, inp in zip(instructions, inputs):
         template = src.spec.template or (ALPACA_TEMPLATE if inp.strip() else ALPACA_TEMPLATE_NO_INPUT)
@@ -208,6 +211,19 @@ def _instruction(batch, idx, src, ctx, fail):
     for p, a in zip(prompt_ids, answer_ids):
         labels = prompt_completion_labels(p, a + eos, ctx.train_on)
         yield p + a + eos, labels, ctx.train_on == "all"
+
+
+def _instruction_as_chat(idx, instructions, inputs, outputs, src, ctx, fail):
+    """Each row as a conversation: one user turn (the template filled in, else instruction then input) and one
+    assistant turn (the output), rendered and masked exactly like `chat` rows."""
+    conversations = []
+    for ins, inp, out in zip(instructions, inputs, outputs):
+        if src.spec.template:
+            user = src.spec.template.format(instruction=ins, input=inp)
+        else:
+            user = f"{ins}\n\n{inp}" if inp.strip() else ins
+        conversations.append([{"role": "user", "content": user}, {"role": "assistant", "content": out}])
+    yield from _render_conversations(idx, conversations, ctx, fail)
 
 
 def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
@@ -267,10 +283,14 @@ def render_with_spans(tok, messages: list[dict], template: str) -> tuple[str, li
 
 
 def _chat(batch, idx, src, ctx, fail):
+    conversations = [normalize_messages(m, src, i, fail) for i, m in zip(idx, batch[src.spec.fields.messages])]
+    yield from _render_conversations(idx, conversations, ctx, fail)
+
+
+def _render_conversations(idx, conversations, ctx, fail):
     tok = ctx.tokenizer
     texts, spans = [], []
-    for i, messages in zip(idx, batch[src.spec.fields.messages]):
-        conv = normalize_messages(messages, src, i, fail)
+    for i, conv in zip(idx, conversations):
         try:
             text, sp = render_with_spans(tok, conv, ctx.chat_template)
         except Exception as err:  # jinja raise_exception(), bad role order, ...

@@ -16,6 +16,7 @@ from ftune.worker.data.errors import DataError, row_location
 from ftune.worker.data.formats import Context, check_columns, check_template, encoder, required_fields
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
 from ftune.worker.data.sources import Source, load
+from ftune.worker.data.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable"]
 
@@ -76,6 +77,10 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
     _check_dropped(src, report, np.flatnonzero(~keep), order, recipe.data.max_dropped_fraction)
     if report.dropped:
         enc = enc.select(np.flatnonzero(keep), keep_in_memory=True)
+    if src.spec.format in ("chat", "instruction") and ctx.train_on == "completion" and recipe.model.task == "causal-lm":
+        found = stop_ids(ctx.tokenizer)
+        report.stops = sorted(found.values())
+        report.turns, report.unstopped = count_unstopped(enc, found, ctx.max_len)
     return enc, report
 
 

@@ -19,6 +19,9 @@ class SourceReport:
     dropped: int  # rows without a trainable token after truncation
     truncated: int  # rows longer than max_seq_length
     used: int = 0  # samples in the mix (after weight and eval split)
+    turns: int = 0  # trained answer spans checked for a final stop token (chat/instruction, completion only)
+    unstopped: int = 0  # of those, spans whose last trained token is no stop token
+    stops: list[str] = field(default_factory=list)  # the stop tokens looked for
 
 
 @dataclass
@@ -72,6 +75,14 @@ class DataReport:
         d["histogram"] = [tuple(b) for b in d.get("histogram", [])]
         return cls(**d)
 
+    def warnings(self) -> list[str]:
+        """What would make the run silently wrong: answers that end without a trained stop token."""
+        return [f"{s.where}: {s.unstopped} of {s.turns} trained answers end without a trained stop token "
+                f"({', '.join(s.stops) or 'the tokenizer has no eos_token'}): the model will not learn to stop "
+                "generating. Use a chat template whose turns end in eos_token or a one-token end-of-turn marker "
+                "(add it with model.add_tokens and set model.special_tokens.eos_token to it)"
+                for s in self.sources if s.unstopped]
+
     def lines(self) -> list[str]:
         """A short human summary (what the worker logs)."""
         out = [
@@ -82,6 +93,7 @@ class DataReport:
             f"data: lengths min {self.length_min} · mean {self.length_mean:.1f} · p95 {self.length_p95} "
             f"· max {self.length_max}",
         ]
+        out += [f"data: WARNING {w}" for w in self.warnings()]
         if self.packing:
             out.append(f"data: packed into {self.packed_rows} rows of {self.max_seq_length}, fill {self.fill:.3f}")
         state = "hit" if self.cache_hit else f"miss ({self.cache_reason})"

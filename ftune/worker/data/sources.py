@@ -82,22 +82,28 @@ def load(src: Source, scratch: Path):
     import datasets
 
     try:
+        split = src.spec.split
         if src.kind == "disk":
             ds = datasets.load_from_disk(src.path)
-            if isinstance(ds, datasets.DatasetDict):
-                if src.spec.split not in ds:
+            splits = dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
+            if isinstance(ds, datasets.DatasetDict) or is_sliced(split):
+                names = split_names(split)
+                missing = [n for n in names if n not in splits]
+                if missing:
                     raise DataError(
-                        f"{src.where}.split: no split {src.spec.split!r} in {src.path}",
-                        hint=f"available splits: {', '.join(ds)}",
+                        f"{src.where}.split: no split {missing[0]!r} in {src.path}",
+                        hint=f"available splits: {', '.join(splits)}",
                         location=Location(file=src.path),
                     )
-                ds = ds[src.spec.split]
+                ds = sliced(splits, split) if is_sliced(split) else splits[split]
         elif src.kind == "hub":
-            ds = datasets.load_dataset(src.path, split=src.spec.split)
+            ds = datasets.load_dataset(src.path, split=split)
         else:
             ds = datasets.load_dataset(
                 src.kind, data_files=src.path, split="train", cache_dir=str(scratch / "hf")
             )
+            if is_sliced(split):  # a file is one split, `train`; the rules refuse other names with a slice
+                ds = sliced({"train": ds}, split)
     except DataError:
         raise
     except Exception as err:  # datasets wraps parser errors; find the line ourselves
@@ -105,6 +111,25 @@ def load(src: Source, scratch: Path):
     if len(ds) == 0:
         raise _empty(src)
     return ds
+
+
+def is_sliced(split: str) -> bool:
+    """Whether `split` uses `datasets` slice syntax (`train[:20%]`, `train[:100]+validation[:10]`)."""
+    return "[" in split or "+" in split
+
+
+def split_names(split: str) -> list[str]:
+    """The split names a (sliced) split reads: `train[:20%]+test` -> ['train', 'test']."""
+    return [part.split("[", 1)[0].strip() for part in split.split("+")]
+
+
+def sliced(splits: dict, spec: str):
+    """The rows `spec` selects from loaded splits, as `datasets` reads slice syntax (percent rounding included)."""
+    import datasets
+
+    parts = [splits[a.splitname].select(range(a.from_, a.to)) for a in
+             datasets.ReadInstruction.from_spec(spec).to_absolute({k: len(v) for k, v in splits.items()})]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
 def _empty(src: Source) -> DataError:
@@ -198,7 +223,7 @@ def peek(src: Source, n: int = 5) -> tuple[list[str], list[dict]] | None:
         rows = next(pf.iter_batches(batch_size=n), None)
         return list(pf.schema_arrow.names), rows.to_pylist() if rows is not None else []
     if src.kind == "disk":
-        return _peek_disk(Path(src.path), src.spec.split), []
+        return _peek_disk(Path(src.path), split_names(src.spec.split)[0]), []
     return None
 
 

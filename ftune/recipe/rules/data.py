@@ -1,0 +1,158 @@
+"""Rules for what the data and tokenizer keys can't say alone: chat templates, `as_chat`, split slices, tokens,
+adapter initialisation, tracker settings."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator
+
+from ftune.chat import BUILTIN, is_jinja
+from ftune.errors import Problem
+from ftune.recipe.rules import Rule
+from ftune.recipe.schema import Recipe
+
+# One `+`-joined part of datasets' slice syntax: a split name, then optionally [from:to] in rows or percent.
+_SPLIT_PART = re.compile(r"^\s*[\w.-]+\s*(\[\s*(-?\d+\s*%?)?\s*:\s*(-?\d+\s*%?)?\s*\])?\s*$")
+_FILE_TYPES = ("json", "csv", "parquet", "text")
+_GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
+_FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+
+
+def _sources(recipe: Recipe):
+    yield from ((f"data.train.{i}", s) for i, s in enumerate(recipe.data.train))
+    if isinstance(recipe.data.eval, list):
+        yield from ((f"data.eval.{i}", s) for i, s in enumerate(recipe.data.eval))
+
+
+def chat_template_known(recipe: Recipe) -> Iterator[Problem]:
+    value = recipe.data.chat_template
+    if not value:
+        return
+    if not is_jinja(value):
+        if value not in BUILTIN:
+            close = difflib.get_close_matches(value, BUILTIN, n=2, cutoff=0.5)
+            yield Problem.at("data.chat_template", f"unknown chat template '{value}'",
+                             (f"did you mean {' or '.join(repr(c) for c in close)}? " if close else "")
+                             + f"built-in templates: {', '.join(BUILTIN)}; or write a Jinja template")
+        return
+    try:
+        import jinja2
+    except ImportError:  # the light install: the worker reports a broken template
+        return
+    # transformers adds {% generation %} ... {% endgeneration %} (assistant masks) to Jinja; plain Jinja lacks it
+    plain = _GENERATION_TAG.sub("", value)
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(plain)
+    except jinja2.TemplateSyntaxError as err:
+        yield Problem.at("data.chat_template", f"the Jinja chat template does not parse: {err.message} "
+                                               f"(template line {err.lineno})",
+                         "fix the template, or use a built-in name: " + ", ".join(BUILTIN))
+
+
+def as_chat_needs_instruction(recipe: Recipe) -> Iterator[Problem]:
+    for where, src in _sources(recipe):
+        if src.as_chat and src.format != "instruction":
+            yield Problem.at(f"{where}.as_chat",
+                             f"as_chat renders instruction rows as a conversation, but this source's format is "
+                             f"'{src.format}'",
+                             "use `format: instruction`, or drop `as_chat` (chat rows always use the chat template)")
+
+
+def split_syntax(recipe: Recipe) -> Iterator[Problem]:
+    for where, src in _sources(recipe):
+        parts = src.split.split("+")
+        bad = [p for p in parts if not _SPLIT_PART.match(p)]
+        if bad:
+            yield Problem.at(f"{where}.split", f"can't read split {src.split!r}: {bad[0]!r} is no split or slice",
+                             "write a split name with an optional slice: `train`, `train[:20%]`, `train[100:200]`, "
+                             "`train[:50%]+validation[:10%]`")
+            continue
+        is_file = src.type in _FILE_TYPES or (src.type == "auto" and src.path.lower().endswith(_FILE_SUFFIXES))
+        names = {p.split("[", 1)[0].strip() for p in parts}
+        if is_file and ("[" in src.split or "+" in src.split) and names != {"train"}:
+            yield Problem.at(f"{where}.split", f"a file holds one split, `train`, but the slice reads "
+                                               f"{', '.join(sorted(names - {'train'}))}",
+                             "slice it as `train[...]`, e.g. `train[:20%]`")
+
+
+def tokens_fit(recipe: Recipe) -> Iterator[Problem]:
+    m = recipe.model
+    added = list(m.add_tokens or [])
+    for k, tok in enumerate(added):
+        if not tok.strip():
+            yield Problem.at(f"model.add_tokens.{k}", "an added token can't be empty or only whitespace",
+                             "remove it")
+        elif added.index(tok) != k:
+            yield Problem.at(f"model.add_tokens.{k}", f"token {tok!r} is listed twice", "list each token once")
+    if m.special_tokens is not None:
+        for key, value in m.special_tokens.model_dump(exclude_none=True).items():
+            if not value.strip():
+                yield Problem.at(f"model.special_tokens.{key}", f"{key} can't be empty", f"remove `{key}`")
+    new_rows = bool(added) or bool(m.special_tokens and m.special_tokens.model_dump(exclude_none=True,
+                                                                                  exclude={"pad_token"}))
+    if not new_rows:
+        return
+    if m.task != "causal-lm" and added:
+        yield Problem.at("model.add_tokens", "added tokens train through the LM head; model.task is "
+                                             f"'{m.task}'", "remove `model.add_tokens`")
+    method = recipe.peft.method
+    if method in ("prefix", "llama-adapter"):
+        yield Problem.at("model.add_tokens" if added else "model.special_tokens",
+                         f"new token rows can't train with peft.method '{method}' (it trains no embedding)",
+                         "use `peft.method: lora` (the rows train with the adapter) or `full`")
+
+
+def lora_init_fits(recipe: Recipe) -> Iterator[Problem]:
+    p = recipe.peft
+    if p.method != "lora" or p.init in ("default", "gaussian"):
+        return
+    if p.init == "loftq":
+        yield Problem.at("peft.init", "peft.init 'loftq' replaces the base weights with their LoftQ quantization, and "
+                                      "the adapter only fits that new base, which ftune does not save (and peft "
+                                      "runs LoftQ only on a CUDA device with bitsandbytes)",
+                         "use `peft.init: pissa` (or `olora`), or QLoRA (`quantization: {bits: 4}`) with the "
+                         "default init")
+        return
+    if recipe.quantization is not None:
+        yield Problem.at("peft.init", f"peft.init '{p.init}' rewrites the base weights, which a "
+                                      f"{recipe.quantization.bits}-bit base can't take",
+                         "remove `quantization`, or use `peft.init: default`")
+    if recipe.distributed.strategy in ("fsdp", "deepspeed"):
+        yield Problem.at("peft.init", f"peft.init '{p.init}' saves an adapter converted against the initial one, "
+                                      f"which ftune does not gather under {recipe.distributed.strategy}",
+                         "use `distributed.strategy: ddp` (or none), or `peft.init: default`")
+    if p.use_dora:
+        yield Problem.at("peft.init", f"peft.init '{p.init}' can't be combined with use_dora",
+                         "use one of them")
+
+
+def trackers_asked(recipe: Recipe) -> Iterator[Problem]:
+    o = recipe.output
+    if o.trackers is None:
+        return
+    for name in ("wandb", "mlflow"):
+        if getattr(o.trackers, name) is not None and name not in o.report_to:
+            yield Problem.at(f"output.trackers.{name}",
+                             f"settings for {name} are given, but output.report_to has no {name}: nothing would "
+                             "be sent",
+                             f"add {name} to `output.report_to`, or remove `output.trackers.{name}`")
+    w, m = o.trackers.wandb, o.trackers.mlflow
+    if w is not None and w.run_name and m is not None and m.run_name and w.run_name != m.run_name:
+        yield Problem.at("output.trackers.mlflow.run_name",
+                         "W&B and MLflow take one run name (TrainingArguments.run_name), but they differ",
+                         "set one `run_name` (or the same in both)")
+    for k, tag in enumerate(w.tags or [] if w is not None else []):
+        if not tag or "," in tag or len(tag) > 64:
+            yield Problem.at(f"output.trackers.wandb.tags.{k}",
+                             f"W&B tag {tag!r} must be 1-64 characters without ','", "shorten or split the tag")
+
+
+RULES: list[Rule] = [
+    chat_template_known,
+    as_chat_needs_instruction,
+    split_syntax,
+    tokens_fit,
+    lora_init_fits,
+    trackers_asked,
+]

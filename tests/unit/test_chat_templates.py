@@ -1,0 +1,115 @@
+"""Built-in chat templates, `as_chat` instruction rows, the stop-token check, and tokens added to the tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftune.chat import BUILTIN, builtin, resolve
+from ftune.recipe.schema import Recipe
+from ftune.worker.data import build
+from ftune.worker.data.formats import render_with_spans
+from ftune.worker.tokenizer import apply_tokens, trained_token_ids
+
+CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "add 2 and 3"},
+                {"role": "assistant", "content": "5"}]
+END = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "qwen": "<|im_end|>", "mistral": "</s>",
+       "gemma": "<end_of_turn>", "phi3": "<|end|>", "alpaca": "</s>"}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def test_names_resolve_to_the_shipped_files_and_strings_pass_through():
+    assert set(BUILTIN) == set(END)
+    assert resolve("chatml") == builtin("chatml") and "<|im_start|>" in resolve("chatml")
+    assert resolve("{{ messages }}") == "{{ messages }}" and resolve(None) is None
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_built_in_trains_each_answer_through_its_end_of_turn(tok, name):
+    """Prefix-stable rendering: each assistant span is the answer plus the template's end-of-turn marker."""
+    full, spans = render_with_spans(tok, CONVERSATION, builtin(name))
+    answers = [full[a:b].strip() for a, b in spans]
+    assert answers == [f"hello{END[name]}", f"5{END[name]}"]
+    assert "be brief" in full and "add 2 and 3" in full
+
+
+def test_chatml_and_llama3_render_exactly(tok):
+    chatml, _ = render_with_spans(tok, CONVERSATION[1:3], builtin("chatml"))
+    assert chatml == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+    llama, _ = render_with_spans(tok, CONVERSATION[1:3], builtin("llama3"))
+    assert llama == ("<s><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                     "<|start_header_id|>assistant<|end_header_id|>\n\nhello<|eot_id|>")
+
+
+def _build(tok, tmp_path, source: dict, **data):
+    path = tmp_path / "d.jsonl"
+    rows = [{"instruction": "add 2 and 3", "input": "", "output": "5"}, {"instruction": "add", "input": "4 and 4",
+                                                                         "output": "8"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {
+        "train": [{"path": str(path), "format": "instruction", **source}], "shuffle": False,
+        "cache_dir": str(tmp_path / "cache"), **data}})
+    return build(recipe, tok, log=lambda _: None)
+
+
+def trained(tok, row) -> str:
+    return tok.decode([t for t, lab in zip(row["input_ids"][1:], row["labels"][1:]) if lab != -100])
+
+
+def test_as_chat_renders_one_user_and_one_assistant_turn(tok, tmp_path):
+    b = _build(tok, tmp_path, {"as_chat": True}, chat_template="alpaca")
+    first, second = b.train[0], b.train[1]
+    assert trained(tok, first) == "5</s>" and trained(tok, second) == "8</s>"
+    assert "### Instruction:\nadd\n\n4 and 4\n\n### Response:\n8</s>" in tok.decode(second["input_ids"])
+    assert b.report.sources[0].turns == 2 and b.report.sources[0].unstopped == 0
+    assert not any("WARNING" in line for line in b.report.lines())
+
+
+def test_an_end_of_turn_marker_the_tokenizer_splits_is_flagged(tok, tmp_path):
+    """chatml on a tokenizer without <|im_end|>: the answer ends in pieces of text, never a stop token."""
+    b = _build(tok, tmp_path, {"as_chat": True}, chat_template="chatml")
+    src = b.report.sources[0]
+    assert (src.turns, src.unstopped, src.stops) == (2, 2, ["</s>"])
+    warning = [line for line in b.report.lines() if "WARNING" in line]
+    assert warning and "2 of 2 trained answers end without a trained stop token" in warning[0]
+    assert "model.add_tokens" in warning[0]
+
+
+def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from ftune.recipe.schema import ModelSection
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    before = len(tok)
+    model = ModelSection(path="unused", add_tokens=["<|im_start|>"], special_tokens={"eos_token": "<|im_end|>"})
+    apply_tokens(tok, model)
+    assert len(tok) == before + 2 and tok.eos_token == "<|im_end|>"
+    assert trained_token_ids(tok, model) == [before, before + 1]
+    b = _build(tok, tmp_path, {"as_chat": True}, chat_template="chatml")
+    src = b.report.sources[0]
+    assert (src.turns, src.unstopped) == (2, 0)
+    labels = [lab for lab in b.train[0]["labels"] if lab != -100]
+    assert labels[-1] == tok.convert_tokens_to_ids("<|im_end|>") and trained(tok, b.train[0]) == "5<|im_end|>"
+
+
+def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
+    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.worker.tokenizer import load
+
+    def recipe(**data):
+        return Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {
+            "train": [{"path": "d.jsonl", "format": "chat"}], **data}})
+
+    assert load(str(tiny_tokenizer_dir), recipe(chat_template="phi3")).chat_template == builtin("phi3")
+    assert load(str(tiny_tokenizer_dir), recipe()).chat_template == DEFAULT_CHAT_TEMPLATE  # it has none of its own
+    text = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {"train": [{"path": "d"}]}})
+    assert not load(str(tiny_tokenizer_dir), text).chat_template
