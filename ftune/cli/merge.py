@@ -24,6 +24,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
+def _run_lock(target):
+    import contextlib
+
+    if target.plan is None or not target.plan.run.is_owned():
+        return contextlib.nullcontext()
+    from ftune.launch.lock import claim
+
+    lock, _ = claim(target.plan.run, "merge")
+    return lock
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -32,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     target = resolve(args.target, args.overrides)
     say = (lambda s: print(s, file=sys.stderr)) if args.format == "json" else print
-    result = merge(target, out=Path(args.out) if args.out else None, dtype=args.dtype, shard_size=args.shard_size,
-                   force=args.force, log=say)
+    with _run_lock(target):  # not while `ftune run` trains into the same run dir
+        result = merge(target, out=Path(args.out) if args.out else None, dtype=args.dtype,
+                       shard_size=args.shard_size, force=args.force, log=say)
     if args.format == "json":
         print(json.dumps(asdict(result), indent=2))
         return 0

@@ -175,4 +175,7 @@ def test_second_run_and_eval_on_a_live_run_dir_are_refused(tmp_path, reference, 
         assert f"in use by ftune run (pid {os.getpid()} on " in res.err and "since" in res.err
         res = ftune("eval", str(path), cwd=tmp_path)
         assert res.code == 5 and "in use by ftune run" in res.err, res.text
+        res = ftune("merge", str(run), cwd=tmp_path)
+        assert res.code == 5 and "in use by ftune run" in res.err, res.text
+        assert not (run / "merged").exists()
     assert (run / "plan.json").read_bytes() == before and (run / "final/ftune_complete.json").is_file()
