@@ -24,11 +24,12 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m ftune.demo
 
+# -n 2: two test workers (pytest-xdist), one compute thread each (tests/conftest.py)
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not slow and not distributed" tests
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
