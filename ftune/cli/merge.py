@@ -27,11 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _run_lock(target):
     import contextlib
 
-    if target.plan is None or not target.plan.run.is_owned():
+    from ftune.rundir import RunDir
+
+    run = RunDir(target.model_dir.parent)  # the run dir final/ sits in (a moved run's plan.json names the old one)
+    if target.plan is None or not run.is_owned():
         return contextlib.nullcontext()
     from ftune.launch.lock import claim
 
-    lock, _ = claim(target.plan.run, "merge")
+    lock, _ = claim(run, "merge")
     return lock
 
 
