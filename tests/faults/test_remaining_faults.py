@@ -1,0 +1,100 @@
+"""The last runtime faults of the fault corpus: chat anomalies and size edges as warnings, max_seq_length past
+the model's positions as an error, a corrupt cache entry rebuilt, and `ftune eval` mismatches named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftune.recipe.schema import Recipe
+from ftune.worker.data import build
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def _recipe(tmp_path, path, fmt="chat", train=None, **data) -> Recipe:
+    return Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "train": train or {},
+                                  "data": {"train": [{"path": str(path), "format": fmt}], "shuffle": False,
+                                           "cache_dir": str(tmp_path / "cache"), **data}})
+
+
+def _chat_file(path, convs):
+    path.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in conv]}) + "\n"
+                            for conv in convs))
+    return path
+
+
+GOOD = [("user", "q"), ("assistant", "a")]
+
+
+def test_chat_anomalies_are_counted_per_source_and_warned(tok, tmp_path):
+    convs = [GOOD] * 5 + [
+        [("system", "s"), ("assistant", "hi"), ("user", "q"), ("assistant", "a")],  # row 6: assistant first
+        [("user", "q"), ("user", "again"), ("assistant", "a")],  # row 7: two user turns
+        [("user", "q"), ("user", "again"), ("assistant", "a")],  # row 8
+        [("user", ""), ("assistant", "a")],  # row 9: empty content
+    ]
+    lines: list[str] = []
+    bundle = build(_recipe(tmp_path, _chat_file(tmp_path / "c.jsonl", convs)), tok, log=lines.append)
+    src = bundle.report.sources[0]
+    assert (src.assistant_first, src.user_twice, src.empty_content) == (1, 2, 1)
+    assert src.first_anomaly == {"assistant_first": 6, "user_twice": 7, "empty_content": 9}
+    text = "\n".join(bundle.warnings)
+    assert "data.train[0]: 1 of 9 chat rows start with an assistant turn (first: row 6 of" in text
+    assert "2 of 9 chat rows have two user turns in a row (first: row 7" in text
+    assert "1 of 9 chat rows have a message with empty content (first: row 9" in text
+    assert sum("data: WARNING" in x and "chat rows" in x for x in lines) == 3  # the run header's lines too
+    # a cache hit reports the same counts
+    again = build(_recipe(tmp_path, tmp_path / "c.jsonl"), tok, log=lambda _: None)
+    assert again.report.cache_hit and again.warnings == bundle.warnings
+
+
+def test_clean_chat_has_no_anomaly_warning(tok, tmp_path):
+    bundle = build(_recipe(tmp_path, _chat_file(tmp_path / "c.jsonl", [GOOD] * 8)), tok, log=lambda _: None)
+    assert not any("chat rows" in w or "optimizer step" in w for w in bundle.warnings)
+
+
+def test_a_step_larger_than_the_dataset_is_warned(tok, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = _chat_file(tmp_path / "c.jsonl", [GOOD] * 6)
+    r = _recipe(tmp_path, path, train={"per_device_batch_size": 4, "gradient_accumulation_steps": 2})
+    bundle = build(r, tok, log=lambda _: None)
+    assert bundle.report.step_samples == 8 and bundle.report.train_samples == 6
+    [w] = [w for w in bundle.warnings if "optimizer step" in w]
+    assert "one optimizer step takes 8 samples" in w and "the training set has 6" in w
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    r = _recipe(tmp_path, path, train={"per_device_batch_size": 2, "gradient_accumulation_steps": 3})
+    assert not any("optimizer step" in w for w in build(r, tok, log=lambda _: None).warnings)
+
+
+def _entry(tmp_path):
+    [entry] = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    return entry
+
+
+@pytest.mark.parametrize("damage", ["truncate-arrow", "drop-report", "garble-manifest"])
+def test_a_corrupt_cache_entry_is_rebuilt(tok, tmp_path, damage):
+    path = _chat_file(tmp_path / "c.jsonl", [GOOD] * 6)
+    ids = list(build(_recipe(tmp_path, path), tok, log=lambda _: None).train["input_ids"])  # before the damage
+    entry = _entry(tmp_path)
+    if damage == "truncate-arrow":
+        arrow = next((entry / "train").glob("*.arrow"))
+        arrow.write_bytes(arrow.read_bytes()[:100])
+    elif damage == "drop-report":
+        (entry / "report.json").unlink()
+    else:
+        (entry / "manifest.json").write_text("{")
+    lines: list[str] = []
+    second = build(_recipe(tmp_path, path), tok, log=lines.append)
+    assert not second.report.cache_hit
+    assert second.report.cache_reason.startswith("entry corrupt, rebuilt: ")
+    assert any("cache miss (entry corrupt, rebuilt" in x for x in lines)
+    assert list(second.train["input_ids"]) == ids
+    third = build(_recipe(tmp_path, path), tok, log=lambda _: None)  # the rebuilt entry is whole again
+    assert third.report.cache_hit and list(third.train["input_ids"]) == ids
