@@ -98,3 +98,34 @@ def test_a_corrupt_cache_entry_is_rebuilt(tok, tmp_path, damage):
     assert list(second.train["input_ids"]) == ids
     third = build(_recipe(tmp_path, path), tok, log=lambda _: None)  # the rebuilt entry is whole again
     assert third.report.cache_hit and list(third.train["input_ids"]) == ids
+
+
+def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from ftune.modeling import build_meta_model
+    from ftune.plan.preflight import position_problems, preflight
+
+    positions = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+
+    def recipe(n):
+        return Recipe.model_validate({"name": "t", "model": {"path": str(tiny_model_dir)},
+                                      "data": {"train": [{"path": "x.jsonl"}], "max_seq_length": n}})
+
+    r = recipe(positions + 1)
+    [p] = position_problems(r, build_meta_model(r))
+    assert p.path == "data.max_seq_length"
+    assert p.message.startswith(f"{positions + 1} is longer than the model's max_position_embeddings ({positions}")
+    assert p.hint == f"set data.max_seq_length to at most {positions}"
+    assert position_problems(recipe(positions), build_meta_model(recipe(positions))) == []
+
+    class Refused(Exception):
+        pass
+
+    def error(found):
+        return Refused([x.path for x in found])
+
+    loaded = SimpleNamespace(error=error)
+    with pytest.raises(Refused) as info:  # preflight (before the run dir is written) runs the check
+        preflight(loaded, SimpleNamespace(recipe=r, device="cpu"))
+    assert info.value.args[0] == ["data.max_seq_length"]
