@@ -129,3 +129,92 @@ def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_
     with pytest.raises(Refused) as info:  # preflight (before the run dir is written) runs the check
         preflight(loaded, SimpleNamespace(recipe=r, device="cpu"))
     assert info.value.args[0] == ["data.max_seq_length"]
+
+
+# ------------------------------------------------------------------ `ftune eval` on a folder that doesn't fit
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter trained (initialised) on the tiny Llama, saved with the record the save stage writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("adapter") / "final"
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    model.save_pretrained(str(folder))
+    (folder / "ftune.json").write_text(json.dumps({"method": "lora", "task": "causal-lm", "quantization": None,
+                                                  "base_model": str(tiny_model_dir), "adapter": True}))
+    return folder
+
+
+def _plan(tmp_path, model_path, task="causal-lm"):
+    import yaml
+
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+
+    model = {"path": str(model_path), "task": task}
+    if task == "sequence-classification":
+        model["labels"] = ["a", "b"]
+    fmt = "classification" if task == "sequence-classification" else "text"
+    recipe = {"name": "unit", "model": model, "data": {"train": [{"path": str(tmp_path / "t.jsonl"), "format": fmt}]},
+              "peft": {"method": "lora", "r": 4, "target_modules": ["q_proj"]}, "train": {"max_steps": 1},
+              "output": {"dir": str(tmp_path / "runs" / "unit")}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return compile_plan(load_recipe(str(tmp_path / "recipe.yaml")), check_inputs=False)
+
+
+def _load_error(plan, folder, tok):
+    from ftune.errors import FtuneError
+    from ftune.infer.load import load_trained
+
+    with pytest.raises(FtuneError) as info:
+        load_trained(plan, folder, tok)
+    return info.value
+
+
+def test_eval_on_a_wrong_base_names_both_bases(adapter_dir, tiny_model_dir, tiny_tokenizer_dir, tmp_path, tok):
+    from ftune.tiny import build_tiny_llama
+
+    wider = tmp_path / "wider-llama"
+    build_tiny_llama(wider, tok, hidden_size=96, intermediate_size=128)
+    err = _load_error(_plan(tmp_path, wider), adapter_dir, tok)
+    assert err.message.startswith(f"the adapter in {adapter_dir} was trained on base {tiny_model_dir}, "
+                                  f"the recipe's model.path is {wider}: their shapes differ (")
+    assert "q_proj" in err.message and err.hint.startswith(f"set model.path to the base it was trained on ({tiny_model_dir})")
+
+
+def test_eval_on_a_truncated_adapter_names_the_file(adapter_dir, tiny_model_dir, tmp_path, tok):
+    import shutil
+
+    cut = tmp_path / "final"
+    shutil.copytree(adapter_dir, cut)
+    weights = cut / "adapter_model.safetensors"
+    whole = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: whole // 2])
+    err = _load_error(_plan(tmp_path, tiny_model_dir), cut, tok)
+    assert err.message == f"{weights} is truncated: {whole // 2} bytes of {whole}"
+    assert "cut short" in err.hint and (adapter_dir / "adapter_model.safetensors").stat().st_size == whole
+
+
+def test_a_classification_recipe_against_an_lm_adapter_is_a_task_mismatch(adapter_dir, tiny_model_dir, tmp_path, tok):
+    err = _load_error(_plan(tmp_path, tiny_model_dir, task="sequence-classification"), adapter_dir, tok)
+    assert err.message == (f"{adapter_dir} was trained for model.task causal-lm (its ftune.json), but the recipe's "
+                           "model.task is sequence-classification")
+    assert "model.task=causal-lm" in err.hint
+
+
+def test_without_a_record_the_adapters_task_type_decides(adapter_dir, tiny_model_dir, tmp_path, tok):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(adapter_dir, bare)
+    (bare / "ftune.json").unlink()
+    err = _load_error(_plan(tmp_path, tiny_model_dir, task="sequence-classification"), bare, tok)
+    assert err.message == (f"{bare} was trained for model.task causal-lm (its adapter_config.json task_type), but "
+                           "the recipe's model.task is sequence-classification")
+    (bare / "adapter_config.json").write_text('{"task_type": ')
+    err = _load_error(_plan(tmp_path, tiny_model_dir), bare, tok)
+    assert err.message.startswith(f"{bare / 'adapter_config.json'} is not valid JSON")
