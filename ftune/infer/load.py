@@ -64,6 +64,10 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
                 if "size mismatch" not in str(err):
                     raise
                 raise base_mismatch(plan, model_dir, str(err)) from None
+        homeless = unplaced_lora_tensors(model, model_dir)
+        if homeless:  # peft only warns: those layers would keep their base weights, silently
+            raise base_mismatch(plan, model_dir, f"{len(homeless)} adapter tensors have no place in it, e.g. "
+                                f"{homeless[0]}", shapes=False)
         offloaded = sorted(n for n, p in model.named_parameters() if p.device.type == "meta" and "base_layer" not in n
                            and any(k in n for k in ("lora_", "prompt_encoder", "adaption_")))
         if offloaded:  # peft can't load adapter weights into disk-offloaded layers: they would stay empty
@@ -117,19 +121,36 @@ def check_fits(plan, model_dir: Path) -> None:
                              "again or retrain; a complete checkpoint under checkpoints/ can be passed with --model")
 
 
-def base_mismatch(plan, model_dir: Path, detail: str) -> FtuneError:
+def unplaced_lora_tensors(model, model_dir: Path) -> list[str]:
+    """LoRA A/B tensors of the adapter file that match no parameter of the loaded model (a base with fewer
+    layers or other module names), by the file's header alone."""
+    import json
+    import struct
+
+    file = model_dir / "adapter_model.safetensors"
+    if not file.is_file():
+        return []
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        names = [k for k in json.loads(fh.read(n)) if ".lora_A." in k or ".lora_B." in k]
+    present = {name.replace(".default.", ".") for name, _ in model.named_parameters()}
+    return [k for k in names if k not in present]
+
+
+def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> FtuneError:
     """The adapter's tensors don't fit the base the recipe names: say which base it was trained on."""
     record = _json(model_dir / "ftune.json") if (model_dir / "ftune.json").is_file() else {}
     config = _json(model_dir / "adapter_config.json")
     trained_on = record.get("base_model") or config.get("base_model_name_or_path") or "an unrecorded base"
     first = next((line.strip() for line in detail.splitlines() if "size mismatch" in line), detail.strip())
     first = first.removeprefix("size mismatch for ")
+    differ = "their shapes differ" if shapes else "their layers differ"
     if str(trained_on) != str(plan.recipe.model.path):
         message = (f"the adapter in {model_dir} was trained on base {trained_on}, the recipe's model.path is "
-                   f"{plan.recipe.model.path}: their shapes differ ({first})")
+                   f"{plan.recipe.model.path}: {differ} ({first})")
     else:
         message = (f"the adapter in {model_dir} does not fit the recipe's model {plan.recipe.model.path} (the same "
-                   f"path it was trained on, but its shapes differ now: {first})")
+                   f"path it was trained on, but {differ} now: {first})")
     return FtuneError(message, hint=f"set model.path to the base it was trained on ({trained_on}), or evaluate an "
                       "adapter trained on this model")
 

@@ -186,6 +186,24 @@ def test_eval_on_a_wrong_base_names_both_bases(adapter_dir, tiny_model_dir, tiny
     assert "q_proj" in err.message and err.hint.startswith(f"set model.path to the base it was trained on ({tiny_model_dir})")
 
 
+def test_eval_on_a_shallower_base_is_refused_not_silently_half_loaded(adapter_dir, tiny_model_dir, tmp_path, tok):
+    from ftune.tiny import build_tiny_llama
+
+    shallow = tmp_path / "one-layer-llama"
+    build_tiny_llama(shallow, tok, num_layers=1)
+    err = _load_error(_plan(tmp_path, shallow), adapter_dir, tok)
+    assert err.message.startswith(f"the adapter in {adapter_dir} was trained on base {tiny_model_dir}, "
+                                  f"the recipe's model.path is {shallow}: their layers differ (2 adapter tensors "
+                                  "have no place in it, e.g. base_model.model.model.layers.1.self_attn.q_proj.lora_A")
+
+
+def test_the_right_base_loads_the_adapter(adapter_dir, tiny_model_dir, tmp_path, tok):
+    from ftune.infer.load import load_trained
+
+    model = load_trained(_plan(tmp_path, tiny_model_dir), adapter_dir, tok)
+    assert sum(".lora_A.default." in n for n, _ in model.named_parameters()) == 2
+
+
 def test_eval_on_a_truncated_adapter_names_the_file(adapter_dir, tiny_model_dir, tmp_path, tok):
     import shutil
 
