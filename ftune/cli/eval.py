@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
+    from ftune.infer.load import check_fits
+
+    check_fits(plan, model_dir)  # a task mismatch or a truncated weights file, before the data stage runs
     section = plan.recipe.eval.generate
     if args.generate and section is None:
         from ftune.recipe.rules.core import eval_generate_needs_prompts

@@ -34,6 +34,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
     def with_extra(spec):
         return spec.model_copy(update={"kwargs": {**spec.kwargs, **extra}}) if extra else spec
 
+    check_fits(plan, model_dir)
     if (model_dir / "adapter_config.json").is_file():
         from peft import PeftModel
 
@@ -57,7 +58,16 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
                              f"disk, e.g. `{on_disk[0] or 'the whole model'}`)", hint=hint)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # meta-parameter copies: checked just below
-            model = PeftModel.from_pretrained(base, str(model_dir))
+            try:
+                model = PeftModel.from_pretrained(base, str(model_dir))
+            except RuntimeError as err:
+                if "size mismatch" not in str(err):
+                    raise
+                raise base_mismatch(plan, model_dir, str(err)) from None
+        homeless = unplaced_lora_tensors(model, model_dir)
+        if homeless:  # peft only warns: those layers would keep their base weights, silently
+            raise base_mismatch(plan, model_dir, f"{len(homeless)} adapter tensors have no place in it, e.g. "
+                                f"{homeless[0]}", shapes=False)
         offloaded = sorted(n for n, p in model.named_parameters() if p.device.type == "meta" and "base_layer" not in n
                            and any(k in n for k in ("lora_", "prompt_encoder", "adaption_")))
         if offloaded:  # peft can't load adapter weights into disk-offloaded layers: they would stay empty
@@ -68,6 +78,81 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         return load_model(plan, tokenizer, spec=with_extra(model_load(plan.recipe, path=str(model_dir))))
     raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
                      hint="pass --model pointing at a run's final/ folder or a checkpoint")
+
+
+PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
+
+
+def _json(file: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(file.read_text())
+    except OSError as err:
+        raise FtuneError(f"{file} can't be read: {err.strerror}") from None
+    except ValueError as err:
+        raise FtuneError(f"{file} is not valid JSON ({err})", hint="the folder was cut short or edited: "
+                         "copy it again, or pass --model with another checkpoint") from None
+    if not isinstance(data, dict):
+        raise FtuneError(f"{file} is not a JSON object")
+    return data
+
+
+def check_fits(plan, model_dir: Path) -> None:
+    """Before any weight is read: the folder was trained for the recipe's task, and its weights files are whole."""
+    from ftune.plan.environment import safetensors_problem
+
+    want = plan.recipe.model.task
+    record = _json(model_dir / "ftune.json") if (model_dir / "ftune.json").is_file() else {}
+    adapter = _json(model_dir / "adapter_config.json") if (model_dir / "adapter_config.json").is_file() else None
+    task = record.get("task")
+    if task is None and adapter and adapter.get("task_type"):
+        task = {v: k for k, v in PEFT_TASKS.items()}.get(adapter["task_type"])
+    if task and task != want:
+        source = "its ftune.json" if record.get("task") else "its adapter_config.json task_type"
+        raise FtuneError(f"{model_dir} was trained for model.task {task} ({source}), but the recipe's model.task "
+                         f"is {want}",
+                         hint=f"evaluate it with the recipe it was trained with (model.task={task}), or pass "
+                         "--model with a folder trained for this task")
+    for file in sorted(model_dir.glob("*.safetensors")):
+        problem = safetensors_problem(file)
+        if problem is not None:
+            raise FtuneError(problem, hint="the file was cut short (a full disk, an interrupted copy): copy it "
+                             "again or retrain; a complete checkpoint under checkpoints/ can be passed with --model")
+
+
+def unplaced_lora_tensors(model, model_dir: Path) -> list[str]:
+    """LoRA A/B tensors of the adapter file that match no parameter of the loaded model (a base with fewer
+    layers or other module names), by the file's header alone."""
+    import json
+    import struct
+
+    file = model_dir / "adapter_model.safetensors"
+    if not file.is_file():
+        return []
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        names = [k for k in json.loads(fh.read(n)) if ".lora_A." in k or ".lora_B." in k]
+    present = {name.replace(".default.", ".") for name, _ in model.named_parameters()}
+    return [k for k in names if k not in present]
+
+
+def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> FtuneError:
+    """The adapter's tensors don't fit the base the recipe names: say which base it was trained on."""
+    record = _json(model_dir / "ftune.json") if (model_dir / "ftune.json").is_file() else {}
+    config = _json(model_dir / "adapter_config.json")
+    trained_on = record.get("base_model") or config.get("base_model_name_or_path") or "an unrecorded base"
+    first = next((line.strip() for line in detail.splitlines() if "size mismatch" in line), detail.strip())
+    first = first.removeprefix("size mismatch for ")
+    differ = "their shapes differ" if shapes else "their layers differ"
+    if str(trained_on) != str(plan.recipe.model.path):
+        message = (f"the adapter in {model_dir} was trained on base {trained_on}, the recipe's model.path is "
+                   f"{plan.recipe.model.path}: {differ} ({first})")
+    else:
+        message = (f"the adapter in {model_dir} does not fit the recipe's model {plan.recipe.model.path} (the same "
+                   f"path it was trained on, but {differ} now: {first})")
+    return FtuneError(message, hint=f"set model.path to the base it was trained on ({trained_on}), or evaluate an "
+                      "adapter trained on this model")
 
 
 def load_tokenizer(target: Target):

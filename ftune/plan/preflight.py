@@ -17,7 +17,7 @@ from ftune.recipe.schema import FsdpSection, Recipe
 def preflight(loaded, plan) -> None:
     recipe = plan.recipe
     model = build_meta_model(recipe)
-    found = target_problems(model, recipe) + wrap_class_problems(recipe, model)
+    found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += quantization.check_model_config(recipe, model, plan.device)
     if found:
         raise loaded.error(found)
@@ -34,6 +34,21 @@ def target_problems(model, recipe: Recipe) -> list[Problem]:
             return []
     return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
                        target_hint(model))]
+
+
+def position_problems(recipe: Recipe, model) -> list[Problem]:
+    """data.max_seq_length past the model's max_position_embeddings: positions beyond it have no embedding
+    (an index error mid-run) or were never trained (silently wrong), so training can't be right."""
+    limit = recipe.data.max_seq_length
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    if not limit or not isinstance(positions, int) or positions <= 0 or limit <= positions:
+        return []
+    return [Problem.at("data.max_seq_length",
+                       f"{limit} is longer than the model's max_position_embeddings ({positions}, in "
+                       f"{recipe.model.path}/config.json)",
+                       f"set data.max_seq_length to at most {positions}")]
 
 
 def target_hint(model) -> str:

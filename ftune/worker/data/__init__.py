@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,16 @@ def is_preference(recipe: Recipe) -> bool:
     return recipe.data.train[0].format in PREFERENCE_FORMATS
 
 
+def step_samples(recipe: Recipe) -> int:
+    """Samples one optimizer step consumes: per-device batch x accumulation x world size (the launched world
+    when running, else the recipe's)."""
+    world = int(os.environ.get("WORLD_SIZE") or 0)
+    if not world:
+        n = recipe.distributed.num_processes
+        world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
+    return recipe.train.per_device_batch_size * recipe.train.gradient_accumulation_steps * world
+
+
 def build(
     recipe: Recipe,
     tokenizer,
@@ -92,12 +103,23 @@ def build(
     )
     cache = Cache(default_root(data.cache_dir))
     with main_process_first():
-        entry = cache.lookup(key)
+        entry, corrupt = cache.lookup(key), None
         if entry is not None:
-            report = DataReport.from_dict(json.loads((entry / "report.json").read_text()))
-            report.cache_hit, report.cache_reason = True, "same data files, tokenizer, template and recipe"
-        else:
-            reason = cache.why_miss(key)
+            corrupt = cache.verify(entry)
+            if corrupt is None:
+                try:
+                    report = DataReport.from_dict(json.loads((entry / "report.json").read_text()))
+                    train = datasets.load_from_disk(str(entry / "train"))
+                    evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+                except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt, never fatal
+                    corrupt = f"it does not load ({type(err).__name__})"
+            if corrupt is not None:
+                cache.discard(entry)
+                entry = None
+            else:
+                report.cache_hit, report.cache_reason = True, "same data files, tokenizer, template and recipe"
+        if entry is None:
+            reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
                 if is_preference(recipe):
@@ -108,9 +130,10 @@ def build(
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             report.cache_hit, report.cache_reason = False, reason
+            train = datasets.load_from_disk(str(entry / "train"))
+            evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
     report.cache_path = str(entry)
-    train = datasets.load_from_disk(str(entry / "train"))
-    evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+    report.step_samples = step_samples(recipe)
     for line in report.lines():
         log(line)
 

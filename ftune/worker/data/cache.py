@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chat anomaly counts in the report
 
 
 def default_root(cache_dir: str | None) -> Path:
@@ -95,9 +95,10 @@ class Cache:
 
     def commit(self, scratch: Path, key: Key) -> Path:
         """Move a finished scratch folder into place; if another process won the race, keep theirs."""
+        files = {p.relative_to(scratch).as_posix(): p.stat().st_size for p in sorted(scratch.rglob("*")) if p.is_file()}
         (scratch / "manifest.json").write_text(
-            json.dumps({"key": key.digest, "identity": key.identity, "created": time.time(), "parts": key.parts},
-                       indent=1, default=str)
+            json.dumps({"key": key.digest, "identity": key.identity, "created": time.time(), "parts": key.parts,
+                        "files": files}, indent=1, default=str)
         )
         final = self.entry(key)
         try:
@@ -107,6 +108,39 @@ class Cache:
                 raise
             shutil.rmtree(scratch, ignore_errors=True)
         return final
+
+    def verify(self, entry: Path) -> str | None:
+        """Why an entry can't be trusted (a file missing, truncated or unreadable), or None when it is whole.
+
+        The manifest, written last, records every file's size; a crash, a full disk or a hand edit that left
+        a file short or missing shows up here instead of failing every rerun the same way."""
+        try:
+            manifest = json.loads((entry / "manifest.json").read_text())
+            files = manifest["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "its manifest.json is unreadable"
+        if "report.json" not in files:
+            return "it has no report.json"
+        for name, size in files.items():
+            path = entry / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != size:
+                return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        try:
+            json.loads((entry / "report.json").read_text())
+        except (OSError, ValueError):
+            return "its report.json is unreadable"
+        return None
+
+    def discard(self, entry: Path) -> None:
+        """Remove a bad entry: renamed aside first (atomic), so no reader sees it half-deleted."""
+        trash = self.root / f".tmp-bad-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(entry, trash)
+        except OSError:
+            return  # another process already moved it
+        shutil.rmtree(trash, ignore_errors=True)
 
     def why_miss(self, key: Key) -> str:
         """Which parts differ from the newest entry for the same data files, in words."""

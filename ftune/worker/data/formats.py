@@ -252,6 +252,39 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
     return out
 
 
+ANOMALIES = ("assistant_first", "user_twice", "empty_content")
+
+
+def chat_anomalies(messages: list[dict]) -> set[str]:
+    """Which likely mistakes a normalized conversation shows: the assistant speaking first (after any system
+    turn), two user turns in a row, a message with empty content. Templates render them; training on them
+    teaches the wrong turn-taking."""
+    found = set()
+    turns = [m for m in messages if m["role"] != "system"]
+    if turns and turns[0]["role"] == "assistant":
+        found.add("assistant_first")
+    if any(a["role"] == b["role"] == "user" for a, b in zip(turns, turns[1:])):
+        found.add("user_twice")
+    if any(not m["content"].strip() for m in messages):
+        found.add("empty_content")
+    return found
+
+
+def count_chat_anomalies(src: Source, column, rows: list[int]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per kind, how many rows of a chat source show it, and the first such row (1-based, in file order)."""
+    counts = dict.fromkeys(ANOMALIES, 0)
+    first: dict[str, int] = {}
+
+    def fail(i, message, hint=None):
+        return DataError(f"{src.where}: row {rows[i] + 1} of {src.spec.path}: {message}", hint=hint)
+
+    for i, messages in enumerate(column):
+        for kind in chat_anomalies(normalize_messages(messages, src, i, fail)):
+            counts[kind] += 1
+            first[kind] = min(first.get(kind, rows[i] + 1), rows[i] + 1)
+    return counts, first
+
+
 def render_with_spans(tok, messages: list[dict], template: str) -> tuple[str, list[tuple[int, int]]]:
     """The conversation rendered with `template`, and the character span of every assistant turn.
 

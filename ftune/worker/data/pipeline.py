@@ -13,7 +13,15 @@ from pathlib import Path
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.worker.data import packing
 from ftune.worker.data.errors import DataError, row_location
-from ftune.worker.data.formats import Context, check_columns, check_template, encoder, required_fields
+from ftune.worker.data.formats import (
+    ANOMALIES,
+    Context,
+    check_columns,
+    check_template,
+    count_chat_anomalies,
+    encoder,
+    required_fields,
+)
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
 from ftune.worker.data.sources import Source, load
 from ftune.worker.data.stops import count_unstopped, stop_ids
@@ -75,6 +83,9 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
     report = SourceReport(src.where, src.spec.path, src.spec.format, len(enc), int(keep.sum()),
                           int((~keep).sum()), truncated)
     _check_dropped(src, report, np.flatnonzero(~keep), order, recipe.data.max_dropped_fraction)
+    if src.spec.format == "chat":
+        counts, report.first_anomaly = count_chat_anomalies(src, ds[src.spec.fields.messages], order.tolist())
+        report.assistant_first, report.user_twice, report.empty_content = (counts[k] for k in ANOMALIES)
     if report.dropped:
         enc = enc.select(np.flatnonzero(keep), keep_in_memory=True)
     if src.spec.format in ("chat", "instruction") and ctx.train_on == "completion" and recipe.model.task == "causal-lm":

@@ -22,6 +22,11 @@ class SourceReport:
     turns: int = 0  # trained answer spans checked for a final stop token (chat/instruction, completion only)
     unstopped: int = 0  # of those, spans whose last trained token is no stop token
     stops: list[str] = field(default_factory=list)  # the stop tokens looked for
+    # chat rows the template renders but that are likely mistakes (counted over the rows read)
+    assistant_first: int = 0  # the first non-system turn is the assistant's
+    user_twice: int = 0  # two user turns in a row
+    empty_content: int = 0  # a message with empty (or whitespace-only) content
+    first_anomaly: dict[str, int] = field(default_factory=dict)  # kind -> first row (1-based) showing it
 
 
 @dataclass
@@ -45,6 +50,7 @@ class DataReport:
     cache_hit: bool = False
     cache_reason: str = ""
     cache_path: str = ""
+    step_samples: int | None = None  # per-device batch x accumulation x world size (set per run, not cached)
 
     # The totals the issue names, across sources.
     @property
@@ -76,12 +82,29 @@ class DataReport:
         return cls(**d)
 
     def warnings(self) -> list[str]:
-        """What would make the run silently wrong: answers that end without a trained stop token."""
-        return [f"{s.where}: {s.unstopped} of {s.turns} trained answers end without a trained stop token "
+        """What would make the run silently wrong: answers that end without a trained stop token, chat rows
+        that look malformed, and an optimizer step larger than the training set."""
+        out = [f"{s.where}: {s.unstopped} of {s.turns} trained answers end without a trained stop token "
                 f"({', '.join(s.stops) or 'the tokenizer has no eos_token'}): the model will not learn to stop "
                 "generating. Use a chat template whose turns end in eos_token or a one-token end-of-turn marker "
                 "(add it with model.add_tokens and set model.special_tokens.eos_token to it)"
                 for s in self.sources if s.unstopped]
+        for s in self.sources:
+            for kind, n, what in (("assistant_first", s.assistant_first, "start with an assistant turn"),
+                                  ("user_twice", s.user_twice, "have two user turns in a row"),
+                                  ("empty_content", s.empty_content, "have a message with empty content")):
+                if n:
+                    first = s.first_anomaly.get(kind)
+                    out.append(f"{s.where}: {n} of {s.rows} chat rows {what}"
+                               + (f" (first: row {first} of {s.path})" if first else "")
+                               + ": check the data (roles, field mapping) before training on it")
+        samples = self.packed_rows if self.packing and self.packed_rows is not None else self.train_samples
+        if self.step_samples and samples and self.step_samples > samples:
+            out.append(f"one optimizer step takes {self.step_samples} samples (per_device_batch_size x "
+                       f"gradient_accumulation_steps x world size) but the training set has {samples}"
+                       + (" packed rows" if self.packing else "") + ": a single step is more than an epoch. "
+                       "Lower train.per_device_batch_size or train.gradient_accumulation_steps, or add data")
+        return out
 
     def lines(self) -> list[str]:
         """A short human summary (what the worker logs)."""
