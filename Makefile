@@ -24,12 +24,13 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m ftune.demo
 
-# -n 2: two test workers (pytest-xdist), one compute thread each (tests/conftest.py)
+# -n 2: two test workers (pytest-xdist), one compute thread each (tests/conftest.py); loadfile: a module's
+# shared training runs (module-scoped fixtures) happen once, on one worker
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow and not distributed" tests
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
