@@ -96,14 +96,14 @@ def callback_cost(steps: int = 2000) -> dict:
 
     from ftune.worker.callbacks import make_callbacks
 
-    class _Plan:  # what make_callbacks reads
-        class recipe:  # noqa: N801
-            class peft:  # noqa: N801
-                uses_peft_library = True
+    from ftune.recipe.schema import Recipe
+    from ftune.rundir import RunDir
+
+    class _Plan:  # what make_callbacks reads: a real recipe and a run dir
+        recipe = Recipe.model_validate({"name": "b", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]},
+                                        "train": {"max_steps": steps}})
 
         def __init__(self, root: Path) -> None:
-            from ftune.rundir import RunDir
-
             self.run = RunDir(root)
 
     with tempfile.TemporaryDirectory() as tmp:
