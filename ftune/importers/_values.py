@@ -4,6 +4,7 @@ tracker names, transformers/accelerate FSDP options, and DeepSpeed JSON files.""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -142,10 +142,39 @@ def mix(parts: list, weights: list[float | None], seed: int):
     return datasets.concatenate_datasets(out)
 
 
+def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, report: DataReport):
+    """Encoded sources -> the train and eval datasets: eval split held out per source, sources mixed by weight,
+    shuffled (seeded). `train` holds (source, loaded dataset) pairs; `encode(src, ds, seed) -> (enc, SourceReport)`.
+    Shared by the SFT formats (`preprocess`) and the preference formats."""
+    import datasets
+    import numpy as np
+
+    data, seed = recipe.data, recipe.train.seed
+    train_parts, eval_parts = [], []
+    for i, (src, ds) in enumerate(train):
+        enc, rep = encode(src, ds, seed + i)
+        if isinstance(data.eval, EvalSplit):
+            enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
+            eval_parts.append(held)
+        report.sources.append(rep)
+        train_parts.append(enc)
+    for i, src in enumerate(eval_srcs):
+        enc, rep = encode(src, None, seed + 2000 + i)
+        report.sources.append(rep)
+        eval_parts.append(enc)
+    mixed = mix(train_parts, [s.spec.weight for s, _ in train], seed)
+    for rep, part in zip(report.sources, train_parts + eval_parts):
+        rep.used = len(part)
+    if data.shuffle:
+        mixed = mixed.select(np.random.default_rng(seed).permutation(len(mixed)), keep_in_memory=True)
+    if len(mixed) == 0:
+        raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
+    return mixed, datasets.concatenate_datasets(eval_parts) if eval_parts else None
+
+
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
                template: str, scratch: Path) -> tuple[DataReport, list[str] | None]:
     """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report."""
-    import datasets
     import numpy as np
 
     data, seed = recipe.data, recipe.train.seed
@@ -154,27 +183,8 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, names, recipe.model.num_labels)
     report = DataReport(max_seq_length=data.max_seq_length, packing=data.packing, label_names=names)
 
-    train_parts, eval_parts = [], []
-    for i, (src, ds) in enumerate(loaded):
-        enc, rep = encode_source(src, ds, ctx, recipe, scratch, seed + i)
-        if isinstance(data.eval, EvalSplit):
-            enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
-            eval_parts.append(held)
-        report.sources.append(rep)
-        train_parts.append(enc)
-    for i, src in enumerate(eval_srcs):
-        enc, rep = encode_source(src, load(src, scratch), ctx, recipe, scratch, seed + 2000 + i)
-        report.sources.append(rep)
-        eval_parts.append(enc)
-
-    train = mix(train_parts, [s.spec.weight for s in train_srcs], seed)
-    for rep, part in zip(report.sources, train_parts + eval_parts):
-        rep.used = len(part)
-    if data.shuffle:
-        train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
-    if len(train) == 0:
-        raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
-    evals = datasets.concatenate_datasets(eval_parts) if eval_parts else None
+    train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=lambda src, ds, s: encode_source(
+        src, ds if ds is not None else load(src, scratch), ctx, recipe, scratch, s))
 
     cols = train.with_format("numpy", columns=BOOKKEEPING)[:]
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]

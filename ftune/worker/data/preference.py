@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ftune.recipe.schema import EvalSplit, Recipe
+from ftune.recipe.schema import Recipe
 from ftune.worker.data.errors import DataError, row_location
 from ftune.worker.data.formats import check_columns, normalize_messages
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
@@ -128,33 +128,15 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
                scratch: Path) -> DataReport:
     """Build the preference datasets into `scratch/train` (and `scratch/eval`) and return the report."""
-    import datasets
     import numpy as np
 
-    from ftune.worker.data.pipeline import mix, split_eval
+    from ftune.worker.data.pipeline import assemble
 
-    data, seed = recipe.data, recipe.train.seed
+    data = recipe.data
     report = DataReport(max_seq_length=data.max_seq_length)
-    train_parts, eval_parts = [], []
-    for i, src in enumerate(train_srcs):
-        enc, rep = encode_source(src, load(src, scratch), recipe, tokenizer, template, scratch, seed + i)
-        if isinstance(data.eval, EvalSplit):
-            enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
-            eval_parts.append(held)
-        report.sources.append(rep)
-        train_parts.append(enc)
-    for i, src in enumerate(eval_srcs):
-        enc, rep = encode_source(src, load(src, scratch), recipe, tokenizer, template, scratch, seed + 2000 + i)
-        report.sources.append(rep)
-        eval_parts.append(enc)
-    train = mix(train_parts, [s.spec.weight for s in train_srcs], seed)
-    for rep, part in zip(report.sources, train_parts + eval_parts):
-        rep.used = len(part)
-    if data.shuffle:
-        train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
-    if len(train) == 0:
-        raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
-    evals = datasets.concatenate_datasets(eval_parts) if eval_parts else None
+    train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, report=report,
+                            encode=lambda src, ds, s: encode_source(src, load(src, scratch), recipe, tokenizer,
+                                                                    template, scratch, s))
     lengths = np.asarray(train["_len"])
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), int(np.asarray(train["_trainable"]).sum())
