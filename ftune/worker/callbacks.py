@@ -98,9 +98,10 @@ STUCK_LOGS = 3
 
 
 def preference_guard(plan):
-    """Stop a preference run on the silent failures users report (NaN losses under FSDP/fp16, rewards that never
-    favour the chosen completion) with an error and a suggestion, instead of training on. Every rank sees the same
-    (gathered) logs, so every rank stops."""
+    """Stop a preference run on the silent failures users report (NaN eval losses under FSDP/fp16, rewards that
+    never favour the chosen completion) with an error and a suggestion, instead of training on. A non-finite train
+    loss is NumericsGuard's (every run has it, ahead of this callback). Every rank sees the same (gathered) logs, so
+    every rank stops."""
     from transformers import TrainerCallback
 
     from ftune.errors import RunError
@@ -113,14 +114,13 @@ def preference_guard(plan):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
-            for key in ("loss", "eval_loss"):
-                value = logs.get(key)
-                if isinstance(value, (int, float)) and not math.isfinite(value):
-                    raise RunError(
-                        f"{objective}: {key} is {value} at step {state.global_step}; the run stopped instead of "
-                        "training on", hint="lower train.learning_rate or train.max_grad_norm; use bf16 rather "
-                        "than fp16 (train.mixed_precision, distributed.fsdp.mixed_precision); check the data for "
-                        "empty completions")
+            value = logs.get("eval_loss")
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                raise RunError(
+                    f"{objective}: eval_loss is {value} at step {state.global_step}; the run stopped instead of "
+                    "training on", hint="lower train.learning_rate or train.max_grad_norm; use bf16 rather than "
+                    "fp16 (train.mixed_precision, distributed.fsdp.mixed_precision); check the data for empty "
+                    "completions")
             acc = logs.get("rewards/accuracies")
             if acc is None or state.global_step <= 1:  # policy == reference at the first step: accuracy is 0
                 return

@@ -85,7 +85,7 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
         model=model,
         args=args,
         train_dataset=bundle.train,
-        eval_dataset=bundle.eval if args.eval_strategy != "no" or bundle.eval is not None else None,
+        eval_dataset=bundle.eval,
         data_collator=bundle.collator,
         processing_class=tokenizer,
         compute_metrics=classification_metrics if r.model.task == "sequence-classification" else None,
@@ -119,7 +119,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
         model=model,
         args=args,
         train_dataset=bundle.train,
-        eval_dataset=bundle.eval if args.eval_strategy != "no" or bundle.eval is not None else None,
+        eval_dataset=bundle.eval,
         processing_class=tokenizer,
         callbacks=[*callbacks, preference_guard(plan), *_early_stopping(plan, args)],
     )
