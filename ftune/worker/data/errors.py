@@ -69,6 +69,16 @@ def first_bad_utf8(path: str | Path) -> tuple[int, int, str] | None:
     return None
 
 
+def not_utf8(src, line: int | None, col: int | None, byte: str) -> DataError:
+    """`src`'s data is not UTF-8: the first bad line and column when the file could be scanned."""
+    return DataError(
+        f"{src.where}: " + (f"line {line} of " if line else "") + f"{src.spec.path} is not valid UTF-8 "
+        f"(byte {byte}" + (f" at column {col})" if col else ")"),
+        hint="data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 in > out`",
+        location=Location(file=src.path, line=line, column=col) if src.local else None,
+    )
+
+
 def first_bad_csv_record(path: str | Path) -> tuple[int, int, str] | None:
     """(row, line, message) of the first CSV record that does not parse (an unterminated quote runs to the end
     of the file), or None. Row 1 is the first record after the header; line is where the record starts."""

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftune.errors import Location
 from ftune.plugins import installed, load_object
-from ftune.worker.data.errors import DataError, field_hint, first_bad_utf8, row_location
+from ftune.worker.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.worker.data.masking import (
     IGNORE,
     labels_from_spans,
@@ -118,13 +117,7 @@ def encoder(src: Source, ctx: Context, rows: list[int]) -> Callable[[dict, list[
             return _encode(batch, idx)
         except UnicodeDecodeError as err:  # a loader that let bytes through: name the file's first bad line
             bad = first_bad_utf8(src.path) if src.local and Path(src.path).is_file() else None
-            line, col, byte = bad or (None, None, f"0x{err.object[err.start]:02x}")
-            raise DataError(
-                f"{src.where}: " + (f"line {line} of " if line else "") + f"{src.spec.path} is not valid UTF-8 "
-                f"(byte {byte}" + (f" at column {col})" if col else ")"),
-                hint="data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 in > out`",
-                location=Location(file=src.path, line=line, column=col) if src.local else None,
-            ) from None
+            raise not_utf8(src, *(bad or (None, None, f"0x{err.object[err.start]:02x}"))) from None
 
     def _encode(batch: dict, idx: list[int]) -> dict:
         if fmt == "classification":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftune.errors import Location
 from ftune.recipe.schema import DataSource
-from ftune.worker.data.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8
+from ftune.worker.data.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8, not_utf8
 
 EXTENSIONS = {
     ".jsonl": "json",
@@ -144,12 +144,7 @@ def _load_error(src: Source, err: Exception) -> DataError:
     if src.local and src.kind in ("json", "csv", "text") and Path(src.path).is_file():
         bad = first_bad_utf8(src.path)
         if bad is not None:
-            line, col, byte = bad
-            return DataError(
-                f"{src.where}: line {line} of {src.spec.path} is not valid UTF-8 (byte {byte} at column {col})",
-                hint="data files must be UTF-8: re-encode it, e.g. `iconv -f latin1 -t utf-8 in > out`",
-                location=Location(file=src.path, line=line, column=col),
-            )
+            return not_utf8(src, *bad)
     if src.kind == "csv" and src.local and Path(src.path).is_file():
         bad_csv = first_bad_csv_record(src.path)
         if bad_csv is not None:
