@@ -11,20 +11,20 @@ TASK_CLASSES = {
 }
 
 
-def load_config(recipe, token: str | None = None, labels: list[str] | None = None):
-    """The model's config with the recipe's task settings applied (labels for classification).
-
-    Label names come from `model.labels`, else from the data (`labels`), else the config's own count."""
+def load_config(recipe, token: str | None = None, labels: list[str] | None = None, path: str | None = None):
+    """The model's config (from `path`, default `model.path`) with the recipe's task settings applied (labels for
+    classification). Label names come from `model.labels`, else from the data (`labels`), else the config's count."""
     from transformers import AutoConfig
 
     model = recipe.model
+    path = path or model.path
     try:
         config = AutoConfig.from_pretrained(
-            model.path, trust_remote_code=model.trust_remote_code, revision=model.revision, token=token
+            path, trust_remote_code=model.trust_remote_code, revision=model.revision, token=token
         )
     except (OSError, ValueError) as err:
         raise FtuneError(
-            f"cannot load the model config from {model.path}: {str(err).splitlines()[0]}",
+            f"cannot load the model config from {path}: {str(err).splitlines()[0]}",
             hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
         ) from err
     if model.task == "sequence-classification":

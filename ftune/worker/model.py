@@ -15,8 +15,7 @@ def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):
     recipe = plan.recipe
     spec = spec or plan.model_load
     token = plan.secret("model.hub_token")
-    config = load_config(recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": spec.path})}),
-                         token, labels)
+    config = load_config(recipe, token, labels, path=spec.path)
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         config.pad_token_id = tokenizer.pad_token_id
     cls = getattr(transformers, spec.auto_class)
