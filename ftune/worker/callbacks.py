@@ -16,6 +16,15 @@ from ftune.rundir import mark_complete
 from ftune.worker.stop import STOP, is_finite, nonfinite
 
 
+def metrics_line(record: dict) -> str:
+    """One line of metrics.jsonl, strict JSON: a non-finite value is written as null and named, with what it was,
+    under `nonfinite` (json.dumps would write a bare NaN, which strict readers such as jq refuse)."""
+    bad = {k: repr(v) for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        record = {k: (None if k in bad else v) for k, v in record.items()} | {"nonfinite": bad}
+    return json.dumps(record, allow_nan=False) + "\n"
+
+
 def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     """metrics.jsonl and checkpoint markers on every run; the progress bar on rank 0's console. `tokens_per_step`:
     the data stage's mean tokens per row x rows per optimizer step, for tok/s without counting tokens each step."""
@@ -37,7 +46,7 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
             record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3)}
             record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
             with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(metrics_line(record))
 
     class CheckpointMarker(TrainerCallback):
         """Mark a checkpoint complete once the Trainer has written all of it (resume trusts only these)."""

@@ -36,10 +36,14 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
 
 
 def read_metrics(run: RunDir) -> list[dict]:
+    """metrics.jsonl's records, with the values written as null under `nonfinite` restored (nan, inf)."""
     path = run.metrics
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in records:
+        r.update({k: float(v) for k, v in r.pop("nonfinite", {}).items()})
+    return records
 
 
 def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: float = 0.0) -> dict:
