@@ -133,3 +133,20 @@ def test_other_refusals_are_located(tmp_path):
     assert "holds an adapter of peft type IA3, which ftune can't continue" in _problems(tmp_path, ia3)["model.path"]
     (folder / "adapter_config.json").write_text('{"peft_type": ')
     assert "is not valid JSON" in _problems(tmp_path, folder)["model.path"]
+
+
+def test_ftune_plan_shows_the_adapter_and_estimates_on_its_base(tmp_path, capsys, tiny_model_dir, text_data_file):
+    from ftune.cli.main import main
+
+    folder = _adapter(tmp_path, {**LORA, "base_model_name_or_path": str(tiny_model_dir)}, tokenizer=False)
+    recipe = {"name": "second", "model": {"path": str(folder)}, "data": {"train": [{"path": str(text_data_file)}]},
+              "train": {"max_steps": 2}, "output": {"dir": str(tmp_path / "runs" / "second")}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["model_load"]["adapter"], out["model_load"]["path"]) == (str(folder), str(tiny_model_dir))
+    assert out["estimate"]["model"] == str(tiny_model_dir)
+    # r=4 on q_proj (64 -> 64) and v_proj (64 -> 32, grouped KV) in 2 layers: the adapter's shape, not r=8
+    assert out["estimate"]["params_trainable"] == 2 * ((64 + 64) * 4 + (64 + 32) * 4)
+    assert any("continuing the lora adapter" in n for n in out["notes"])
