@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from ftune import adapter
 from ftune.errors import FtuneError, Problem
 from ftune.methods import METHODS, method_module
+from ftune.plan.environment import safetensors_problem
 from ftune.recipe.load import looks_local
 from ftune.recipe.schema import Recipe
 
@@ -37,6 +38,10 @@ def continue_adapter(recipe: Recipe) -> tuple[Recipe, str | None, list[Problem]]
         return recipe, None, [Problem.at("model.path", err.message, "copy the adapter folder again, or point "
                                          "model.path at a base model")]
     problems: list[Problem] = []
+    for file in sorted(folder.glob("*.safetensors")):
+        if (cut := safetensors_problem(file)) is not None:
+            problems.append(Problem.at("model.path", cut, "the adapter was cut short (a full disk, an interrupted "
+                                       "copy): copy it again, or continue a complete checkpoint"))
     if recipe.model.init == "random":
         problems.append(Problem.at("model.init", f"model.init: random builds an untrained model, but model.path "
                                    f"({folder}) is a trained adapter to continue", "remove model.init"))

@@ -96,7 +96,7 @@ def checkpoint_problem(folder: Path) -> str | None:
 def model_files(recipe: Recipe) -> list[Problem]:
     """The model folder's weights are whole (a truncated download fails here, naming the file)."""
     folder = Path(recipe.model.path).expanduser()
-    if recipe.model.init == "random" or not folder.is_dir():
+    if recipe.model.init == "random" or not folder.is_dir() or is_adapter(folder):  # ftune.plan.adapter checks it
         return []
     for file in sorted(folder.glob("*.safetensors")):
         problem = safetensors_problem(file)

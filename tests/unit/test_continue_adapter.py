@@ -49,10 +49,16 @@ def _compile(tmp_path: Path, model_path: Path | str, peft: dict | None = None, *
     return compile_plan(load_recipe(str(path)))
 
 
-def _problems(tmp_path: Path, model_path, peft=None, **top) -> dict[str, str]:
+def _problem_list(tmp_path: Path, model_path, peft=None, **top) -> list:
     with pytest.raises(RecipeError) as info:
         _compile(tmp_path, model_path, peft, **top)
-    return {p.path: f"{p.message} | {p.hint}" for p in info.value.problems}
+    return info.value.problems
+
+
+def _problems(tmp_path: Path, model_path, peft=None, **top) -> dict[str, str]:
+    found = _problem_list(tmp_path, model_path, peft, **top)
+    assert len({p.path for p in found}) == len(found), found  # each problem once
+    return {p.path: f"{p.message} | {p.hint}" for p in found}
 
 
 def test_adapter_path_plans_its_base_and_takes_its_shape(tmp_path):
@@ -131,6 +137,10 @@ def test_other_refusals_are_located(tmp_path):
     assert "trained for model.task sequence-classification" in found["model.task"]
     ia3 = _adapter(tmp_path / "ia3", {"peft_type": "IA3", "task_type": "CAUSAL_LM"})
     assert "holds an adapter of peft type IA3, which ftune can't continue" in _problems(tmp_path, ia3)["model.path"]
+    (folder / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    truncated = [p for p in _problem_list(tmp_path, folder) if p.path == "model.path"]
+    assert len(truncated) == 1 and "adapter_model.safetensors is truncated" in truncated[0].message
+    (folder / "adapter_model.safetensors").unlink()
     (folder / "adapter_config.json").write_text('{"peft_type": ')
     assert "is not valid JSON" in _problems(tmp_path, folder)["model.path"]
 
