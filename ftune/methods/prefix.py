@@ -23,7 +23,8 @@ PEFT_TYPE = "PREFIX_TUNING"
 
 def from_adapter(config: dict) -> dict:
     """The `peft:` keys a saved prefix-tuning adapter's adapter_config.json fixes."""
-    return {"num_virtual_tokens": config.get("num_virtual_tokens"), "prefix_projection": config.get("prefix_projection")}
+    return {"num_virtual_tokens": config.get("num_virtual_tokens"),
+            "prefix_projection": config.get("prefix_projection")}
 
 
 def inject(model, cfg: Config, task: str):

@@ -104,8 +104,9 @@ def _peft(recipe: Recipe, saved: adapter.SavedAdapter, problems: list[Problem]):
                                                 if method else "")))
         return cfg
     if method is None:
-        problems.append(Problem.at("model.path", f"{saved.folder} holds an adapter of peft type {saved.peft_type}, which ftune "
-                                   "can't continue (it continues lora, prefix and llama-adapter adapters)",
+        problems.append(Problem.at("model.path", f"{saved.folder} holds an adapter of peft type "
+                                   f"{saved.peft_type}, which ftune can't continue (it continues lora, prefix and "
+                                   "llama-adapter adapters)",
                                    f"merge it into its base and point model.path at the result, {NEW_ADAPTER}"))
         return cfg
     written = cfg.model_fields_set

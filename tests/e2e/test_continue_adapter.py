@@ -60,6 +60,7 @@ def test_the_peft_stage_loads_the_adapter_trainable(first, tmp_path, tiny_model_
     assert any(float(saved[k].abs().sum()) > 0 for k in saved if "lora_B" in k)  # trained: not the zero init
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("trl") is None, reason="needs trl")
 def test_dpo_reference_is_the_continued_policy(first, tmp_path, tiny_model_dir):
     from tests.e2e.test_preference import preference_rows
 
