@@ -10,6 +10,7 @@ from ftune import adapter
 from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
+
 PARTIAL = ".partial-"
 """A merge writes into `.<name>.partial-<pid>` next to its output and renames it when verified."""
 

@@ -11,9 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from ftune import __version__
+from ftune import __version__, adapter
 from ftune.errors import Problem
-from ftune import adapter
 from ftune.plan import accelerate, environment, preference
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.loading import model_load

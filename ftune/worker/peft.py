@@ -71,6 +71,7 @@ def continue_adapter(model, plan):
     config.base_model_name_or_path = plan.model_load.path
     if hasattr(config, "lora_dropout"):
         config.lora_dropout = plan.recipe.peft.dropout
+        config.init_lora_weights = True  # the weights are loaded: an init such as pissa would rewrite the base
     try:
         return PeftModel.from_pretrained(model, folder, is_trainable=True, config=config)
     except RuntimeError as err:
