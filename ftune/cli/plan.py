@@ -209,6 +209,7 @@ def _plan(args: argparse.Namespace, keys: list[str]) -> int:
         n = recipe.distributed.num_processes
         gpus = n if isinstance(n, int) and recipe.distributed.strategy != "none" else 1
     plan = _compile(loaded, gpus)
+    recipe = plan.recipe  # as it runs: a continued adapter's base and peft section
     _block_unneeded_imports()
     device = "cuda" if gpus else plan.device
     try:

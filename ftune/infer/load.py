@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune import adapter
 from ftune.errors import FtuneError
 from ftune.infer.source import Target
+
+READ_HINT = "the folder was cut short or edited: copy it again, or pass --model with another checkpoint"
 
 
 def quiet_libraries() -> None:
@@ -35,7 +38,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         return spec.model_copy(update={"kwargs": {**spec.kwargs, **extra}}) if extra else spec
 
     check_fits(plan, model_dir)
-    if (model_dir / "adapter_config.json").is_file():
+    if adapter.is_adapter(model_dir):
         from peft import PeftModel
 
         from ftune.worker import quantize
@@ -80,36 +83,19 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
                      hint="pass --model pointing at a run's final/ folder or a checkpoint")
 
 
-PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
-
-
-def _json(file: Path) -> dict:
-    import json
-
-    try:
-        data = json.loads(file.read_text())
-    except OSError as err:
-        raise FtuneError(f"{file} can't be read: {err.strerror}") from None
-    except ValueError as err:
-        raise FtuneError(f"{file} is not valid JSON ({err})", hint="the folder was cut short or edited: "
-                         "copy it again, or pass --model with another checkpoint") from None
-    if not isinstance(data, dict):
-        raise FtuneError(f"{file} is not a JSON object")
-    return data
-
-
 def check_fits(plan, model_dir: Path) -> None:
     """Before any weight is read: the folder was trained for the recipe's task, and its weights files are whole."""
     from ftune.plan.environment import safetensors_problem
 
     want = plan.recipe.model.task
-    record = _json(model_dir / "ftune.json") if (model_dir / "ftune.json").is_file() else {}
-    adapter = _json(model_dir / "adapter_config.json") if (model_dir / "adapter_config.json").is_file() else None
-    task = record.get("task")
-    if task is None and adapter and adapter.get("task_type"):
-        task = {v: k for k, v in PEFT_TASKS.items()}.get(adapter["task_type"])
+    if adapter.is_adapter(model_dir):
+        saved = adapter.read(model_dir, READ_HINT)
+    else:
+        record = model_dir / adapter.RECORD
+        saved = adapter.SavedAdapter(model_dir, {}, adapter.read_json(record, READ_HINT) if record.is_file() else {})
+    task = saved.task
     if task and task != want:
-        source = "its ftune.json" if record.get("task") else "its adapter_config.json task_type"
+        source = f"its {adapter.RECORD}" if saved.record.get("task") else f"its {adapter.ADAPTER_CONFIG} task_type"
         raise FtuneError(f"{model_dir} was trained for model.task {task} ({source}), but the recipe's model.task "
                          f"is {want}",
                          hint=f"evaluate it with the recipe it was trained with (model.task={task}), or pass "
@@ -139,9 +125,7 @@ def unplaced_lora_tensors(model, model_dir: Path) -> list[str]:
 
 def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> FtuneError:
     """The adapter's tensors don't fit the base the recipe names: say which base it was trained on."""
-    record = _json(model_dir / "ftune.json") if (model_dir / "ftune.json").is_file() else {}
-    config = _json(model_dir / "adapter_config.json")
-    trained_on = record.get("base_model") or config.get("base_model_name_or_path") or "an unrecorded base"
+    trained_on = adapter.read(model_dir, READ_HINT).base or "an unrecorded base"
     first = next((line.strip() for line in detail.splitlines() if "size mismatch" in line), detail.strip())
     first = first.removeprefix("size mismatch for ")
     differ = "their shapes differ" if shapes else "their layers differ"

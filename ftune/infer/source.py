@@ -3,15 +3,14 @@ or (for generation) any HF model folder. Light: no torch; every dead end is a lo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftune import adapter
+from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
 
-RECORD = "ftune.json"
-"""final/ftune.json (the save stage) and <merged>/ftune.json (merge) record what the folder holds."""
 PARTIAL = ".partial-"
 """A merge writes into `.<name>.partial-<pid>` next to its output and renames it when verified."""
 
@@ -28,7 +27,7 @@ class Target:
 
     @property
     def is_adapter(self) -> bool:
-        return (self.model_dir / "adapter_config.json").is_file()
+        return adapter.is_adapter(self.model_dir)
 
     @property
     def is_merged(self) -> bool:
@@ -51,12 +50,7 @@ def _plan(run_root: Path):
 
 def _record(folder: Path) -> dict:
     path = folder / RECORD
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise FtuneError(f"{path} is not valid JSON: {err}", location=Location(file=str(path))) from err
+    return adapter.read_json(path) if path.is_file() else {}
 
 
 def _final(run: RunDir, plan) -> Target:

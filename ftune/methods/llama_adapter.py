@@ -18,6 +18,14 @@ class Config(MethodConfig):
     """How many of the top layers get adaption prompts; default: all layers."""
 
 
+PEFT_TYPE = "ADAPTION_PROMPT"
+
+
+def from_adapter(config: dict) -> dict:
+    """The `peft:` keys a saved LLaMA-Adapter's adapter_config.json fixes."""
+    return {"adapter_len": config.get("adapter_len"), "adapter_layers": config.get("adapter_layers")}
+
+
 def inject(model, cfg: Config, task: str):
     from peft import AdaptionPromptConfig, get_peft_model
 

@@ -39,6 +39,22 @@ class Config(MethodConfig):
         return "merge"
 
 
+PEFT_TYPE = "LORA"
+"""The peft_type of a saved adapter this method continues (`model.path` at an adapter folder)."""
+
+
+def from_adapter(config: dict) -> dict:
+    """The `peft:` keys a saved LoRA adapter's adapter_config.json fixes (its shape and what it computes)."""
+    target = config.get("target_modules")
+    return {"r": config.get("r"), "alpha": config.get("lora_alpha"), "dropout": config.get("lora_dropout"),
+            "target_modules": sorted(target) if isinstance(target, list | set | tuple) else target,
+            "modules_to_save": sorted(config["modules_to_save"]) if config.get("modules_to_save") else None,
+            "bias": config.get("bias"), "use_rslora": config.get("use_rslora"), "use_dora": config.get("use_dora")}
+
+
+ADJUSTABLE = ("dropout",)
+"""Keys of `from_adapter` a continuing recipe may change (training settings, not the adapter's function)."""
+
 INIT_WEIGHTS = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora", "loftq": "loftq"}
 MOVES_BASE_WEIGHTS = ("pissa", "olora")  # these change the base: the saved adapter is converted back
 

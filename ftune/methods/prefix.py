@@ -18,6 +18,15 @@ class Config(MethodConfig):
     """Reparameterise the prefix through a small MLP (more parameters, often more stable)."""
 
 
+PEFT_TYPE = "PREFIX_TUNING"
+
+
+def from_adapter(config: dict) -> dict:
+    """The `peft:` keys a saved prefix-tuning adapter's adapter_config.json fixes."""
+    return {"num_virtual_tokens": config.get("num_virtual_tokens"),
+            "prefix_projection": config.get("prefix_projection")}
+
+
 def inject(model, cfg: Config, task: str):
     from peft import PrefixTuningConfig, get_peft_model
 

@@ -11,9 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from ftune import __version__
+from ftune import __version__, adapter
 from ftune.errors import Problem
 from ftune.plan import accelerate, environment, preference
+from ftune.plan.adapter import continue_adapter
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
 from ftune.plan.trackers import tracker_env
@@ -23,9 +24,19 @@ from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir, is_complete
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def tokenizer_source(recipe: Recipe) -> str:
-    """Where the tokenizer comes from: `model.tokenizer`, else the model folder (the worker and `ftune data`)."""
-    return recipe.model.tokenizer or recipe.model.path
+    """Where the tokenizer comes from: `model.tokenizer`, else the model folder (the worker and `ftune data`); an
+    adapter folder being continued without a tokenizer of its own (a run's final/ has one) gives its base's."""
+    if recipe.model.tokenizer:
+        return recipe.model.tokenizer
+    folder = Path(recipe.model.path).expanduser()
+    if adapter.is_adapter(folder) and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        base = continue_adapter(recipe)[0].model.path
+        return base or recipe.model.path
+    return recipe.model.path
 
 
 def mixed_precision(recipe: Recipe) -> str:
@@ -74,9 +85,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
     not checked then)."""
-    recipe = loaded.recipe
+    written = loaded.recipe
     recipe_dir = Path(loaded.file).parent
-    problems: list[Problem] = []
+    recipe, adapter_dir, problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
     notes: list[str] = []
 
     num_processes, device = accelerate.resolve_num_processes(recipe.distributed, gpus)
@@ -105,7 +116,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     notes += cfg_notes
     train = recipe.train
     obj = objective(train.objective)
-    if (ref := preference.reference_note(recipe)) is not None:
+    if adapter_dir is not None:
+        notes.append(f"continuing the {recipe.peft.method} adapter {adapter_dir} (loaded trainable) over its base "
+                     f"{recipe.model.path}")
+    if (ref := preference.reference_note(recipe, continued=adapter_dir is not None)) is not None:
         notes.append(ref)
     return Plan(
         ftune_version=__version__,
@@ -118,8 +132,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         world_size=world_size,
         mixed_precision=mp,
         effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
-        tokenizer_path=tokenizer_source(recipe),
-        model_load=model_load(recipe),
+        tokenizer_path=tokenizer_source(written),
+        model_load=model_load(recipe, adapter=adapter_dir),
         trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                    accelerate_config=config) | preference.config_kwargs(recipe),
         config_class=obj.config_path,

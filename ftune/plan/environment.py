@@ -10,6 +10,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
 from ftune.recipe.load import looks_local
@@ -26,15 +27,17 @@ def inputs(recipe: Recipe) -> list[Problem]:
     """The model folder and local data files exist."""
     found: list[Problem] = model_files(recipe)
     model_path = recipe.model.path
-    if not Path(model_path).expanduser().exists():
+    folder = Path(model_path).expanduser()
+    if not folder.exists():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         if looks_local(model_path) or offline:
             found.append(Problem.at("model.path", f"model folder not found: {model_path}",
                                     "point model.path at a local folder holding config.json"
                                     + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
-    elif not (Path(model_path).expanduser() / "config.json").is_file():
+    elif not (folder / "config.json").is_file() and not is_adapter(folder):  # ftune.plan.adapter checks adapters
         found.append(Problem.at("model.path", f"{model_path} has no config.json",
-                                "model.path must be a Hugging Face model folder (save_pretrained output)"))
+                                "model.path must be a Hugging Face model folder (save_pretrained output), or a "
+                                "run's final/ adapter to continue"))
     sources = [("data.train", recipe.data.train)]
     if isinstance(recipe.data.eval, list):
         sources.append(("data.eval", recipe.data.eval))
@@ -93,7 +96,7 @@ def checkpoint_problem(folder: Path) -> str | None:
 def model_files(recipe: Recipe) -> list[Problem]:
     """The model folder's weights are whole (a truncated download fails here, naming the file)."""
     folder = Path(recipe.model.path).expanduser()
-    if recipe.model.init == "random" or not folder.is_dir():
+    if recipe.model.init == "random" or not folder.is_dir() or is_adapter(folder):  # ftune.plan.adapter checks it
         return []
     for file in sorted(folder.glob("*.safetensors")):
         problem = safetensors_problem(file)

@@ -10,8 +10,9 @@ from ftune.plan.quantization import bnb_config
 from ftune.recipe.schema import Recipe
 
 
-def model_load(recipe: Recipe, quantization=None, path: str | None = None) -> ModelLoad:
-    """The recipe's model as loaded (`quantization` and `path` override the recipe's, as `ftune eval` needs)."""
+def model_load(recipe: Recipe, quantization=None, path: str | None = None, adapter: str | None = None) -> ModelLoad:
+    """The recipe's model as loaded (`quantization` and `path` override the recipe's, as `ftune eval` needs;
+    `adapter`: a saved adapter the peft stage continues)."""
     m = recipe.model
     q = recipe.quantization if quantization is None else quantization
     kwargs: dict[str, Any] = {"dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
@@ -23,4 +24,4 @@ def model_load(recipe: Recipe, quantization=None, path: str | None = None) -> Mo
             kwargs["revision"] = m.revision
         if q is not None:
             kwargs["quantization_config"] = bnb_config(q)
-    return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs)
+    return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs, adapter=adapter)

@@ -39,6 +39,9 @@ class ModelLoad(BaseModel):
     init: Literal["pretrained", "random"]
     kwargs: dict[str, Any]
     """dtype, trust_remote_code, attn_implementation, revision, quantization_config (a bitsandbytes dict)."""
+    adapter: str | None = None
+    """A saved adapter folder (`model.path` pointed at it) that the peft stage loads trainable and trains on,
+    instead of adding a fresh adapter; `path` is then the base it was trained on (`ftune.plan.adapter`)."""
 
 
 class Plan(BaseModel):
@@ -48,7 +51,8 @@ class Plan(BaseModel):
     recipe_file: str
     """The recipe file the plan was compiled from (absolute)."""
     recipe: Recipe
-    """The validated recipe; values interpolated from secret environment variables are masked."""
+    """The validated recipe, as it runs: values interpolated from secret environment variables are masked; when
+    continuing an adapter, model.path is its base and `peft` its section (`model_load.adapter` names the folder)."""
     secrets: dict[str, str] = {}
     """Dotted recipe path -> environment variable that holds its (masked) value; read by the worker."""
     run_dir: str

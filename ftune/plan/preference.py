@@ -47,8 +47,9 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
-def reference_note(recipe: Recipe) -> str | None:
-    """What the reference model costs, for `plan.notes` (None for sft and the reference-free objectives)."""
+def reference_note(recipe: Recipe, continued: bool = False) -> str | None:
+    """What the reference model costs, for `plan.notes` (None for sft and the reference-free objectives);
+    `continued`: the adapter being trained is a saved one (model.path at it), not a fresh one."""
     obj = objective(recipe.train.objective)
     if not obj.uses_reference:
         return None
@@ -56,6 +57,9 @@ def reference_note(recipe: Recipe) -> str | None:
     if p is not None and p.reference == "precomputed":
         return (f"{obj.name} reference: log-probs precomputed once before training (one extra pass over the data); "
                 "no reference model is kept in memory")
+    if continued:
+        return (f"{obj.name} reference: the adapter being continued, as it starts (a frozen copy of the adapter "
+                "alone, not of the model)")
     if recipe.peft.uses_peft_library:
         return f"{obj.name} reference: the base model with the adapter disabled (no second copy in memory)"
     return (f"{obj.name} reference: a frozen copy of the model (its weights once more in memory); "

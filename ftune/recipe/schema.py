@@ -42,7 +42,9 @@ class SpecialTokens(Section):
 
 class ModelSection(Section):
     path: str
-    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable."""
+    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; or a
+    saved adapter folder (a run's `final/`): that adapter is trained on, over the base it names (`peft:` keys left
+    unset are taken from it, set ones must agree); a merged folder (`ftune merge`) is a plain model."""
     task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
     """What the model is trained to do."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"

@@ -1,4 +1,5 @@
-"""Stage 4: inject the fine-tuning method chosen in `peft.method` (see ftune.methods) and count parameters."""
+"""Stage 4: inject the fine-tuning method chosen in `peft.method` (see ftune.methods), or load the saved adapter
+the plan continues (`plan.model_load.adapter`) trainable, and count parameters."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
 
     recipe = plan.recipe
     set_seed(recipe.train.seed)
+    if plan.model_load.adapter is not None:
+        model = continue_adapter(model, plan)
+        return model, count_parameters(model)
     module = method_module(recipe.peft.method)
     try:
         if trained_tokens and recipe.peft.method == "lora":
@@ -54,3 +58,26 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
                              hint=target_hint(model)) from err
         raise
     return model, count_parameters(model)
+
+
+def continue_adapter(model, plan):
+    """The saved adapter `plan.model_load.adapter`, loaded trainable over `model` (its base, quantized when the
+    recipe says so). The compiler checked it against the recipe; its config names the resolved base, so the
+    final/ adapter saved from it does too, and the recipe's dropout (a training setting) applies."""
+    from peft import PeftConfig, PeftModel
+
+    folder = plan.model_load.adapter
+    config = PeftConfig.from_pretrained(folder)
+    config.base_model_name_or_path = plan.model_load.path
+    if hasattr(config, "lora_dropout"):
+        config.lora_dropout = plan.recipe.peft.dropout
+        config.init_lora_weights = True  # the weights are loaded: an init such as pissa would rewrite the base
+    try:
+        return PeftModel.from_pretrained(model, folder, is_trainable=True, config=config)
+    except RuntimeError as err:
+        if "size mismatch" not in str(err):
+            raise
+        first = next(line.strip() for line in str(err).splitlines() if "size mismatch" in line)
+        raise FtuneError(f"the adapter {folder} does not fit its base {plan.model_load.path}: {first}",
+                         hint="the base changed since the adapter was trained; point model.path at a base model "
+                         "to train a new adapter") from None

@@ -229,6 +229,10 @@ def _doubled_rank(expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, 
     return out
 
 
+REFERENCE_ADAPTER = "ref"
+"""TRL's frozen copy of a continued adapter, the preference objectives' reference: not part of what was trained."""
+
+
 def save_final(trainer, plan, tokenizer) -> dict:
     """Write final/ (adapter or model + tokenizer), verify it, then mark it complete. Returns a summary.
 
@@ -268,6 +272,8 @@ def save_final(trainer, plan, tokenizer) -> dict:
         bad = first_nonfinite(model, trainable_only=is_adapter)
         if bad is not None:  # never write final/ from non-finite weights
             raise nonfinite(f"parameter {bad}", trainer.state.global_step)
+        if is_adapter and REFERENCE_ADAPTER in (getattr(model, "peft_config", None) or {}):
+            model.delete_adapter(REFERENCE_ADAPTER)  # peft would save it too, as final/ref/
         expected = expected_tensors(model, is_adapter) if main else {}
         trainer.save_model(str(final))
     if not main:

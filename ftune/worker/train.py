@@ -107,9 +107,10 @@ def _early_stopping(plan, args) -> list:
 def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
     """TRL's trainer for `train.objective` on the model ftune loaded and adapted; TRL computes the loss.
 
-    With a PEFT adapter TRL adds a frozen copy of it named `ref` as the reference; ftune trains a fresh adapter,
-    whose copy equals the base, so the copy is dropped and TRL scores the reference with the adapter disabled
-    (no second set of weights, nothing extra in final/). Full fine-tuning: TRL loads a frozen copy."""
+    With a PEFT adapter TRL adds a frozen copy of it named `ref` as the reference. A fresh adapter's copy equals
+    the base, so it is dropped and TRL scores the reference with the adapter disabled (no second set of weights);
+    a continued adapter (`plan.model_load.adapter`) keeps it: the reference is the policy it starts from (the
+    save stage leaves it out of final/). Full fine-tuning: TRL loads a frozen copy."""
     from transformers import PrinterCallback
 
     from ftune.worker.callbacks import preference_guard
@@ -124,7 +125,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
         callbacks=[*callbacks, preference_guard(plan), *_early_stopping(plan, args)],
     )
     peft_config = getattr(trainer.model, "peft_config", None)
-    if isinstance(peft_config, dict) and "ref" in peft_config:
+    if isinstance(peft_config, dict) and "ref" in peft_config and plan.model_load.adapter is None:
         trainer.model.delete_adapter("ref")
         trainer.model.set_adapter("default")
     trainer.remove_callback(PrinterCallback)

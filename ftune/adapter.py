@@ -1,0 +1,69 @@
+"""A saved PEFT adapter folder (a run's final/, a checkpoint, any peft `save_pretrained` output): its
+adapter_config.json, the ftune.json record beside it, the base it was trained on and its task.
+
+Light (json only), shared by both moments that read one: the compiler, to continue training an adapter
+(`model.path` pointing at it), and `ftune eval/merge/generate`, to load one over its base.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftune.errors import FtuneError, Location
+
+ADAPTER_CONFIG = "adapter_config.json"
+RECORD = "ftune.json"
+"""final/ftune.json (the save stage) and <merged>/ftune.json (merge) record what the folder holds."""
+PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
+"""ftune's model.task -> peft's task_type."""
+
+
+def is_adapter(folder: Path) -> bool:
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def read_json(file: Path, hint: str | None = None) -> dict:
+    """A JSON object from `file`, or a located FtuneError saying why not (unreadable, cut short, not an object)."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except OSError as err:
+        raise FtuneError(f"{file} can't be read: {err.strerror}", location=Location(file=str(file))) from None
+    except ValueError as err:
+        raise FtuneError(f"{file} is not valid JSON ({err})", hint=hint, location=Location(file=str(file))) from None
+    if not isinstance(data, dict):
+        raise FtuneError(f"{file} is not a JSON object", hint=hint, location=Location(file=str(file)))
+    return data
+
+
+@dataclass(frozen=True)
+class SavedAdapter:
+    folder: Path
+    config: dict
+    """adapter_config.json."""
+    record: dict = field(default_factory=dict)
+    """ftune.json (empty for an adapter ftune did not save)."""
+
+    @property
+    def base(self) -> str | None:
+        """The base it was trained on: ftune's record, else peft's `base_model_name_or_path`."""
+        return self.record.get("base_model") or self.config.get("base_model_name_or_path") or None
+
+    @property
+    def peft_type(self) -> str | None:
+        return self.config.get("peft_type")
+
+    @property
+    def task(self) -> str | None:
+        """ftune's model.task it was trained for: the record's, else from peft's task_type (None if unknown)."""
+        if self.record.get("task"):
+            return self.record["task"]
+        return {v: k for k, v in PEFT_TASKS.items()}.get(self.config.get("task_type") or "")
+
+
+def read(folder: Path, hint: str | None = None) -> SavedAdapter:
+    """The adapter in `folder` (its adapter_config.json must exist)."""
+    folder = Path(folder)
+    record = read_json(folder / RECORD, hint) if (folder / RECORD).is_file() else {}
+    return SavedAdapter(folder, read_json(folder / ADAPTER_CONFIG, hint), record)
