@@ -14,12 +14,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ftune.adapter import RECORD
 from ftune.errors import FtuneError
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import QuantizationSection, Recipe
 
-RECORD_FILE = "ftune.json"
 """final/ftune.json (written by the save stage) records the `quantization` section the adapter was trained on."""
 
 
@@ -93,7 +93,7 @@ def recorded_quantization(final_dir: str | Path) -> QuantizationSection | None:
     """The `quantization` section recorded in final/ftune.json, or None for an unquantized run."""
     from ftune.recipe.schema import QuantizationSection
 
-    path = Path(final_dir) / RECORD_FILE
+    path = Path(final_dir) / RECORD
     if not path.is_file():
         raise FtuneError(f"{path} not found: {final_dir} is not a finished ftune run's final/ folder",
                          hint="point at <run dir>/final of a completed `ftune run`")
@@ -136,7 +136,7 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
     from ftune.plan.quantization import bnb_config
 
     q = recorded_quantization(final_dir)
-    meta = json.loads((Path(final_dir) / RECORD_FILE).read_text())
+    meta = json.loads((Path(final_dir) / RECORD).read_text())
     cls = getattr(transformers, TASK_CLASSES[task or meta.get("task", "causal-lm")])
     base = cls.from_pretrained(
         str(base_path or meta["base_model"]),

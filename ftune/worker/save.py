@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ftune.adapter import RECORD
 from ftune.errors import RunError
 from ftune.rundir import mark_complete
 from ftune.worker.stop import ADVICE, nonfinite
@@ -289,7 +290,7 @@ def save_final(trainer, plan, tokenizer) -> dict:
         "quantization": plan.recipe.quantization.model_dump() if plan.recipe.quantization else None,
         "tensors": len(expected),
     }
-    (final / "ftune.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (final / RECORD).write_text(json.dumps(meta, indent=2) + "\n")
     mark_complete(final, {"tensors": len(expected)})
     return meta
 
