@@ -1,4 +1,5 @@
-"""DPO + LoRA on two real processes through `ftune run` (accelerate launch, gloo on CPU): DDP and FSDP v2.
+"""DPO + LoRA on two real processes through `ftune run` (accelerate launch, gloo on CPU): DDP and FSDP v2
+(float32, and bf16 mixed precision).
 
 Each 2-process run (2 pairs per process) is compared with a one-process run over the same global batch (4 pairs):
 the logged DPO loss and TRL's reward metrics must agree within RTOL, the ranks must see different pairs, the
@@ -8,6 +9,7 @@ wrapping must be real, and final/ must hold one plain adapter with the one-proce
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 
@@ -37,19 +39,25 @@ STRATEGIES = {
     "one": {"strategy": "none"},
     "ddp": {"strategy": "ddp", "num_processes": 2},
     "fsdp2": {"strategy": "fsdp", "num_processes": 2},
+    "fsdp2-bf16": {"strategy": "fsdp", "num_processes": 2},  # with train.mixed_precision: bf16
 }
 
 
-def recipe(model_dir: Path, data_file: Path, out: Path, kind: str) -> dict:
+EVAL_PAIRS = 8  # evaluated once, after training: 2 full global batches of 4 in every layout (see docs/preference.md)
+
+
+def recipe(model_dir: Path, data_file: Path, eval_file: Path, out: Path, kind: str) -> dict:
     return {
         "name": "dist-dpo",
         "model": {"path": str(model_dir), "dtype": "float32"},
-        "data": {"train": [{"path": str(data_file), "format": "preference"}], "max_seq_length": 32},
+        "data": {"train": [{"path": str(data_file), "format": "preference"}],
+                 "eval": [{"path": str(eval_file), "format": "preference"}], "max_seq_length": 32},
         "peft": LORA,
         "distributed": STRATEGIES[kind],
         "train": {"objective": "dpo", "preference": {"beta": 0.1}, "max_steps": STEPS,
                   "per_device_batch_size": 4 if kind == "one" else 2, "learning_rate": 2e-2, "logging_steps": 1,
-                  "seed": 3, "lr_scheduler": "constant", "warmup_steps": 0},
+                  "seed": 3, "lr_scheduler": "constant", "warmup_steps": 0,
+                  "mixed_precision": "bf16" if kind.endswith("bf16") else "no"},
         "checkpoint": {"strategy": "no"},
         "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
     }
@@ -61,11 +69,13 @@ def runner(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("dist-dpo")
     data = root / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in preference_rows(48, seed=11)))
+    held_out = root / "eval.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in preference_rows(EVAL_PAIRS, seed=12)))
 
     @cache
     def run(kind: str) -> Path:
         out = root / kind
-        path = write_recipe(root, recipe(tiny_model_dir, data, out, kind), name=f"{kind}.yaml")
+        path = write_recipe(root, recipe(tiny_model_dir, data, held_out, out, kind), name=f"{kind}.yaml")
         # FTUNE_RECORD_FACTS: the workers write distributed.rank<N>.json (test instrumentation, off in real runs)
         res = ftune("run", str(path), cwd=root, env={"OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"}, timeout=400)
         assert res.code == 0, res.text[-3000:]
@@ -105,6 +115,39 @@ def test_dpo_losses_and_rewards_match_one_process(runner, kind):
     # the comparison has teeth: step 1 is log 2 with zero margins (policy == reference), then the policy moves
     assert want[0]["loss"] == pytest.approx(0.693147, abs=1e-5) and want[0]["rewards/margins"] == 0
     assert want[-1]["loss"] < want[0]["loss"] - 1e-3 and want[-1]["rewards/margins"] > 1e-3
+
+
+def test_dpo_fsdp2_bf16_keeps_float32_log_probs(runner):
+    """bf16 FSDP2 against the float32 one-process run. accelerate's FSDP2 policy casts the model's outputs to bf16,
+    TRL's per-token log-probs included, so each sequence's log-prob was rounded to bf16 (steps of 0.25 here) before
+    the reference's was subtracted: log 2 was logged as 0.6914 and the step-2 margin as 0.0625 (0.0548 in float32).
+    The Plan leaves the outputs uncast. Stated tolerances: bf16 compute (parameters, gradient reduction) measured
+    below 3e-4 on the losses, 6e-3 on the margins and 1e-4 on the log-probs."""
+    run_dir = runner("fsdp2-bf16")
+    plan = json.loads(RunDir(run_dir).plan.read_text())
+    assert plan["mixed_precision"] == "bf16"
+    assert plan["fsdp_mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": None}
+    want, got = logged(runner("one")), logged(run_dir)
+    assert len(got) == STEPS and got[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], rel=1e-3)
+    assert [m["rewards/margins"] for m in got] == pytest.approx([m["rewards/margins"] for m in want], rel=2e-2,
+                                                                abs=ATOL)
+    for key in ("logps/chosen", "logps/rejected"):
+        assert [m[key] for m in got] == pytest.approx([m[key] for m in want], rel=5e-4), key
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_dpo_eval_matches_one_process(runner, kind):
+    """The final evaluation: each process scores its half of the held-out pairs, the reference with the adapter
+    disabled under the wrapper; finite, and equal to the one-process figures."""
+    def final_eval(run_dir: Path) -> dict:
+        (record,) = [m for m in metrics(run_dir) if "eval_loss" in m]
+        return record
+
+    want, got = final_eval(runner("one")), final_eval(runner(kind))
+    for key in ("eval_loss", *(f"eval_{k}" for k in COMPARED if k not in ("loss", "grad_norm"))):
+        assert got[key] == pytest.approx(want[key], rel=RTOL, abs=ATOL), key
+    assert want["eval_loss"] < 0.69 and want["eval_rewards/margins"] > 1e-3  # the trained policy, not the start
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
