@@ -41,8 +41,6 @@ STRATEGIES = {
     "fsdp2": {"strategy": "fsdp", "num_processes": 2},
     "fsdp2-bf16": {"strategy": "fsdp", "num_processes": 2},  # with train.mixed_precision: bf16
 }
-
-
 EVAL_PAIRS = 8  # evaluated once, after training: 2 full global batches of 4 in every layout (see docs/preference.md)
 
 
