@@ -121,6 +121,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                      f"{recipe.model.path}")
     if (ref := preference.reference_note(recipe, continued=adapter_dir is not None)) is not None:
         notes.append(ref)
+    if (fsdp_mp := preference.fsdp_mixed_precision(recipe, mp)) is not None:
+        notes.append(f"fsdp {mp}: {train.objective} log-probs stay float32 (FSDP2 outputs not cast to {mp}, "
+                     "which would round each sequence's summed log-prob)")
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -138,6 +141,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                                    accelerate_config=config) | preference.config_kwargs(recipe),
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
+        fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
         launch=LaunchSpec(
             accelerate_config=config,

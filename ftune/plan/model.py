@@ -76,6 +76,9 @@ class Plan(BaseModel):
     for the preference objectives (`ftune.recipe.objectives`)."""
     trainer_class: str = "transformers.Trainer"
     """The trainer the worker builds: transformers' Trainer, or TRL's for `train.objective`."""
+    fsdp_mixed_precision: dict[str, str | None] | None = None
+    """FSDP2's MixedPrecisionPolicy (torch dtype names) the worker sets on accelerate's FSDP plugin before any
+    model is wrapped; None: accelerate's (parameters, gradient reduction and outputs all in `mixed_precision`)."""
     resume_from: str | None = None
     """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
     launch: LaunchSpec

@@ -114,9 +114,14 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
     from transformers import PrinterCallback
 
     from ftune.worker.callbacks import preference_guard
+    from ftune.worker.distributed import set_mixed_precision_policy
 
-    Trainer = _import(plan.trainer_class)
-    trainer = Trainer(
+    class PreferenceTrainer(_import(plan.trainer_class)):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            set_mixed_precision_policy(self.accelerator, plan)  # before TRL's reference or the policy is wrapped
+
+    trainer = PreferenceTrainer(
         model=model,
         args=args,
         train_dataset=bundle.train,
