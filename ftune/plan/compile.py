@@ -121,7 +121,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         tokenizer_path=tokenizer_source(recipe),
         model_load=model_load(recipe),
         trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
-                                   accelerate_config=config) | preference.config_kwargs(recipe),
+                                   accelerate_config=config, resuming=resume_from is not None)
+        | preference.config_kwargs(recipe),
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
         resume_from=resume_from,
