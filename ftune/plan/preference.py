@@ -50,6 +50,14 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
+def reference_copy(recipe: Recipe) -> bool:
+    """Whether training holds a frozen copy of the model as the reference (dpo and kto with full fine-tuning, the
+    reference scored during training): the weights once more in memory, which `ftune plan` counts."""
+    p = recipe.train.preference
+    return (objective(recipe.train.objective).uses_reference and not recipe.peft.uses_peft_library
+            and not (p is not None and p.reference == "precomputed"))
+
+
 def reference_note(recipe: Recipe) -> str | None:
     """What the reference model costs, for `plan.notes` (None for sft and the reference-free objectives)."""
     obj = objective(recipe.train.objective)
