@@ -31,6 +31,7 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
     import math
 
     from ftune.infer.load import load_trained
+    from ftune.recipe.objectives import objective
     from ftune.worker import data, generation, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
@@ -39,9 +40,16 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
-    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
-    metrics = trainer.evaluate(eval_dataset=bundle.eval)
-    if "eval_loss" in metrics:
+    reference = None
+    if objective(plan.recipe.train.objective).uses_reference and not (model_dir / "adapter_config.json").is_file():
+        # a full model's reference is the base the run started from (TRL would copy the trained weights: no rewards);
+        # an adapter's is its base with the adapter disabled, as in training
+        from ftune.worker.model import load_model
+
+        reference = load_model(plan, tok)
+    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[], ref_model=reference)
+    metrics = trainer.evaluate()  # the eval data as the trainer prepared it (TRL's tokenize theirs at init)
+    if "eval_loss" in metrics and plan.recipe.train.objective == "sft":  # a preference loss has no perplexity
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
     if generate is not None:
         fmt = generation.prompt_format(plan.recipe, tok)

@@ -26,6 +26,7 @@ from ftune.estimate.memory import (
     suggest,
     weight_bytes,
 )
+from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -425,6 +426,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     checkpointing = train.gradient_checkpointing or bool(dist.fsdp and dist.fsdp.activation_checkpointing)
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
+                  reference_copy=train.objective if reference_copy(recipe) else None,
                   double_quant=bool(recipe.quantization and recipe.quantization.double_quant))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,

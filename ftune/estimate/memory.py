@@ -221,6 +221,7 @@ class Layout:
     double_quant: bool = False
     fused_loss: bool = False  # Liger's fused linear cross-entropy: logits and their gradients never materialised
     offload_activations: bool = False  # saved activations live in host memory between forward and backward
+    reference_copy: str | None = None  # dpo/kto with full fine-tuning: a frozen copy of the weights (the objective)
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,10 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
         extra.append(MemoryItem("gradients", "DDP gradient buckets", grads))
 
     items = [MemoryItem("weights", k, int(v * w_factor)) for k, v in by_dtype.items()]
+    if layout.reference_copy:  # TRL loads it like the model and prepares it with the same sharding
+        items.append(MemoryItem("weights", f"{layout.reference_copy} reference (frozen copy)", int(w_total * w_factor)))
+        if w_factor == 0.0:
+            offloaded += int(w_total / n)
     items.append(MemoryItem("gradients", _dtypes(params), int(grads * g_factor), "update"))
     items.append(MemoryItem("optimizer", spec.label, int(opt * o_factor)))
     if master:
@@ -329,10 +334,14 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
     if recipe.quantization is None and recipe.peft.method in ("lora", "llama-adapter", "prefix"):
         q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
         consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
+    if layout.reference_copy:
+        consider("use train.preference.reference: precomputed (no reference copy in memory)",
+                 per_device(facts, profile, replace(layout, reference_copy=None)))
     if recipe.peft.method == "full":
         frozen = [replace(f, trainable=False) for f in facts]
-        consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0)",
-                 per_device(frozen, profile, layout))
+        consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0"
+                 + (", and the reference is the base: no copy" if layout.reference_copy else "") + ")",
+                 per_device(frozen, profile, replace(layout, reference_copy=None)))
     if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
         consider("use train.kernels: liger (fused linear cross-entropy: no logits-sized tensors)",
                  per_device(facts, profile, replace(layout, fused_loss=True)))

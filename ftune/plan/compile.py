@@ -138,7 +138,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         tokenizer_path=tokenizer_source(written),
         model_load=model_load(recipe, adapter=adapter_dir),
         trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
-                                   accelerate_config=config) | preference.config_kwargs(recipe),
+                                   accelerate_config=config, resuming=resume_from is not None)
+        | preference.config_kwargs(recipe),
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
         fsdp_mixed_precision=fsdp_mp,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftune.recipe.objectives import objective
+from ftune.recipe.objectives import KTO_KL_LOSSES, objective
 from ftune.recipe.schema import Recipe
 
 SIMPO_BETA = 2.0  # the SimPO paper's range is 2.0-2.5; TRL's CPOConfig default (0.1) is CPO's
@@ -36,15 +36,26 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
                 "label_smoothing": get("label_smoothing", 0.0),
                 "precompute_ref_log_probs": get("reference", "model") == "precomputed"}
     elif name == "kto":
-        out |= {"beta": get("beta", TRL_BETA), "loss_type": get("loss_type", "kto"),
+        loss = get("loss_type", "kto")
+        out |= {"beta": get("beta", TRL_BETA), "loss_type": loss,
                 "desirable_weight": get("desirable_weight", 1.0), "undesirable_weight": get("undesirable_weight", 1.0),
                 "precompute_ref_log_probs": get("reference", "model") == "precomputed"}
+        if loss in KTO_KL_LOSSES:  # TRL pairs each row with its batch neighbour's completion for the KL estimate:
+            out["train_sampling_strategy"] = "sequential"  # a fixed order (the data stage has shuffled the rows)
     elif name == "orpo":
         out |= {"beta": get("beta", TRL_BETA)}
     elif name == "simpo":
         out |= {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": get("beta", SIMPO_BETA),
                 "simpo_gamma": get("gamma", SIMPO_GAMMA), "label_smoothing": get("label_smoothing", 0.0)}
     return out
+
+
+def reference_copy(recipe: Recipe) -> bool:
+    """Whether training holds a frozen copy of the model as the reference (dpo and kto with full fine-tuning, the
+    reference scored during training): the weights once more in memory, which `ftune plan` counts."""
+    p = recipe.train.preference
+    return (objective(recipe.train.objective).uses_reference and not recipe.peft.uses_peft_library
+            and not (p is not None and p.reference == "precomputed"))
 
 
 LOW_PRECISION = {"bf16": "bfloat16", "fp16": "float16"}

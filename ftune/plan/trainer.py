@@ -44,8 +44,9 @@ def tracker_run_name(recipe: Recipe) -> str | None:
 
 
 def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: int, mixed_precision: str,
-                       accelerate_config: dict[str, Any]) -> dict[str, Any]:
-    """Recipe + distributed settings → TrainingArguments kwargs (JSON-serialisable)."""
+                       accelerate_config: dict[str, Any], resuming: bool = False) -> dict[str, Any]:
+    """Recipe + distributed settings → TrainingArguments kwargs (JSON-serialisable). `resuming`: the run continues
+    from a checkpoint, whose start was evaluated already."""
     t, ev, ck = recipe.train, recipe.eval, recipe.checkpoint
     has_eval = recipe.data.eval is not None and evaluates(recipe)
     (eval_strategy, eval_steps), (save_strategy, save_steps) = eval_schedule(recipe), save_schedule(recipe)
@@ -81,7 +82,9 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         neftune_noise_alpha=t.neftune_alpha,
         eval_strategy=eval_strategy if has_eval else "no",
         eval_steps=eval_steps,  # below 1: a ratio of the total steps (eval.per_epoch)
-        eval_on_start=ev.on_start and recipe.data.eval is not None,
+        # not again on resume: it would evaluate the checkpoint's model (logged already) and count for early stopping
+        # as an evaluation without improvement, stopping a patience-1 run at once
+        eval_on_start=ev.on_start and recipe.data.eval is not None and not resuming,
         save_strategy=save_strategy,
         save_steps=save_steps,
         save_total_limit=ck.keep,

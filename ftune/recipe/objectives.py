@@ -15,6 +15,9 @@ TRL_INSTALL = "pip install 'ftune[preference]'"
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
               "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
 KTO_LOSSES = ("kto", "apo_zero_unpaired")
+KTO_KL_LOSSES = ("kto",)
+"""The KTO losses that estimate a KL term from mismatched completions in the batch (TRL: sequential sampling, a
+per-device batch of 2 or more)."""
 
 
 @dataclass(frozen=True)

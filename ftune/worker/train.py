@@ -55,12 +55,14 @@ def classification_metrics(eval_pred) -> dict:
     return {"accuracy": float(np.mean(preds == labels)), "f1": float(np.mean(f1s))}
 
 
-def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
+def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
+    """The trainer for the Plan's objective. `ref_model`: a preference objective's reference model when it is not
+    the one TRL derives (`ftune eval` of a full model: the base the run started from)."""
     from transformers import PrinterCallback
 
     r = plan.recipe
     if r.train.objective != "sft":
-        return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks)
+        return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks, ref_model)
     Trainer = _import(plan.trainer_class)
 
     offload = plan.recipe.train.activation_offloading
@@ -104,7 +106,7 @@ def _early_stopping(plan, args) -> list:
     return [EarlyStoppingCallback(early_stopping_patience=es.patience, early_stopping_threshold=es.threshold)]
 
 
-def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
+def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
     """TRL's trainer for `train.objective` on the model ftune loaded and adapted; TRL computes the loss.
 
     With a PEFT adapter TRL adds a frozen copy of it named `ref` as the reference. A fresh adapter's copy equals
@@ -128,6 +130,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
         eval_dataset=bundle.eval,
         processing_class=tokenizer,
         callbacks=[*callbacks, preference_guard(plan), *_early_stopping(plan, args)],
+        **({} if ref_model is None else {"ref_model": ref_model}),
     )
     peft_config = getattr(trainer.model, "peft_config", None)
     if isinstance(peft_config, dict) and "ref" in peft_config and plan.model_load.adapter is None:

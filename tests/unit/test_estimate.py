@@ -226,3 +226,44 @@ def test_models_the_probe_cannot_run_fall_back_to_the_formula(monkeypatch):
                    gpu_memory=None, device="cuda", seq_length=1000)
     assert activations(est) == 32 * 1000 * 17 * 4096 * 2 + 1000 * 32000 * 4  # 34 B/token/hidden + log-probs
     assert "activation probe could not run this model on the meta device (RuntimeError)" in est.notes[0]
+
+
+LLAMA2_7B_BF16 = BASE_PARAMS["meta-llama/Llama-2-7b-hf"] * 2
+
+
+@pytest.mark.parametrize(("objective", "peft", "preference", "copy"), [
+    ("dpo", {"method": "full"}, None, True),
+    ("kto", {"method": "full"}, None, True),
+    ("dpo", {"method": "full"}, {"reference": "precomputed"}, False),
+    ("kto", {"method": "full"}, {"reference": "precomputed"}, False),
+    ("orpo", {"method": "full"}, None, False),
+    ("simpo", {"method": "full"}, None, False),
+    ("dpo", {"method": "lora"}, None, False),
+    ("sft", {"method": "full"}, None, False),
+])
+def test_full_fine_tuning_dpo_and_kto_count_the_frozen_reference_copy(objective, peft, preference, copy):
+    train = {"objective": objective, "per_device_batch_size": 2} | ({"preference": preference} if preference else {})
+    fmt = "unpaired-preference" if objective == "kto" else "preference" if objective != "sft" else "text"
+    recipe = make("meta-llama/Llama-2-7b-hf", peft, train=train,
+                  data={"train": [{"path": "d.jsonl", "format": fmt}]})
+    base = plan(make("meta-llama/Llama-2-7b-hf", peft, train={"per_device_batch_size": 2}))
+    est = plan(recipe)
+    refs = [i for i in est.memory if i.kind == "weights" and "reference" in i.detail]
+    weights = sum(i.bytes for i in base.memory if i.kind == "weights")
+    if copy:  # the weights once more: the same bytes as the model's own, and the peak grows by exactly that
+        assert [(i.detail, i.bytes) for i in refs] == [(f"{objective} reference (frozen copy)", LLAMA2_7B_BF16)]
+        assert weights == LLAMA2_7B_BF16
+        assert est.total_bytes == base.total_bytes + LLAMA2_7B_BF16
+        tight = plan(recipe, gpu=48 * GiB).suggestions  # 62.8 GiB: over, so every saving is listed
+        assert any(s.startswith("use train.preference.reference: precomputed (no reference copy in memory): peak "
+                                "62.76 GiB -> 50.21 GiB") for s in tight), tight
+    else:
+        assert refs == [] and est.total_bytes == base.total_bytes
+
+
+def test_the_reference_copy_is_sharded_like_the_model():
+    fsdp = {"strategy": "fsdp", "num_processes": 8, "fsdp": {"sharding_strategy": "full_shard"}}
+    recipe = make("meta-llama/Llama-2-7b-hf", {"method": "full"}, distributed=fsdp,
+                  train={"objective": "dpo"}, data={"train": [{"path": "d.jsonl", "format": "preference"}]})
+    refs = [i.bytes for i in plan(recipe, world=8).memory if "reference" in i.detail]
+    assert refs == [LLAMA2_7B_BF16 // 8]

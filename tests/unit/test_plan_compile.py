@@ -71,6 +71,16 @@ def test_resume_auto_takes_latest_complete_checkpoint(tmp_path):
     assert plan.resume_from == str(good)
 
 
+def test_a_resumed_run_does_not_evaluate_its_start_again(tmp_path):
+    """eval.on_start evaluates the model before training; a resumed run's start was evaluated (and logged) by the
+    run it continues, and a second evaluation there would count for early stopping as one without improvement."""
+    on_start = ["eval.on_start=true", "data.eval.split=0.5"]
+    assert compile_plan(load_recipe(_recipe(tmp_path), on_start)).trainer["eval_on_start"] is True
+    _checkpoint(tmp_path / "runs" / "unit", 4, complete=True)
+    plan = compile_plan(load_recipe(_recipe(tmp_path), on_start))
+    assert plan.resume_from is not None and plan.trainer["eval_on_start"] is False
+
+
 def test_resume_false_starts_fresh(tmp_path):
     _checkpoint(tmp_path / "runs" / "unit", 4, complete=True)
     plan = compile_plan(load_recipe(_recipe(tmp_path), ["checkpoint.resume=false"]))

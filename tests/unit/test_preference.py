@@ -57,7 +57,22 @@ def test_unknown_loss_type_is_refused_per_objective(tmp_path):
     p = problems(tmp_path, {"objective": "dpo", "preference": {"loss_type": "kto"}})
     assert p["train.preference.loss_type"].message == "dpo has no loss_type 'kto'"
     assert "ipo" in p["train.preference.loss_type"].hint
-    load_recipe(_write(tmp_path, {"objective": "kto", "preference": {"loss_type": "kto"}}, {"train": UNPAIRED}))
+    load_recipe(_write(tmp_path, {"objective": "kto", "per_device_batch_size": 2, "preference": {"loss_type": "kto"}},
+                       {"train": UNPAIRED}))
+
+
+def test_kto_kl_term_needs_a_batch_of_two_in_a_fixed_order(tmp_path):
+    p = problems(tmp_path, {"objective": "kto", "group_by_length": True}, {"train": UNPAIRED})
+    assert sorted(p) == ["train.group_by_length", "train.per_device_batch_size"]
+    assert p["train.per_device_batch_size"].message == ("kto estimates its KL term from the other rows of a batch; a "
+                                                        "per-device batch of 1 has none")
+    assert "apo_zero_unpaired" in p["train.per_device_batch_size"].hint
+    # apo_zero_unpaired has no KL term: batch 1 and any order are fine, and the sampler stays random
+    free = plan(tmp_path, {"objective": "kto", "group_by_length": True, "preference": {"loss_type": "apo_zero_unpaired"}},
+                {"train": UNPAIRED})
+    assert free.trainer["train_sampling_strategy"] == "group_by_length"
+    kto = plan(tmp_path, {"objective": "kto", "per_device_batch_size": 2}, {"train": UNPAIRED})
+    assert kto.trainer["train_sampling_strategy"] == "sequential"  # TRL refuses any other for its KL pairing
 
 
 def test_preference_needs_a_preference_objective_and_matching_data(tmp_path):
@@ -107,12 +122,13 @@ def test_full_fine_tuning_reference_is_a_counted_copy(tmp_path):
     ("dpo", PAIRS, {"beta": 0.2, "loss_type": "ipo", "reference": "precomputed"}),
     ("orpo", PAIRS, {"beta": 0.3}),
     ("kto", UNPAIRED, {"desirable_weight": 1.5, "loss_type": "apo_zero_unpaired"}),
+    ("kto", UNPAIRED, {"loss_type": "kto", "beta": 0.5}),
     ("simpo", PAIRS, {"label_smoothing": 0.1}),
 ])
 def test_trl_config_class_takes_plan_trainer_unchanged(tmp_path, name, data, pref):
     from ftune.worker.train import training_arguments
 
-    p = plan(tmp_path, {"objective": name, "preference": pref}, {"train": data})
+    p = plan(tmp_path, {"objective": name, "preference": pref, "per_device_batch_size": 2}, {"train": data})
     args = training_arguments(p)
     assert f"{type(args).__module__.split('.')[0]}.{type(args).__name__}" == f"trl.{OBJECTIVES[name].config_class}"
     for key, value in p.trainer.items():
@@ -142,7 +158,7 @@ def _bundle(tmp_path, tokenizer_dir, rows, fmt="preference", **data):
 
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     objective = "kto" if fmt == "unpaired-preference" else "dpo"
-    recipe = load_recipe(_write(tmp_path, {"objective": objective},
+    recipe = load_recipe(_write(tmp_path, {"objective": objective, "per_device_batch_size": 2},
                                 {"train": [{"path": str(tmp_path / "d.jsonl"), "format": fmt}], "eval": None,
                                  "shuffle": False, **data})).recipe
     return build(recipe, AutoTokenizer.from_pretrained(tokenizer_dir), log=lambda *a: None)

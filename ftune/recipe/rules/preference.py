@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
-from ftune.recipe.objectives import PREFERENCE_FORMATS, objective
+from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, objective
 from ftune.recipe.rules import Rule
 from ftune.recipe.schema import Recipe
 
@@ -84,6 +84,16 @@ def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("data.max_prompt_length", f"max_prompt_length ({d.max_prompt_length}) leaves no room for the "
                          f"completion in data.max_seq_length ({d.max_seq_length})",
                          "make it smaller than max_seq_length")
+    if t.objective == "kto" and (t.preference is None or t.preference.loss_type in (None, *KTO_KL_LOSSES)):
+        # the KL estimate pairs each row with another row's completion in the same batch, in a fixed order
+        if t.per_device_batch_size < 2:
+            yield Problem.at("train.per_device_batch_size", "kto estimates its KL term from the other rows of a "
+                             "batch; a per-device batch of 1 has none",
+                             "set train.per_device_batch_size to 2 or more (or `train.preference.loss_type: "
+                             "apo_zero_unpaired`, which has no KL term)")
+        if t.group_by_length:
+            yield Problem.at("train.group_by_length", "kto estimates its KL term from batch neighbours in a fixed "
+                             "order; grouping by length would reorder them", "remove it")
     if t.neftune_alpha is not None:
         yield Problem.at("train.neftune_alpha", f"NEFTune noise is for SFT; {t.objective} would score noisy "
                          "embeddings against a clean reference", "remove it")
