@@ -7,34 +7,48 @@ is downloaded. FLOPs per token (written down, as the MFU figure depends on it):
   LoRA / QLoRA      4 N + 12 L s d   (no weight gradients for the frozen base: backward ≈ 2N)
 with N the parameters, L layers, s the sequence length and d the hidden size. MFU = achieved FLOP/s ÷ the
 device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 the same; override with FTUNE_PEAK_TFLOPS).
+
+`plain` rows: a hand-written Trainer script with the same settings (the same model, rows tokenized with BOS and
+EOS and cut to SEQ, pad-to-longest batches with labels -100 on padding only, the same LoRA, bf16, gradient
+checkpointing, fused AdamW, batch, steps and seed); `ftune ÷ plain` is their tokens/s ratio.
+
+`FTUNE_BENCH_SMOKE=1`: a tiny config, a few steps, on whatever device there is (variants that need CUDA are
+skipped, MFU is not computed): checks this script end to end on a CPU machine. Its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 import yaml
 
-SEQ = int(os.environ.get("FTUNE_BENCH_SEQ", "2048"))
-STEPS = int(os.environ.get("FTUNE_BENCH_STEPS", "30"))
+SMOKE = os.environ.get("FTUNE_BENCH_SMOKE") == "1"
+SEQ = int(os.environ.get("FTUNE_BENCH_SEQ", "64" if SMOKE else "2048"))
+STEPS = int(os.environ.get("FTUNE_BENCH_STEPS", "3" if SMOKE else "30"))
+BATCH = 4
+LR = 1e-4
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)  # ~1.1B (TinyLlama shape)
+if SMOKE:
+    CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+CUDA_ONLY = ("liger", "packing", "qlora", "compile")  # variant names holding these need a CUDA device
+LORA = {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
 VARIANTS = {
-    "lora": {"peft": {"method": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}},
-    "lora+liger": {"peft": {"method": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"},
-                   "train": {"kernels": "liger"}},
-    "lora+packing+liger": {"peft": {"method": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"},
-                           "train": {"kernels": "liger"}, "data": {"packing": True},
+    "lora": {"peft": LORA},
+    "lora+liger": {"peft": LORA, "train": {"kernels": "liger"}},
+    "lora+packing+liger": {"peft": LORA, "train": {"kernels": "liger"}, "data": {"packing": True},
                            "model": {"attn_implementation": "flash_attention_2"}},
-    "qlora": {"peft": {"method": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"},
-              "quantization": {"bits": 4, "compute_dtype": "bfloat16"}},
+    "qlora": {"peft": LORA, "quantization": {"bits": 4, "compute_dtype": "bfloat16"}},
     "full": {"peft": {"method": "full"}},
     "full+compile": {"peft": {"method": "full"}, "train": {"compile": True}},
 }
@@ -69,29 +83,94 @@ def flops_per_token(n_params: int, full: bool) -> float:
     return (6 if full else 4) * n_params + 12 * L * SEQ * d
 
 
+PLAIN = textwrap.dedent('''
+    import json, sys, time
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+    cfg = json.loads(sys.argv[1])
+    cuda = torch.cuda.is_available()
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    ds = load_dataset("json", data_files=cfg["data"], split="train")
+
+    def encode(b):  # as ftune's text format: BOS, EOS appended, cut to SEQ
+        ids = [x + [tok.eos_token_id] if x[-1] != tok.eos_token_id else x for x in tok(b["text"])["input_ids"]]
+        return {"input_ids": [x[: cfg["seq"]] for x in ids]}
+
+    ds = ds.map(encode, batched=True, remove_columns=ds.column_names)
+    seen = [0]
+
+    def collate(rows):  # pad to the longest row; labels -100 on padding only
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        labels = torch.full((len(rows), width), -100)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            ids[i, :n] = labels[i, :n] = torch.tensor(r["input_ids"])
+            mask[i, :n] = 1
+        seen[0] += int(mask.sum())
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32)
+    set_seed(cfg["seed"])
+    if cfg["lora"]:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=cfg["lora"]["r"], lora_alpha=cfg["lora"]["alpha"],
+                                                 lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
+                             learning_rate=cfg["lr"], logging_steps=5, save_strategy="no", report_to="none",
+                             seed=cfg["seed"], data_seed=cfg["seed"], disable_tqdm=True, optim="adamw_torch_fused",
+                             bf16=cuda, use_cpu=not cuda, gradient_checkpointing=True)
+    metrics = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate).train().metrics
+    print(json.dumps({"tokens_per_s": seen[0] / metrics["train_runtime"],
+                      "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
+''')
+
+
+def plain(folder: Path, model_dir: Path, data: Path, sections: dict) -> dict:
+    """The hand-written Trainer script on the same model, rows, batch and settings: its tokens/s and peak."""
+    script = folder / "plain.py"
+    script.write_text(PLAIN)
+    peft = sections["peft"]
+    cfg = {"model": str(model_dir), "data": str(data), "out": str(folder / "plain"), "seq": SEQ, "batch": BATCH,
+           "steps": STEPS, "lr": LR, "seed": 42, "lora": peft if peft["method"] == "lora" else None}
+    out = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr[-1500:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> dict:
     import torch
 
-    if not torch.cuda.is_available():
-        print("bench-gpu: no CUDA device here; nothing measured")
+    cuda = torch.cuda.is_available()
+    if not cuda and not SMOKE:
+        print("bench-gpu: no CUDA device here; nothing measured (FTUNE_BENCH_SMOKE=1 checks the script on CPU)")
         return {}
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(0) if cuda else "cpu (smoke: figures mean nothing)"
     peak = float(os.environ.get("FTUNE_PEAK_TFLOPS", 0)) * 1e12 or next(
         (v for k, v in PEAKS.items() if k in name), 989e12)
+    dtype = "bfloat16" if cuda else "float32"
     folder = Path(tempfile.mkdtemp(prefix="ftune-bench-gpu-"))
     model_dir, data = _assets(folder)
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16).parameters())
     results = {"device": name, "params": n_params, "seq": SEQ, "steps": STEPS, "variants": {}}
     for variant, sections in VARIANTS.items():
+        if not cuda and any(k in variant for k in CUDA_ONLY) or (not cuda and "quantization" in sections):
+            results["variants"][variant] = {"skipped": "needs a CUDA device"}
+            continue
         recipe = {
-            "name": f"gpu-{variant}", "model": {"path": str(model_dir), "dtype": "bfloat16",
-                                                 **sections.get("model", {})},
+            "name": f"gpu-{variant}", "model": {"path": str(model_dir), "dtype": dtype, **sections.get("model", {})},
             "data": {"train": [{"path": str(data)}], "max_seq_length": SEQ, "train_on": "all",
                      **sections.get("data", {})},
             "peft": sections["peft"],
-            "train": {"max_steps": STEPS, "per_device_batch_size": 4, "learning_rate": 1e-4, "logging_steps": 5,
-                      "mixed_precision": "bf16", "gradient_checkpointing": True, **sections.get("train", {})},
+            "train": {"max_steps": STEPS, "per_device_batch_size": BATCH, "learning_rate": LR, "logging_steps": 5,
+                      "mixed_precision": "bf16" if cuda else "no", "gradient_checkpointing": True,
+                      **sections.get("train", {})},
             "checkpoint": {"strategy": "no", "resume": False},
             "output": {"dir": str(folder / variant), "report_to": ["none"], "loss_curve": False},
         }
@@ -107,21 +186,30 @@ def main() -> dict:
         if run.returncode != 0:
             results["variants"][variant] = {"error": run.stdout[-1500:] + run.stderr[-1500:]}
             continue
-        metrics = [json.loads(x) for x in (folder / variant / "metrics.jsonl").read_text().splitlines()]
-        final = next(r for r in metrics if "train_steps_per_second" in r)
         summary = json.loads((folder / variant / "summary.json").read_text())
-        tokens_per_s = summary["tokens_per_second"] or final["train_steps_per_second"] * 4 * SEQ
+        tokens_per_s = summary["tokens_per_second"]
         full = sections["peft"]["method"] == "full"
         estimate = json.loads(plan.stdout)["estimate"] if plan.returncode == 0 else {}
         measured = summary.get("peak_memory_bytes")
-        results["variants"][variant] = {
+        row = {
             "tokens_per_s": round(tokens_per_s),
-            "mfu": round(tokens_per_s * flops_per_token(n_params, full) / peak, 3),
+            "mfu": round(tokens_per_s * flops_per_token(n_params, full) / peak, 3) if cuda else None,
             "peak_memory_bytes": measured,
             "plan_peak_bytes": estimate.get("total_bytes"),
             "plan_over_measured": round(estimate["total_bytes"] / measured, 3) if measured and estimate else None,
             "wall_s": round(time.perf_counter() - t0, 1),
         }
+        if variant in ("lora", "full"):  # the defaults against the hand-written script (the same settings)
+            base = plain(folder, model_dir, data, sections)
+            row["plain"] = base
+            if "tokens_per_s" in base:
+                row["ftune_over_plain"] = round(tokens_per_s / base["tokens_per_s"], 3)
+        results["variants"][variant] = row
+    padded = results["variants"].get("lora", {}).get("plain", {}).get("tokens_per_s")
+    packed = results["variants"].get("lora+packing+liger", {}).get("tokens_per_s")
+    if padded and packed:  # the goal: >= 1.3x the plain padded Trainer on this skewed length distribution
+        results["liger_packing_over_plain_padded"] = round(packed / padded, 3)
+    shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(results, indent=2))
     return results
 
