@@ -8,8 +8,9 @@
 - `padding_free`: the micro-batch's packed rows flattened into one row [1, tokens], positions restarting per
   sample, no pad token at all (transformers' `DataCollatorWithFlattening` semantics), for flash-attention,
   whose varlen kernel takes `cu_seqlens` from the position restarts. sdpa/eager keep `position_ids`.
-  flex_attention keeps it too: its compiled kernel is rebuilt for every new length, and a flattened batch has a
-  new length every step (on CPU, torch 2.13's inductor failed to compile the second one, a CppCompileError).
+  flex_attention keeps it too: a flattened batch has a new length every step, and the first new length
+  recompiles the kernel for dynamic shapes, which torch 2.13's inductor failed to compile on CPU
+  (CppCompileError); padded packed rows nearly always keep the width max_seq_length.
 """
 
 from __future__ import annotations

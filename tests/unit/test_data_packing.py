@@ -48,7 +48,7 @@ def test_batching_per_attention_implementation():
     assert decide("sdpa") == decide("eager") == decide(None) == "position_ids"
     assert decide("eager", remote=True) == "block_mask"
     assert decide("flash_attention_2") == decide("flash_attention_2", True) == "padding_free"
-    assert decide("flex_attention") == "position_ids"  # recompiled at every new length: see ftune.plan.batching
+    assert decide("flex_attention") == "position_ids"  # see ftune.plan.batching
     assert decide("flash_attention_2", packing=False) == "padding"
     assert decide("flash_attention_2", task="sequence-classification") == "padding"
 
