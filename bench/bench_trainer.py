@@ -190,8 +190,8 @@ def spread(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
-MINILM_STEPS = 12
-MINILM_ROUNDS = 4
+MINILM_STEPS = 20
+MINILM_ROUNDS = 5
 MINILM_SEQ = 128
 MINILM_BATCH = 8
 MINILM_THREADS = "1"  # one compute thread: on a shared 2-core machine a 2-thread step stalls whenever either core
