@@ -189,7 +189,7 @@ def _per_sample_losses_alone(model, samples):
     return out
 
 
-# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for a minute: slow.
+# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for half a minute: slow.
 CASES = [
     ("eager", "position_ids"),
     ("sdpa", "position_ids"),
