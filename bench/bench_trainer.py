@@ -1,4 +1,9 @@
-"""ftune vs a plain, hand-written HF Trainer script doing the same work, in interleaved rounds.
+"""ftune vs a plain, hand-written HF Trainer script doing the same work, in interleaved rounds: two cases.
+
+`tiny`: the tiny Llama with LoRA (causal LM). `minilm`: a MiniLM-shaped BERT (all-MiniLM-L6's shape: 6 layers,
+hidden 384, 12 heads, intermediate 1536, vocab 30522, 512 positions; 22.7M parameters), sequence classification,
+full fine-tune. Its weights are random and its WordPiece tokenizer is trained here, because no hub is reachable:
+step time depends on shapes, not on weight values, so the ratio is the one a pretrained MiniLM would give.
 
 Same work on both sides: the tiny Llama, the same rows (tokenized with BOS, EOS appended, truncated to SEQ),
 the same collator semantics (pad to the longest row, labels -100 on padding only), fused AdamW (ftune's and
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,7 +132,7 @@ def callback_cost(steps: int = 2000) -> dict:
     return {"callbacks_us_per_step": round(per_step * 1e6, 1)}
 
 
-def main() -> dict:
+def tiny() -> dict:
     folder = Path(tempfile.mkdtemp(prefix="ftune-bench-trainer-"))
     model_dir, data = _assets(folder)
     recipe = {
@@ -169,10 +175,7 @@ def main() -> dict:
         token_ratios.append(pt / p)
         rows.append({"plain": round(p, 3), "ftune": round(f, 3), "plain+tokens": round(pt, 3), "ftune_wall_s": round(wall, 1)})
 
-    def spread(values: list[float]) -> dict:
-        return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-                "max": round(max(values), 3)}
-
+    shutil.rmtree(folder, ignore_errors=True)
     result = {"steps": STEPS, "rounds": rows, "ftune_over_plain": spread(ratios),
               "token_counting_over_plain": spread(token_ratios), **callback_cost()}
     r, t = result["ftune_over_plain"], result["token_counting_over_plain"]
@@ -183,5 +186,151 @@ def main() -> dict:
     return result
 
 
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+MINILM_STEPS = 20
+MINILM_ROUNDS = 5
+MINILM_SEQ = 128
+MINILM_BATCH = 8
+MINILM_THREADS = "1"  # one compute thread: on a shared 2-core machine a 2-thread step stalls whenever either core
+# is taken, which swings step times far more than any gap between the two sides
+
+PLAIN_CLS = textwrap.dedent('''
+    import json, sys
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+    model_dir, data_file, out, steps, seq, batch = sys.argv[1:7]
+    names = ["negative", "positive"]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ds = load_dataset("json", data_files=data_file, split="train")
+
+    def encode(b):  # as ftune's classification format: [CLS] text [SEP], cut to seq tokens
+        return {"input_ids": [x[: int(seq)] for x in tok(b["text"])["input_ids"]],
+                "labels": [names.index(x) for x in b["label"]]}
+
+    ds = ds.map(encode, batched=True, remove_columns=ds.column_names)
+
+    def collate(rows):  # pad to the longest row, attention mask, one label per row
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, : len(r["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype="float32", num_labels=2,
+                                                               id2label=dict(enumerate(names)))
+    args = TrainingArguments(output_dir=out, max_steps=int(steps), per_device_train_batch_size=int(batch),
+                             learning_rate=5e-5, logging_steps=10, save_strategy="no", report_to="none",
+                             use_cpu=True, seed=0, data_seed=0, disable_tqdm=True, optim="adamw_torch_fused")
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+    print(json.dumps(trainer.train().metrics))
+''')
+
+
+def minilm_assets(folder: Path) -> tuple[Path, Path]:
+    """A MiniLM-shaped BertForSequenceClassification (random weights) with a WordPiece tokenizer trained on the
+    test corpus ([CLS] text [SEP], [PAD] = 0), and 1000 labelled rows of about 64 tokens."""
+    import random
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.conftest import corpus
+
+    model_dir = folder / "minilm"
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=2000, special_tokens=special,
+                                                                show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+    fast.save_pretrained(str(model_dir))
+    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                        intermediate_size=1536, max_position_embeddings=512, pad_token_id=fast.pad_token_id,
+                        num_labels=2, id2label={0: "negative", 1: "positive"})
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(str(model_dir))
+    data = folder / "cls.jsonl"
+    lines, rng = corpus(2000, seed=5), random.Random(0)
+    data.write_text("".join(json.dumps({"text": " ".join(lines[i:i + 4]), "label": rng.choice(["negative", "positive"])})
+                            + "\n" for i in range(0, 2000, 2)))
+    return model_dir, data
+
+
+def minilm() -> dict:
+    """ftune vs plain on the MiniLM-shaped BERT: full fine-tune, classification, rounds alternating which goes
+    first (so a load drift within a round does not always favour one side)."""
+    folder = Path(tempfile.mkdtemp(prefix="ftune-bench-minilm-"))
+    model_dir, data = minilm_assets(folder)
+    recipe = {
+        "name": "bench-minilm",
+        "model": {"path": str(model_dir), "task": "sequence-classification", "dtype": "float32",
+                  "labels": ["negative", "positive"]},
+        "data": {"train": [{"path": str(data), "format": "classification"}], "max_seq_length": MINILM_SEQ,
+                 "shuffle": False, "cache_dir": str(folder / "cache")},
+        "peft": {"method": "full"},
+        "train": {"max_steps": MINILM_STEPS, "per_device_batch_size": MINILM_BATCH, "learning_rate": 5e-5,
+                  "logging_steps": 10, "seed": 0},
+        "checkpoint": {"strategy": "no", "resume": False},
+        "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False},
+    }
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    script = folder / "plain.py"
+    script.write_text(PLAIN_CLS)
+    env = dict(os.environ, OMP_NUM_THREADS=MINILM_THREADS)
+
+    def plain() -> dict:
+        out = subprocess.run([sys.executable, str(script), str(model_dir), str(data), str(folder / "plain"),
+                              str(MINILM_STEPS), str(MINILM_SEQ), str(MINILM_BATCH)],
+                             capture_output=True, text=True, check=True, env=env)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def ftune(i: int) -> dict:
+        subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path), f"output.dir={folder}/run{i}"],
+                       capture_output=True, text=True, check=True, env=env)
+        records = [json.loads(x) for x in (folder / f"run{i}" / "metrics.jsonl").read_text().splitlines()]
+        return next(r for r in records if "train_steps_per_second" in r)
+
+    rows, ratios = [], []
+    for i in range(MINILM_ROUNDS):
+        if i % 2 == 0:
+            p = plain()
+            f = ftune(i)
+        else:
+            f = ftune(i)
+            p = plain()
+        ratios.append(f["train_steps_per_second"] / p["train_steps_per_second"])
+        rows.append({"plain": round(p["train_steps_per_second"], 4), "ftune": round(f["train_steps_per_second"], 4),
+                     "plain_loss": round(p["train_loss"], 4), "ftune_loss": round(f["train_loss"], 4),
+                     "first": "plain" if i % 2 == 0 else "ftune"})
+    shutil.rmtree(folder, ignore_errors=True)
+    r = spread(ratios)
+    print(f"minilm: ftune/plain steps/s median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}; goal >= 0.98) "
+          f"over {MINILM_ROUNDS} interleaved rounds, {MINILM_STEPS} steps at batch {MINILM_BATCH}")
+    return {"steps": MINILM_STEPS, "batch": MINILM_BATCH, "threads": MINILM_THREADS, "rounds": rows,
+            "ftune_over_plain": r}
+
+
+CASES = {"tiny": tiny, "minilm": minilm}
+
+
+def main(cases: list[str] | None = None) -> dict:
+    return {name: CASES[name]() for name in cases or CASES}
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    print(json.dumps(main(sys.argv[1:]), indent=2))

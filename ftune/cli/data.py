@@ -175,4 +175,5 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
         line = line.removeprefix("data: ")
         console.print("  " + line, style="bold red" if line.startswith("WARNING") else None)
     if rep.packing:
-        console.print(f"  packing: attention kept per sample by {bundle.mechanism}")
+        flat = " (one row per micro-batch, no pad tokens)" if bundle.mechanism == "padding_free" else ""
+        console.print(f"  packing: attention kept per sample by {bundle.mechanism}{flat}")

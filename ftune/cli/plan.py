@@ -230,6 +230,7 @@ def _plan(args: argparse.Namespace, keys: list[str]) -> int:
             "effective_batch_size": plan.effective_batch_size,
             "launch": {"command": plan.launch.command, "env": plan.launch.env},
             "model_load": plan.model_load.model_dump(mode="json"),
+            "collator": plan.collator,
             "trainer": plan.trainer,
             "notes": plan.notes + est.notes,
         }
@@ -300,6 +301,9 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
             total = f"{data.total_steps:,} total"
             console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {total} "
                           f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
+    if plan.collator != "padding":
+        console.print(f"[bold]packing[/]      samples kept apart by {plan.collator}"
+                      + (" (one row per micro-batch, no pad tokens)" if plan.collator == "padding_free" else ""))
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

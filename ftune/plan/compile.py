@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ftune import __version__, adapter
 from ftune.errors import Problem
-from ftune.plan import accelerate, environment, preference
+from ftune.plan import accelerate, batching, environment, preference
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
@@ -137,6 +137,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
         tokenizer_path=tokenizer_source(written),
         model_load=model_load(recipe, adapter=adapter_dir),
+        collator=batching.collator(recipe),
         trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                    accelerate_config=config, resuming=resume_from is not None)
         | preference.config_kwargs(recipe),

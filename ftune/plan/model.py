@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ftune.plan.batching import Collator
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
@@ -68,6 +69,9 @@ class Plan(BaseModel):
     tokenizer_path: str
     """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
     model_load: ModelLoad
+    collator: Collator = "padding"
+    """How the data stage batches rows (`ftune.plan.batching`): padding | position_ids | block_mask |
+    padding_free (packed rows flattened into one row with no pad token, for flash/flex attention)."""
     trainer: dict[str, Any]
     """The exact keyword arguments of `config_class` (TrainingArguments or a TRL subclass of it); the worker
     passes them through unchanged."""

@@ -56,7 +56,7 @@ def run_stages(plan: Plan) -> dict:
     console = Console(stderr=False, highlight=False) if main else None
 
     tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(recipe, tok, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
+    bundle = data.build(recipe, tok, collator=plan.collator, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
                         log=console.print if console else (lambda *a, **k: None))
     model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None

@@ -57,6 +57,9 @@ def test_text_output_has_legend_histogram_counts_and_fill(instruction_recipe, ca
     assert main(["data", instruction_recipe, "data.packing=false", "--split", "eval", "--n", "1"]) == 0
     out = capsys.readouterr().out
     assert "── eval sample 1 (row 0)" in out and "packed into" not in out
+    # the batching is the compiler's choice for the recipe: flash-attention flattens the packed rows
+    assert main(["data", instruction_recipe, "model.attn_implementation=flash_attention_2", "--n", "1"]) == 0
+    assert "attention kept per sample by padding_free (one row per micro-batch, no pad tokens)" in capsys.readouterr().out
 
 
 def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, capsys):

@@ -159,3 +159,28 @@ def test_truncation_is_counted_and_prompt_only_samples_are_dropped(tok, tmp_path
     assert rep.length_max > 12 and rep.histogram[-1][2] >= 1
     # The answer is cut: what survives of it is trained, and the eos is gone with the tail.
     assert trained(tok, b.train[0]) and "</s>" not in trained(tok, b.train[0])
+
+
+def test_classification_truncation_keeps_the_closing_special_token(tmp_path):
+    """A BERT-style tokenizer ([CLS] text [SEP]): a cut row still ends with [SEP], as the tokenizer's own
+    truncation gives (the classifier was pretrained on sequences that end so)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "a", "mat"]
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    bert = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]")
+    rows = [{"text": "the cat sat on a mat the cat sat", "label": 1}, {"text": "a cat", "label": 0}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    recipe = Recipe.model_validate({"name": "t", "model": {"path": "unused", "task": "sequence-classification",
+                                                           "num_labels": 2},
+                                    "data": {"train": [{"path": str(path), "format": "classification"}],
+                                             "shuffle": False, "cache_dir": str(tmp_path / "cache"),
+                                             "max_seq_length": 6}})
+    b = build(recipe, bert, log=lambda _: None)
+    assert b.train[0]["input_ids"] == [2, 4, 5, 6, 7, 3]  # [CLS] the cat sat on [SEP]
+    assert b.train[1]["input_ids"] == [2, 8, 5, 3]  # not cut: as encoded
+    assert b.report.truncated == 1

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from ftune.recipe.schema import Recipe
 from ftune.worker.data import build
-from ftune.worker.data.packing import PackedCollator, first_fit_decreasing, mechanism
+from ftune.plan.batching import collator
+from ftune.worker.data.packing import PackedCollator, PaddingFreeCollator, first_fit_decreasing
 
 
 def make_recipe(path, source: dict | None = None, **data) -> Recipe:
@@ -38,12 +39,18 @@ def test_ffd_is_first_fit_decreasing_on_a_known_case():
     assert first_fit_decreasing([5, 7, 3, 2, 6], 10) == [[1, 2], [4, 3], [0]]
 
 
-def test_mechanism_per_attention_implementation():
-    assert mechanism("sdpa", False) == "position_ids"
-    assert mechanism("eager", False) == "position_ids"
-    assert mechanism(None, False) == "position_ids"
-    assert mechanism("flash_attention_2", True) == "position_ids"
-    assert mechanism("eager", True) == "block_mask"
+def test_batching_per_attention_implementation():
+    def decide(attn=None, remote=False, packing=True, task="causal-lm"):
+        return collator(Recipe.model_validate({
+            "name": "t", "model": {"path": "m", "attn_implementation": attn, "trust_remote_code": remote, "task": task},
+            "data": {"train": [{"path": "d"}], "packing": packing, "max_seq_length": 64}}))
+
+    assert decide("sdpa") == decide("eager") == decide(None) == "position_ids"
+    assert decide("eager", remote=True) == "block_mask"
+    assert decide("flash_attention_2") == decide("flash_attention_2", True) == "padding_free"
+    assert decide("flex_attention") == "position_ids"  # see ftune.plan.batching
+    assert decide("flash_attention_2", packing=False) == "padding"
+    assert decide("flash_attention_2", task="sequence-classification") == "padding"
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +101,55 @@ def test_packed_collator_pads_as_a_separate_segment():
     assert block["attention_mask"][0, 0].tolist() == [[True, False, False], [True, True, False], [False, False, True]]
 
 
+def test_padding_free_batch_gives_the_padded_batch_loss_and_gradients(packed, tiny_model_dir):
+    """The flattened micro-batch (one row, no pad token) trains exactly as today's padded packed batch. Run with
+    sdpa, where transformers builds the block-causal mask from the position restarts (flash, not installed here,
+    takes cu_seqlens from the same restarts)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rows = [packed.train[i] for i in (0, 1, 2, 3)]
+    lengths = [len(r["input_ids"]) for r in rows]
+    assert len(set(lengths)) > 1  # the padded batch does pad, so the comparison means something
+    flat = PaddingFreeCollator()(rows)
+    padded = PackedCollator(pad_token_id=0)(rows)
+    assert flat["input_ids"].shape == (1, sum(lengths))
+    assert sum(lengths) < padded["input_ids"].numel()
+    assert flat["input_ids"][0].tolist() == [t for r in rows for t in r["input_ids"]]  # zero pad tokens
+    assert flat["position_ids"][0].tolist() == [p for r in rows for p in r["position_ids"]]
+    assert "attention_mask" not in flat and flat["use_cache"] is False
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    model.train()
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    want, want_grads = loss_and_grads(padded)
+    got, got_grads = loss_and_grads(flat)
+    assert 2.0 < want < 10.0 and got == pytest.approx(want, abs=1e-5)
+    for name, g in want_grads.items():
+        assert torch.allclose(got_grads[name], g, atol=1e-6, rtol=1e-4), name
+    # the control: the same flat row read as one sequence (positions 0..n-1) trains on other losses
+    control = dict(flat, position_ids=torch.arange(sum(lengths))[None])
+    assert abs(loss_and_grads(control)[0] - want) > 1e-3
+
+
+def test_build_honours_the_plans_collator(packed, tokenizer, instruction_data_file):
+    src = {"format": "instruction", "template": "### Instruction:\n{instruction}\n### Response:\n"}
+    r = make_recipe(instruction_data_file, src, max_seq_length=96, packing=True,
+                    cache_dir=str(packed.report.cache_path).rsplit("/", 1)[0])
+    flash = r.model_copy(update={"model": r.model.model_copy(update={"attn_implementation": "flash_attention_2"})})
+    b = build(flash, tokenizer, log=lambda _: None)
+    assert b.mechanism == "padding_free" and isinstance(b.collator, PaddingFreeCollator)
+    assert b.report.cache_hit  # the attention implementation is not part of the data
+    b = build(flash, tokenizer, log=lambda _: None, collator="position_ids")  # the Plan's word wins
+    assert b.mechanism == "position_ids" and isinstance(b.collator, PackedCollator)
+
+
 def _token_losses(model, batch):
     """Per-token losses of the shifted causal-LM objective, aligned to the label positions."""
     import torch
@@ -133,7 +189,7 @@ def _per_sample_losses_alone(model, samples):
     return out
 
 
-# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for minutes: slow.
+# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for half a minute: slow.
 CASES = [
     ("eager", "position_ids"),
     ("sdpa", "position_ids"),
@@ -145,12 +201,14 @@ CASES = [
 
 @pytest.mark.parametrize(("attn", "how"), CASES)
 def test_packed_losses_equal_unpacked_losses(attn, how, packed, tiny_model_dir):
+    """The reference (each sample alone, no padding, no mask) runs on sdpa: exact attention whatever kernel is
+    under test, and for flex one compiled shape instead of one per sample length (a recompile each)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
-    model.eval()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32)
     collator = PackedCollator(pad_token_id=0, mode=how, attn_implementation=attn)
     rows = [0, 1, 2, 3, 4, 5]
     got = _per_sample_losses_packed(model, packed.train, collator, rows)
@@ -161,7 +219,7 @@ def test_packed_losses_equal_unpacked_losses(attn, how, packed, tiny_model_dir):
         start = _find(row["input_ids"], ids, row["position_ids"])
         labels = row["labels"][start : start + len(ids)]
         samples.append((ids, labels))
-    want = _per_sample_losses_alone(model, samples)
+    want = _per_sample_losses_alone(reference, samples)
     assert len(got) >= 8  # distinct samples (a few repeat)
     for key, loss in got.items():
         assert loss > 0.1

@@ -173,3 +173,14 @@ def test_a_default_is_located_at_the_nearest_key_the_user_wrote(tmp_path):
     assert where == loaded.origins["train"] and where.line is not None
     assert loaded.locate("checkpoint.resume").file == loaded.file  # no enclosing key written: the file
     assert load_recipe(_recipe(tmp_path), ["train.seed=3"]).locate("train.seed").origin == "override"
+
+
+def test_the_plan_decides_the_batching(tmp_path):
+    """Padding-free packing is a compiled decision (`Plan.collator`), not the worker's: flash-attention with
+    packing flattens; sdpa packs padded rows; no packing pads."""
+    packed = {"packing": True, "max_seq_length": 64}
+    flash = compile_plan(load_recipe(_recipe(tmp_path, data=packed, model={"attn_implementation": "flash_attention_2"})),
+                         gpus=1)
+    assert flash.collator == "padding_free"
+    assert compile_plan(load_recipe(_recipe(tmp_path, data=packed))).collator == "position_ids"
+    assert compile_plan(load_recipe(_recipe(tmp_path))).collator == "padding"

@@ -37,7 +37,8 @@ class DataBundle:
     collator: Callable[[list[dict]], dict] | None  # None: the trainer's own (TRL's preference collators)
     report: DataReport
     label_names: list[str] | None = None
-    mechanism: str = "padding"  # padding | position_ids | block_mask (how packed samples stay apart)
+    mechanism: str = "padding"
+    """How rows are batched (`ftune.plan.batching`): padding | position_ids | block_mask | padding_free."""
     warnings: list[str] = field(default_factory=list)
     """Problems that don't stop training but will show later (a stop token never trained)."""
 
@@ -76,9 +77,15 @@ def build(
     *,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     log: Callable[[str], None] = print,
+    collator: str | None = None,
 ) -> DataBundle:
-    """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`."""
+    """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`.
+
+    `collator` is the Plan's batching decision (`Plan.collator`); None decides it from the recipe the same
+    way (`ftune data`, which compiles no plan)."""
     import datasets
+
+    from ftune.plan.batching import collator as decide
 
     from ftune.worker.data import packing
     from ftune.worker.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
@@ -137,14 +144,16 @@ def build(
     for line in report.lines():
         log(line)
 
+    how = collator or decide(recipe)
     if is_preference(recipe):  # TRL tokenizes the text columns and brings its own collator
-        return DataBundle(train, evals, None, report, None, "padding")
+        return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     if recipe.model.task == "sequence-classification":
-        collator, how = packing.ClassificationCollator(pad), "padding"
-    elif data.packing:
-        how = packing.mechanism(recipe.model.attn_implementation, recipe.model.trust_remote_code)
-        collator = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
+        collate = packing.ClassificationCollator(pad)
+    elif how == "padding_free":
+        collate = packing.PaddingFreeCollator()
+    elif how in ("position_ids", "block_mask"):
+        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
     else:
-        collator, how = packing.PaddingCollator(pad), "padding"
-    return DataBundle(train, evals, collator, report, report.label_names, how, report.warnings())
+        collate = packing.PaddingCollator(pad)
+    return DataBundle(train, evals, collate, report, report.label_names, how, report.warnings())

@@ -357,10 +357,14 @@ def _classification(batch, idx, src, ctx, fail):
     enc = ctx.tokenizer(texts, add_special_tokens=True)["input_ids"]
     out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "_len": [], "_trainable": []}
     names = ctx.label_names
-    for i, ids, label in zip(idx, enc, batch[f.label]):
+    for i, text, ids, label in zip(idx, texts, enc, batch[f.label]):
         out["labels"].append(_label_id(label, names, ctx.num_labels, f.label, i, fail))
         out["_len"].append(len(ids))
-        ids = ids[: ctx.max_len] if ctx.max_len else ids
+        if ctx.max_len and len(ids) > ctx.max_len:
+            # the tokenizer's own truncation keeps the special tokens it closes a sequence with (BERT's [SEP],
+            # which its classifier was pretrained with); a plain cut would drop them
+            ids = ctx.tokenizer(text, add_special_tokens=True, truncation=True, max_length=ctx.max_len)["input_ids"]
+            ids = ids[: ctx.max_len]  # a max_len shorter than the special tokens themselves
         out["input_ids"].append(ids)
         out["attention_mask"].append([1] * len(ids))
         out["_trainable"].append(1)

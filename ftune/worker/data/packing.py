@@ -2,14 +2,16 @@
 
 A packed row stores `input_ids`, `labels` and `position_ids` that restart at 0 for each sample; the
 first label of every sample is -100 so no token is predicted across a boundary. Attention is kept
-inside a sample by one of two mechanisms, chosen per attention implementation (`mechanism`):
+inside a sample by the batching the Plan chose (`ftune.plan.batching`):
 
-- `position_ids`: no attention mask; transformers 5 finds the sample boundaries from the position
-  restarts (`masking_utils.find_packed_sequence_indices` for eager/sdpa/flex, cu_seqlens for flash).
+- `position_ids` (PackedCollator): rows padded to the widest, no attention mask; transformers 5 finds
+  the sample boundaries from the position restarts (`masking_utils.find_packed_sequence_indices`).
   It does so only when no KV cache is passed, and Llama-style models create one whenever `use_cache`
   is on (the config default, in train mode too), so the batch carries `use_cache=False`.
-- `block_mask`: an explicit 4D block-diagonal causal mask, for modelling code that may not do that
-  (`trust_remote_code`). Not possible with flash attention, which takes no 4D mask.
+- `block_mask` (PackedCollator): an explicit 4D block-diagonal causal mask, for modelling code that may
+  not do that (`trust_remote_code`).
+- `padding_free` (PaddingFreeCollator): the rows flattened into one row with no pad token, for flash
+  attention, which takes `cu_seqlens` from the position restarts.
 """
 
 from __future__ import annotations
@@ -101,15 +103,6 @@ def pack(ds, capacity: int):
     return datasets.Dataset(packed), fill
 
 
-def mechanism(attn_implementation: str | None, trust_remote_code: bool) -> str:
-    """How packed rows keep attention inside each sample: `position_ids` or `block_mask`."""
-    if attn_implementation in ("flash_attention_2", "flex_attention"):
-        return "position_ids"  # flash can't take a 4D mask; both find boundaries from position_ids
-    if trust_remote_code:
-        return "block_mask"  # custom modelling code may ignore position-id packing
-    return "position_ids"  # eager / sdpa (and the default): transformers' packed-sequence detection
-
-
 @dataclass
 class PaddingCollator:
     """Pads unpacked causal-LM samples: input_ids with pad, labels with -100, attention_mask 0."""
@@ -178,6 +171,27 @@ class PackedCollator:
             mask = torch.zeros(allowed.shape, dtype=torch.float32)
             return mask.masked_fill(~allowed, torch.finfo(torch.float32).min)
         return allowed
+
+
+@dataclass
+class PaddingFreeCollator:
+    """Flattens packed rows into one row [1, tokens]: no pad token, positions restarting per sample.
+
+    transformers' `DataCollatorWithFlattening` semantics on rows that are already packed. The loss is the
+    padded batch's: every sample's first label is -100, so the token that ends one row never predicts the
+    next row's first, and there are no pad labels to drop.
+    """
+
+    def __call__(self, features: list[dict]) -> dict:
+        from itertools import chain
+
+        import torch
+
+        def flat(key: str):
+            return torch.as_tensor(list(chain.from_iterable(f[key] for f in features)), dtype=torch.long)[None]
+
+        return {"input_ids": flat("input_ids"), "labels": flat("labels"), "position_ids": flat("position_ids"),
+                "use_cache": False}  # with a cache, transformers skips packed-sequence detection
 
 
 @dataclass
