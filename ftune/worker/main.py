@@ -18,6 +18,7 @@ from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError, disk_full
 from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
 from ftune.plan.model import Plan
 from ftune.rundir import RunDir, is_complete, write_json_atomic
+from ftune.worker import distributed
 from ftune.worker.stop import STOP, Terminated, terminated_error
 
 
@@ -41,7 +42,7 @@ def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
     from ftune import plugins
-    from ftune.worker import data, distributed, facts, report, save, tokenizer, train
+    from ftune.worker import data, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
     from ftune.worker.peft import apply_method
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             run_stages(plan)
+            distributed.close()
         except Terminated:
             raise terminated_error(None, None) from None
         except OSError as err:
