@@ -21,6 +21,7 @@ from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import training_arguments
 from ftune.recipe.objectives import objective
 from ftune.recipe.schema import Recipe
+from ftune.recipe.trainer_names import BNB_OPTIMIZERS
 from ftune.rundir import RunDir, is_complete
 
 
@@ -124,6 +125,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     if (fsdp_mp := preference.fsdp_mixed_precision(recipe, mp)) is not None:
         notes.append(f"fsdp {mp}: {train.objective} log-probs stay float32 (FSDP2 outputs not cast to {mp}, "
                      "which would round each sequence's summed log-prob)")
+    trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
+                                  accelerate_config=config, resuming=resume_from is not None)
+               | preference.config_kwargs(recipe))
+    load = model_load(recipe, adapter=adapter_dir)
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -136,11 +141,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         mixed_precision=mp,
         effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
         tokenizer_path=tokenizer_source(written),
-        model_load=model_load(recipe, adapter=adapter_dir),
+        model_load=load,
         collator=batching.collator(recipe),
-        trainer=training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
-                                   accelerate_config=config, resuming=resume_from is not None)
-        | preference.config_kwargs(recipe),
+        trainer=trainer,
+        uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
         fsdp_mixed_precision=fsdp_mp,

@@ -80,6 +80,10 @@ class Plan(BaseModel):
     for the preference objectives (`ftune.recipe.objectives`)."""
     trainer_class: str = "transformers.Trainer"
     """The trainer the worker builds: transformers' Trainer, or TRL's for `train.objective`."""
+    uses_bitsandbytes: bool = True
+    """Whether the run needs bitsandbytes (a quantized model, or a bitsandbytes optimizer). When it doesn't, the
+    worker keeps it from being imported: transformers' Trainer and peft import it whenever it is installed, which
+    costs about 1.5 s of every worker start (measured on a 2-core CPU machine: 7.3 s -> 5.8 s)."""
     fsdp_mixed_precision: dict[str, str | None] | None = None
     """FSDP2's MixedPrecisionPolicy (torch dtype names) the worker sets on accelerate's FSDP plugin before any
     model is wrapped; None: accelerate's (parameters, gradient reduction and outputs all in `mixed_precision`)."""
