@@ -30,6 +30,7 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
     """Loss (and perplexity) on the eval data; generation metrics too when `generate` (an eval.generate section)."""
     import math
 
+    from ftune import adapter
     from ftune.infer.load import load_trained
     from ftune.recipe.objectives import objective
     from ftune.worker import data, generation, tokenizer, train
@@ -41,7 +42,7 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
     reference = None
-    if objective(plan.recipe.train.objective).uses_reference and not (model_dir / "adapter_config.json").is_file():
+    if objective(plan.recipe.train.objective).uses_reference and not adapter.is_adapter(model_dir):
         # a full model's reference is the base the run started from (TRL would copy the trained weights: no rewards);
         # an adapter's is its base with the adapter disabled, as in training
         from ftune.worker.model import load_model

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ftune.adapter import ADAPTER_CONFIG
 from ftune.errors import FtuneError, Location, RunError, UsageError
 from ftune.infer.source import PARTIAL, RECORD, Target
 from ftune.rundir import is_complete, mark_complete
@@ -105,7 +106,7 @@ def refuse_unmergeable(target: Target) -> str:
             "no weight to fold into, so it stays an adapter",
             hint=f"use it as it is: `ftune generate {target.model_dir.parent}` or `ftune chat {target.model_dir.parent}` "
                  "load the adapter over its base",
-            location=Location(file=str(target.model_dir / "adapter_config.json")))
+            location=Location(file=str(target.model_dir / ADAPTER_CONFIG)))
     return peft.merge
 
 
