@@ -67,3 +67,19 @@ def read(folder: Path, hint: str | None = None) -> SavedAdapter:
     folder = Path(folder)
     record = read_json(folder / RECORD, hint) if (folder / RECORD).is_file() else {}
     return SavedAdapter(folder, read_json(folder / ADAPTER_CONFIG, hint), record)
+
+
+def unplaced_lora_tensors(model, folder: Path) -> list[str]:
+    """LoRA A/B tensors of the adapter file in `folder` that match no parameter of `model` (a base with fewer
+    layers or other module names), by the file's header alone. peft only warns about them: those layers would
+    keep their base weights (eval) or a fresh init (training on), silently."""
+    import struct
+
+    file = Path(folder) / "adapter_model.safetensors"
+    if not file.is_file():
+        return []
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        names = [k for k in json.loads(fh.read(n)) if ".lora_A." in k or ".lora_B." in k]
+    present = {name.replace(".default.", ".") for name, _ in model.named_parameters()}
+    return [k for k in names if k not in present]

@@ -67,7 +67,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
                 if "size mismatch" not in str(err):
                     raise
                 raise base_mismatch(plan, model_dir, str(err)) from None
-        homeless = unplaced_lora_tensors(model, model_dir)
+        homeless = adapter.unplaced_lora_tensors(model, model_dir)
         if homeless:  # peft only warns: those layers would keep their base weights, silently
             raise base_mismatch(plan, model_dir, f"{len(homeless)} adapter tensors have no place in it, e.g. "
                                 f"{homeless[0]}", shapes=False)
@@ -105,22 +105,6 @@ def check_fits(plan, model_dir: Path) -> None:
         if problem is not None:
             raise FtuneError(problem, hint="the file was cut short (a full disk, an interrupted copy): copy it "
                              "again or retrain; a complete checkpoint under checkpoints/ can be passed with --model")
-
-
-def unplaced_lora_tensors(model, model_dir: Path) -> list[str]:
-    """LoRA A/B tensors of the adapter file that match no parameter of the loaded model (a base with fewer
-    layers or other module names), by the file's header alone."""
-    import json
-    import struct
-
-    file = model_dir / "adapter_model.safetensors"
-    if not file.is_file():
-        return []
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        names = [k for k in json.loads(fh.read(n)) if ".lora_A." in k or ".lora_B." in k]
-    present = {name.replace(".default.", ".") for name, _ in model.named_parameters()}
-    return [k for k in names if k not in present]
 
 
 def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> FtuneError:

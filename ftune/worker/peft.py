@@ -4,7 +4,9 @@ the plan continues (`plan.model_load.adapter`) trainable, and count parameters."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from ftune.adapter import unplaced_lora_tensors
 from ftune.errors import FtuneError
 from ftune.methods import method_module
 
@@ -72,12 +74,17 @@ def continue_adapter(model, plan):
     if hasattr(config, "lora_dropout"):
         config.lora_dropout = plan.recipe.peft.dropout
         config.init_lora_weights = True  # the weights are loaded: an init such as pissa would rewrite the base
+    hint = "the base changed since the adapter was trained; point model.path at a base model to train a new adapter"
     try:
-        return PeftModel.from_pretrained(model, folder, is_trainable=True, config=config)
+        model = PeftModel.from_pretrained(model, folder, is_trainable=True, config=config)
     except RuntimeError as err:
         if "size mismatch" not in str(err):
             raise
         first = next(line.strip() for line in str(err).splitlines() if "size mismatch" in line)
         raise FtuneError(f"the adapter {folder} does not fit its base {plan.model_load.path}: {first}",
-                         hint="the base changed since the adapter was trained; point model.path at a base model "
-                         "to train a new adapter") from None
+                         hint=hint) from None
+    homeless = unplaced_lora_tensors(model, Path(folder))
+    if homeless:  # peft only warns: those layers would train on from a fresh init, silently
+        raise FtuneError(f"the adapter {folder} does not fit its base {plan.model_load.path}: {len(homeless)} "
+                         f"adapter tensors have no place in it, e.g. {homeless[0]}", hint=hint)
+    return model

@@ -160,3 +160,28 @@ def test_ftune_plan_shows_the_adapter_and_estimates_on_its_base(tmp_path, capsys
     # r=4 on q_proj (64 -> 64) and v_proj (64 -> 32, grouped KV) in 2 layers: the adapter's shape, not r=8
     assert out["estimate"]["params_trainable"] == 2 * ((64 + 64) * 4 + (64 + 32) * 4)
     assert any("continuing the lora adapter" in n for n in out["notes"])
+
+
+def test_an_adapter_with_layers_the_base_lacks_is_refused_not_trained_fresh(tmp_path, tiny_model_dir):
+    """peft only warns when a saved LoRA tensor matches no module: the peft stage refuses instead of training those
+    layers on from a fresh init."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftune.errors import FtuneError
+    from ftune.worker.peft import continue_adapter
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    deeper = AutoConfig.from_pretrained(tiny_model_dir, num_hidden_layers=config.num_hidden_layers + 1)
+    saved = tmp_path / "final"
+    get_peft_model(AutoModelForCausalLM.from_config(deeper),
+                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(str(saved))
+    plan = SimpleNamespace(model_load=SimpleNamespace(adapter=str(saved), path=str(tiny_model_dir)),
+                           recipe=SimpleNamespace(peft=SimpleNamespace(dropout=0.0)))
+    with pytest.raises(FtuneError) as err:
+        continue_adapter(AutoModelForCausalLM.from_pretrained(tiny_model_dir), plan)
+    last = config.num_hidden_layers  # the layer the base lacks
+    assert "4 adapter tensors have no place in it" in err.value.message
+    assert f"layers.{last}." in err.value.message and "point model.path at a base model" in err.value.hint
