@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ftune.recipe.objectives import PREFERENCE_FORMATS
+from ftune.recipe.objectives import preference_data
 from ftune.recipe.schema import Recipe
 
 Collator = Literal["padding", "position_ids", "block_mask", "padding_free"]
@@ -26,8 +26,7 @@ PADDING_FREE_ATTENTION = ("flash_attention_2",)
 
 def collator(recipe: Recipe) -> Collator:
     """The batching for `recipe`: see the module docstring."""
-    if (recipe.model.task == "sequence-classification" or not recipe.data.packing
-            or recipe.data.train[0].format in PREFERENCE_FORMATS):
+    if recipe.model.task == "sequence-classification" or not recipe.data.packing or preference_data(recipe):
         return "padding"
     if recipe.model.attn_implementation in PADDING_FREE_ATTENTION:
         return "padding_free"

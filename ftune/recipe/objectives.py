@@ -70,5 +70,11 @@ OBJECTIVES: dict[str, Objective] = {
 PREFERENCE_FORMATS = ("preference", "unpaired-preference")
 
 
+def preference_data(recipe) -> bool:
+    """Whether the recipe trains on preference rows (TRL tokenizes and batches them); the rules make every source
+    agree with `train.objective`, so the first one tells."""
+    return recipe.data.train[0].format in PREFERENCE_FORMATS
+
+
 def objective(name: str) -> Objective:
     return OBJECTIVES[name]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ftune.plugins import installed
-from ftune.recipe.objectives import PREFERENCE_FORMATS
+from ftune.recipe.objectives import preference_data
 from ftune.recipe.schema import Recipe
 from ftune.worker.data.check import check_fields
 from ftune.worker.data.errors import DataError
@@ -56,11 +56,6 @@ def chat_template_of(recipe: Recipe, tokenizer) -> str:
     return own or DEFAULT_CHAT_TEMPLATE
 
 
-def is_preference(recipe: Recipe) -> bool:
-    """Whether the data is preference rows for TRL (the rules make every source agree with train.objective)."""
-    return recipe.data.train[0].format in PREFERENCE_FORMATS
-
-
 def step_samples(recipe: Recipe) -> int:
     """Samples one optimizer step consumes: per-device batch x accumulation x world size (the launched world
     when running, else the recipe's)."""
@@ -69,6 +64,14 @@ def step_samples(recipe: Recipe) -> int:
         n = recipe.distributed.num_processes
         world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
     return recipe.train.per_device_batch_size * recipe.train.gradient_accumulation_steps * world
+
+
+def _datasets(entry):
+    """A cache entry's train and eval datasets (eval None when the recipe has none)."""
+    import datasets
+
+    evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+    return datasets.load_from_disk(str(entry / "train")), evals
 
 
 def build(
@@ -83,7 +86,6 @@ def build(
 
     `collator` is the Plan's batching decision (`Plan.collator`); None decides it from the recipe the same
     way (`ftune data`, which compiles no plan)."""
-    import datasets
 
     from ftune.plan.batching import collator as decide
 
@@ -116,8 +118,7 @@ def build(
             if corrupt is None:
                 try:
                     report = DataReport.from_dict(json.loads((entry / "report.json").read_text()))
-                    train = datasets.load_from_disk(str(entry / "train"))
-                    evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+                    train, evals = _datasets(entry)
                 except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt, never fatal
                     corrupt = f"it does not load ({type(err).__name__})"
             if corrupt is not None:
@@ -129,7 +130,7 @@ def build(
             reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                if is_preference(recipe):
+                if preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
                     report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
@@ -137,15 +138,14 @@ def build(
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             report.cache_hit, report.cache_reason = False, reason
-            train = datasets.load_from_disk(str(entry / "train"))
-            evals = datasets.load_from_disk(str(entry / "eval")) if (entry / "eval").exists() else None
+            train, evals = _datasets(entry)
     report.cache_path = str(entry)
     report.step_samples = step_samples(recipe)
     for line in report.lines():
         log(line)
 
     how = collator or decide(recipe)
-    if is_preference(recipe):  # TRL tokenizes the text columns and brings its own collator
+    if preference_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     if recipe.model.task == "sequence-classification":
