@@ -12,7 +12,7 @@ from pathlib import Path
 def model_card(plan, metrics: dict, steps: int, recipe_text: str) -> str:
     r = plan.recipe
     peft = r.peft
-    method = peft.method + (f" (r={peft.r}, alpha={peft.alpha})" if hasattr(peft, "r") and hasattr(peft, "alpha")
+    method = peft.method + (f" (r={peft.r}, alpha={peft.alpha:g})" if hasattr(peft, "r") and hasattr(peft, "alpha")
                             else "")
     if r.quantization is not None:
         method += f", {r.quantization.bits}-bit base"

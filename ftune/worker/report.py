@@ -85,7 +85,7 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "
                  f"{saved.get('tensors', 0)} tensors, verified)")
     lines.append(f"metrics {run.metrics}")
-    console.print("\n".join(lines))
+    console.print("\n".join(lines), soft_wrap=True)  # a log file gets whole lines, not 80-column pieces
     run.summary.write_text(json.dumps(result, indent=2) + "\n")
     return result
 

@@ -32,7 +32,7 @@ def piped_run(tmp_path_factory, tiny_model_dir):
                               for a in (rng.randint(0, 9) for _ in range(60))))
     recipe = base_recipe(tiny_model_dir, sharegpt, name="newcomer",
                          data={"train": [{"path": str(sharegpt), "format": "sharegpt"},
-                                         {"path": str(alpaca), "format": "alpaca"}],
+                                         {"path": str(alpaca), "format": "alpaca", "template": "{instruction} ="}],
                                "eval": {"split": 0.1}, "max_seq_length": 64},
                          train={"max_steps": STEPS, "logging_steps": LOGGING, "learning_rate": 1e-2},
                          eval={"strategy": "steps", "steps": 6, "generate": {"max_new_tokens": 4}},
@@ -44,11 +44,14 @@ def piped_run(tmp_path_factory, tiny_model_dir):
     return folder, path, folder / "runs" / "n", res
 
 
-def test_aliases_validate_and_show_their_expansion(piped_run):
-    folder, path, _, _ = piped_run
-    assert ftune("validate", str(path), cwd=folder).code == 0
-    shown = ftune("show", str(path), "--format", "json", cwd=folder)
-    sources = json.loads(shown.out)["data"]["train"]
+def test_aliases_validate_and_show_their_expansion(piped_run, capsys):
+    from ftune.cli.main import main
+
+    _, path, _, _ = piped_run
+    assert main(["validate", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(path), "--format", "json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["data"]["train"]
     assert sources[0]["format"] == "chat"
     assert {"messages": "conversations", "role": "from", "content": "value"}.items() <= sources[0]["fields"].items()
     assert sources[0]["roles"] == {"human": "user", "gpt": "assistant", "system": "system"}
@@ -57,9 +60,10 @@ def test_aliases_validate_and_show_their_expansion(piped_run):
 
 def test_piped_stdout_gets_one_progress_line_per_logging_step(piped_run):
     _, _, run, res = piped_run
-    lines = [line for line in res.out.splitlines() if line.startswith("train ")]
-    steps = [int(re.match(r"train (\d+)/(\d+)", line)[1]) for line in lines]
-    assert steps == list(range(LOGGING, STEPS + 1, LOGGING)), res.out
+    lines = [line for line in res.out.splitlines() if re.match(r"train \d+/", line)]
+    steps = [int(re.match(r"train (\d+)/", line)[1]) for line in lines]
+    logged_steps = [m["step"] for m in metrics(run) if "loss" in m]
+    assert steps == logged_steps == [1, *range(LOGGING, STEPS + 1, LOGGING)], res.out  # the first step is logged too
     assert all(f"/{STEPS}  loss " in line and " lr " in line and " tok/s  elapsed 0:" in line and "  eta 0:" in line
                for line in lines), lines
     logged = [m["loss"] for m in metrics(run) if "loss" in m]
