@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run and args.format == "json":
         print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr
     for w in warnings:
-        Console(stderr=True, highlight=False).print(w.render(), markup=False)
+        print(w.render(), file=sys.stderr)
     command = shlex.join(plan.launch.command)
     if args.dry_run:
         if args.format == "text":
