@@ -363,6 +363,8 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     if plan.collator != "padding":
         console.print(f"[bold]packing[/]      samples kept apart by {plan.collator}"
                       + (" (one row per micro-batch, no pad tokens)" if plan.collator == "padding_free" else ""))
+    if plan.cpu_threads is not None:
+        console.print(f"[bold]threads[/]      {plan.cpu_threads.describe()}")
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

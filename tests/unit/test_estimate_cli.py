@@ -235,7 +235,8 @@ def test_chat_tokens_are_counted_through_the_chat_template(tmp_path, tiny_model_
 def test_plan_prints_epochs_and_what_max_steps_comes_to(capsys, tmp_path, tiny_model_dir, text_data_file):
     path = write_recipe(tmp_path, tiny_model_dir, text_data_file)  # epochs: 2
     assert main(["plan", str(path)]) == 0
-    assert "(2 epochs)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(2 epochs)" in out and "threads      " in out and "per process" in out
     assert main(["plan", str(path), "train.epochs=1"]) == 0
     assert "(1 epoch)" in capsys.readouterr().out
     assert main(["plan", str(path), "train.max_steps=5"]) == 0
