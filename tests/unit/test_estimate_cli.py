@@ -180,7 +180,7 @@ def test_json_format_prints_recipe_errors_as_json(tmp_path, capsys):
     assert json.loads(out) == {"recipe": str(tmp_path / "r.yaml"), "errors": [{
         "file": str(tmp_path / "r.yaml"), "line": 7, "column": 20, "path": "train.mixed_precision",
         "message": "invalid value false: an unquoted no, off or false is read as the boolean false",
-        "hint": "quote it: 'no' (allowed values: no, fp16, bf16)"}]}
+        "hint": "quote it: 'no', in an override too: \"train.mixed_precision='no'\" (allowed values: no, fp16, bf16)"}]}
 
 
 def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
