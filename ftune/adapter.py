@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Location
+from ftune.outputs import ADAPTER_CONFIG, RECORD  # noqa: F401  (ftune's file names live with the output policy)
 
-ADAPTER_CONFIG = "adapter_config.json"
-RECORD = "ftune.json"
-"""final/ftune.json (the save stage) and <merged>/ftune.json (merge) record what the folder holds."""
 PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
 """ftune's model.task -> peft's task_type."""
 

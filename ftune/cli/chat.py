@@ -32,10 +32,12 @@ def run(args: argparse.Namespace) -> int:
     check_decoding(args)
     extra = dispatch(args)
     console = Console(highlight=False, soft_wrap=True)
-    lo = load_for_generation(resolve(args.target, allow_model=True), extra=extra)
+    target = resolve(args.target, allow_model=True)
+    lo = load_for_generation(target, extra=extra)
     session = Session(lo, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, system=args.system)
-    tty = sys.stdin.isatty()
+                      seed=args.seed, system=args.system, inputs=(target.model_dir,))
+    stdin = sys.stdin  # None when the process started with stdin closed: no input, the chat ends at once
+    tty = stdin is not None and not stdin.closed and stdin.isatty()
     console.print(f"[bold]chat[/bold] with {escape(lo.description)} ({lo.fmt.format} prompts)")
     if lo.fmt.format != "chat":
         console.print("[yellow]note[/yellow]: the run trained on single-turn prompts; each message is answered alone")
@@ -43,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     while True:
         if tty:
             console.print("[bold cyan]you>[/bold cyan] ", end="")
-        line = sys.stdin.readline()
+        try:
+            line = stdin.readline() if stdin is not None else ""
+        except (OSError, ValueError):  # a closed or unreadable stdin ends the chat like end of input
+            line = ""
         if not line:
             break
         line = line.rstrip("\n")

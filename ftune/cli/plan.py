@@ -203,7 +203,7 @@ def _plan(args: argparse.Namespace, keys: list[str]) -> int:
 
     loaded = load_recipe(args.recipe, args.overrides)
     recipe = loaded.recipe
-    gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory else None
+    gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory") if args.gpu_memory is not None else None
     gpus = args.gpus
     if gpus is None and gpu_memory is not None:
         n = recipe.distributed.num_processes

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftune import outputs
 from ftune.errors import UsageError
 from ftune.infer.load import Loaded
 
@@ -29,6 +30,8 @@ class Session:
     seed: int | None = None
     system: str | None = None
     messages: list[dict] = field(default_factory=list)
+    inputs: tuple[Path, ...] = ()
+    """What the session read (the model folder): /save never writes there."""
 
     def conversation(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -66,11 +69,10 @@ class Session:
         if name == "/save":
             if not arg:
                 raise UsageError("/save needs a file name, e.g. /save chats.jsonl")
-            path = Path(arg).expanduser()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a") as f:
-                f.write(json.dumps({"messages": self.conversation()}, ensure_ascii=False) + "\n")
-            return f"saved {len(self.messages)} messages to {path} (a `format: chat` row)"
+            # the output policy: never a folder, a run's or model's files, or a file that isn't a chat log
+            path = outputs.check_output(arg, outputs.CHAT_LOG, inputs=self.inputs, flag="/save")
+            outputs.append_line(path, json.dumps({"messages": self.conversation()}, ensure_ascii=False))
+            return f"saved {len(self.messages)} messages to {arg} (a `format: chat` row)"
         raise UsageError(f"unknown command {name}", hint=HELP)
 
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> str:

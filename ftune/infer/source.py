@@ -9,10 +9,8 @@ from pathlib import Path
 from ftune import adapter
 from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
+from ftune.outputs import PARTIAL  # noqa: F401  (a merge writes into `.<name>.partial-<pid>`, then renames it)
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
-
-PARTIAL = ".partial-"
-"""A merge writes into `.<name>.partial-<pid>` next to its output and renames it when verified."""
 
 
 @dataclass(frozen=True)
