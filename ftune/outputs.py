@@ -56,6 +56,8 @@ class Kind:
     folder: bool
     marker: str
     """For a file: text its first lines hold. For a folder: a file in it (and `record_key` in ftune.json)."""
+    label: str = ""
+    """What one ftune wrote is called in messages: 'a finished merge'."""
     record_key: str = ""
 
     def carries_marker(self, path: Path) -> bool:
@@ -74,10 +76,11 @@ class Kind:
         return self.marker in head
 
 
-MERGED = Kind("merged model", folder=True, marker=COMPLETE_MARKER, record_key="merged_from")
-RECIPE = Kind("imported recipe", folder=False, marker="# Imported from the ")
-SCRIPT = Kind("launch script", folder=False, marker="# Written by `ftune launch-script")
-CHAT_LOG = Kind("chat log", folder=False, marker='{"messages": ')
+MERGED = Kind("merged model", folder=True, marker=COMPLETE_MARKER, label="a finished merge", record_key="merged_from")
+RECIPE = Kind("recipe", folder=False, marker="# Imported from the ", label="a recipe `ftune import` wrote")
+SCRIPT = Kind("script", folder=False, marker="# Written by `ftune launch-script",
+              label="a script `ftune launch-script` wrote")
+CHAT_LOG = Kind("chat log", folder=False, marker='{"messages": ', label="a chat log `/save` wrote")
 """Appended to, never replaced: an existing file must already be a chat jsonl (or empty)."""
 
 
@@ -194,7 +197,33 @@ def check_output(path: Path | str, kind: Kind, *, inputs: Iterable[Path | str] =
         if kind.folder and out in place.parents:
             raise refuse(out, f"{flag} {shown} holds {what} ({place}); ftune never replaces it",
                          hint="name a new folder")
-    # 2. the command's own inputs, and what it was told to protect
+    # 2. run dirs, then model folders, at the output or above it
+    for above in [out, *out.parents]:
+        if not above.is_dir() or not _is_run_dir(above):
+            continue
+        live = lock_holder(above)
+        if live is not None:
+            raise refuse(out, f"{flag} {shown} is {'inside ' if above != out else ''}the run dir {above}, "
+                         f"in use by {describe_holder(live)}", hint="wait for it to finish, or write elsewhere",
+                         exit_code=EXIT_BUSY)
+        if above == out:
+            raise refuse(out, f"{flag} {shown} is a run dir; ftune never replaces one with a {kind.name}",
+                         hint=f"write to a new path, e.g. {out / 'merged' if kind.folder else out / 'out'}")
+        # inside a run dir: only a new name, or an output of this kind ftune wrote there (its merged/)
+        parts = out.relative_to(above).parts
+        first = above / parts[0]
+        if (first.exists() or first.is_symlink() or parts[0] in RUN_NAMES) and \
+                not (first == out and kind.carries_marker(out)):
+            raise refuse(out, f"{flag} {shown} is {'inside ' if len(parts) > 1 else ''}{parts[0]} of the run dir "
+                         f"{above}, which the run owns", hint=f"write to a new name in the run dir (e.g. "
+                         f"{above / 'merged'}) or elsewhere")
+    for above in [out, *out.parents]:
+        if above.is_dir() and _is_model_folder(above):
+            if above == out and kind.carries_marker(out):
+                continue  # an existing output of this kind: the existence check below decides
+            raise refuse(out, f"{flag} {shown} is {'inside ' if above != out else ''}the model folder {above}; "
+                         "ftune never writes into a model", hint="write the output to a new folder")
+    # 3. the command's own inputs, and what it was told to protect
     for given in inputs:
         src = _resolve(given)
         if out == src or (src.exists() and out.exists() and os.path.samefile(src, out)):
@@ -208,32 +237,6 @@ def check_output(path: Path | str, kind: Kind, *, inputs: Iterable[Path | str] =
         if out == src or src in out.parents:
             raise refuse(out, f"{flag} {shown} is {'inside ' if out != src else ''}{what} ({src}); ftune never "
                          "writes there", hint="write the output to a new folder")
-    # 3. run dirs and model folders, at the output or above it
-    for above in [out, *out.parents]:
-        if not above.is_dir():
-            continue
-        if _is_run_dir(above):
-            live = lock_holder(above)
-            if live is not None:
-                raise refuse(out, f"{flag} {shown} is {'inside ' if above != out else ''}the run dir {above}, "
-                             f"in use by {describe_holder(live)}", hint="wait for it to finish, or write elsewhere",
-                             exit_code=EXIT_BUSY)
-            if above == out:
-                raise refuse(out, f"{flag} {shown} is a run dir; ftune never replaces one with a {kind.name}",
-                             hint=f"write to a new path, e.g. {out / 'merged' if kind.folder else out / 'out'}")
-            # inside a run dir: only a new name, or an output of this kind ftune wrote there (its merged/)
-            parts = out.relative_to(above).parts
-            first = above / parts[0]
-            if (first.exists() or first.is_symlink() or parts[0] in RUN_NAMES) and \
-                    not (first == out and kind.carries_marker(out)):
-                raise refuse(out, f"{flag} {shown} is {'inside ' if len(parts) > 1 else ''}{parts[0]} of the run dir "
-                             f"{above}, which the run owns", hint=f"write to a new name in the run dir (e.g. "
-                             f"{above / 'merged'}) or elsewhere")
-        elif _is_model_folder(above):
-            if above == out and kind.carries_marker(out):
-                continue  # an existing output of this kind: the existence check below decides
-            raise refuse(out, f"{flag} {shown} is {'inside ' if above != out else ''}the model folder {above}; "
-                         "ftune never writes into a model", hint="write the output to a new folder")
     # 4. what is there already
     if out.exists() or out.is_symlink():
         if kind is CHAT_LOG:
@@ -241,7 +244,7 @@ def check_output(path: Path | str, kind: Kind, *, inputs: Iterable[Path | str] =
                 raise refuse(out, f"{shown} is {'a folder' if out.is_dir() else 'not a regular file'}; /save "
                              "appends to a .jsonl file", hint="name a file, e.g. /save chats.jsonl", exit_code=EXIT_USAGE)
             if out.stat().st_size and not kind.carries_marker(out):
-                raise refuse(out, f"{shown} exists and is not a chat log ftune saved (a jsonl of "
+                raise refuse(out, f"{shown} exists and is not {kind.label} (a jsonl of "
                              '{"messages": ...} rows); /save never appends to another file',
                              hint="name a new file", exit_code=EXIT_USAGE)
             return out
@@ -253,12 +256,12 @@ def check_output(path: Path | str, kind: Kind, *, inputs: Iterable[Path | str] =
                          hint="name a new path", exit_code=EXIT_USAGE)
         ours = kind.carries_marker(out)
         if not force:
-            state = f"a {kind.name} ftune wrote" if ours else f"not a {kind.name} ftune wrote"
-            raise refuse(out, f"{shown} already exists ({state})",
+            raise refuse(out, f"{shown} already exists ({kind.label})" if ours else
+                         f"{shown} already exists and is not {kind.label}",
                          hint=("pass --force to replace it, or " if ours else "") + f"name a new path with {flag}",
                          exit_code=EXIT_USAGE)
         if not ours:
-            raise refuse(out, f"{shown} exists and is not a {kind.name} ftune wrote; --force replaces only that",
+            raise refuse(out, f"{shown} exists and is not {kind.label}; --force replaces only that",
                          hint=f"name a new path with {flag}")
     # 5. the folder it goes in
     parent = out.parent
