@@ -7,6 +7,7 @@ Light on purpose: it reads the first rows with the standard library (pyarrow for
 from __future__ import annotations
 
 from ftune.recipe.schema import Recipe
+from ftune.typed import not_text
 from ftune.worker.data.errors import DataError, field_hint
 from ftune.worker.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
 from ftune.worker.data.sources import peek, resolve
@@ -43,6 +44,7 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
             ))
         if missing:
             continue
+        problems += _check_text_fields(where, spec, src, rows)
         if spec.format == "chat":
             problems += _check_messages(where, spec, rows)
         if spec.format == "classification" and recipe.model.labels:
@@ -55,6 +57,20 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
                                      "add it to model.labels, or fix the row"))
                     break
     return problems
+
+
+TEXT_FIELDS = {"text": ("text",), "instruction": ("instruction", "input", "output"), "classification": ("text",)}
+
+
+def _check_text_fields(where: str, spec, src, rows: list[dict]) -> list[tuple[str, str, str | None]]:
+    """A list or an object where the format reads text (token ids, image parts): refused, not stringified."""
+    for key in TEXT_FIELDS.get(spec.format, ()):
+        col = getattr(spec.fields, key)
+        for n, row in enumerate(rows, start=1):
+            if (wrong := not_text(row.get(col))) is not None:
+                return [(f"{where}.fields.{key}", f"row {n} of {spec.path}: `{col}` holds {wrong[0]}, not text",
+                         wrong[1])]
+    return []
 
 
 def _check_messages(where: str, spec, rows: list[dict]) -> list[tuple[str, str, str | None]]:
@@ -70,9 +86,12 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[tuple[str, str, 
                 return [(f"{where}.fields.role",
                          f"row {n} of {spec.path}: a message lacks `{f.role}`/`{f.content}` (has: {keys})",
                          "sharegpt data: `fields: {messages: conversations, role: from, content: value}`")]
-            if mapping.get(m[f.role]) not in ROLES:
+            if not isinstance(m[f.role], str) or mapping.get(m[f.role]) not in ROLES:
                 return [(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
                          f"map it, e.g. `roles: {{{m[f.role]}: assistant}}`")]
+            if (wrong := not_text(m[f.content])) is not None:
+                return [(f"{where}.fields.content", f"row {n} of {spec.path}: a message's `{f.content}` holds "
+                         f"{wrong[0]}, not text", wrong[1])]
     return []
 
 
