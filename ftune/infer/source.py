@@ -61,6 +61,8 @@ def _final(run: RunDir, plan) -> Target:
         raise FtuneError(f"{final} is incomplete (no {COMPLETE_MARKER}): its save was interrupted or failed",
                          hint="run `ftune run RECIPE` again to save it; the checkpoints are kept",
                          location=Location(file=str(final)))
+    if adapter.is_adapter(final):
+        adapter.checked_config(final)  # before anything is loaded: a cut-short config is named, not a traceback
     return Target(final, plan, _record(final))
 
 

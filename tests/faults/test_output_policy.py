@@ -61,7 +61,7 @@ def world(tmp_path, monkeypatch):
     run.plan.write_text(plan.model_dump_json())
     run.final.mkdir()
     (run.final / "ftune.json").write_text(json.dumps({"method": "lora", "quantization": None}))
-    (run.final / "adapter_config.json").write_text("{}")
+    (run.final / "adapter_config.json").write_text('{"peft_type": "LORA"}')
     mark_complete(run.final, {"tensors": 1})
     (run.checkpoints / "checkpoint-1").mkdir(parents=True)
     live = RunDir(tmp_path / "runs" / "live")  # its holder: a live process on this host (pid 1) recorded in the lock

@@ -37,7 +37,7 @@ def _run_dir(tmp_path: Path, peft: dict | None = None, final: bool = True, compl
     if final:
         run.final.mkdir()
         (run.final / "ftune.json").write_text(json.dumps({"method": plan.recipe.peft.method, "quantization": None}))
-        (run.final / "adapter_config.json").write_text("{}")
+        (run.final / "adapter_config.json").write_text('{"peft_type": "LORA"}')
         if complete:
             mark_complete(run.final, {"tensors": 1})
     return run.root
