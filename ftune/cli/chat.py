@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     target = resolve(args.target, allow_model=True)
     lo = load_for_generation(target, extra=extra)
     session = Session(lo, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, system=args.system, inputs=(target.model_dir,))
+                      seed=args.seed, system=args.system, inputs=(target.model_dir,),
+                      on_note=lambda note: console.print(f"[dim]{escape(note)}[/dim]"))
     stdin = sys.stdin  # None when the process started with stdin closed: no input, the chat ends at once
     tty = stdin is not None and not stdin.closed and stdin.isatty()
     console.print(f"[bold]chat[/bold] with {escape(lo.description)} ({lo.fmt.format} prompts)")
@@ -63,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[red]{escape(err.render())}[/red]")
             continue
         console.print("[bold green]model>[/bold green] ", end="")
-        session.reply(line, on_text=lambda t: console.print(escape(t), end=""))
+        try:
+            session.reply(line, on_text=lambda t: console.print(escape(t), end=""))
+        except FtuneError as err:  # a turn that does not fit the context: say so, keep the conversation
+            console.print(f"\n[red]{escape(err.render())}[/red]")
+            continue
         console.print()
     return 0

@@ -106,17 +106,24 @@ def read_prompts(path: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftune.infer.load import load_for_generation
+    import sys
+
+    from ftune.infer.load import clamp_new_tokens, load_for_generation
     from ftune.infer.source import resolve
     from ftune.worker.generation import encode_prompt, generate
 
     check_decoding(args)
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
     prompts = read_prompts(args.file) if args.file else list(args.prompt)
     target = resolve(args.target, allow_model=True)
     lo = load_for_generation(target, extra=extra)
     encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
-    completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=args.max_new_tokens,
+    max_new, note = clamp_new_tokens(lo.model, max(len(e) for e in encoded), args.max_new_tokens)
+    if note:
+        print(note, file=sys.stderr)
+    completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=max_new,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
     if args.format == "json":
         rows = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),
