@@ -67,15 +67,12 @@ def _final(run: RunDir, plan) -> Target:
     return Target(final, plan, _record(final))
 
 
-def _looks_local(path: str) -> bool:
-    """A filesystem path, not a hub id (`org/name`)."""
-    return path.startswith(("/", "./", "../", "~", ".\\")) or path.count("/") > 1 or Path(path).is_absolute()
-
-
 def _base_present(plan, final: Path) -> None:
     """The base an adapter goes on is where the run found it (else transformers reads the path as a repo id)."""
+    from ftune.recipe.load import looks_local
+
     base = str(plan.recipe.model.path)
-    if _looks_local(base) and not Path(base).expanduser().exists():
+    if looks_local(base) and not Path(base).expanduser().exists():
         raise FtuneError(f"the adapter in {final} goes on the base model {base}, which is no longer there (moved or "
                          "deleted)", hint="put the base back at that path, or pass the run's recipe with "
                          "model.path=NEW_PATH (e.g. `ftune merge runs/x/recipe.resolved.yaml model.path=...`)",

@@ -19,7 +19,9 @@ def load(path: str, recipe, token: str | None = None):
     except (OSError, ValueError) as err:
         from pathlib import Path
 
-        if (path.startswith(("/", "./", "../", "~")) or path.count("/") > 1) and not Path(path).expanduser().exists():
+        from ftune.recipe.load import looks_local
+
+        if looks_local(path) and not Path(path).expanduser().exists():
             # transformers would read a missing folder as a hub repo id ("Repo id must be in the form ...")
             raise FtuneError(f"cannot load the tokenizer: the folder {path} does not exist (moved or deleted?)",
                              hint="put the model back at that path, or set model.path (or model.tokenizer) to where "

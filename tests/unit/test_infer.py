@@ -28,7 +28,7 @@ def _run_dir(tmp_path: Path, peft: dict | None = None, final: bool = True, compl
               "train": {"max_steps": 1}, "output": {"dir": str(tmp_path / "runs" / "unit")}}
     if peft:
         recipe["peft"] = peft
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "model").mkdir(parents=True, exist_ok=True)  # the base the adapter goes on (never read here)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     plan = compile_plan(load_recipe(str(tmp_path / "recipe.yaml")), check_inputs=False)
     run = RunDir(Path(plan.run_dir))
