@@ -11,8 +11,8 @@ from typing import TextIO
 from ftune.errors import FtuneError, Problem
 
 
-def _rich_console(stream: TextIO):
-    if not stream.isatty():
+def _rich_console(stream: TextIO | None):
+    if stream is None or stream.closed or not stream.isatty():  # None: the process started with that fd closed
         return None
     from rich.console import Console
 
@@ -78,19 +78,20 @@ def write_stdout(text: str) -> None:
 
     stream = sys.stdout
     try:
-        if stream is None:
+        if stream is None or getattr(stream, "ftune_closed", False):
             raise OSError("standard output is closed")
         stream.write(text)
         stream.flush()
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as err:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno() if stream is not None else 1)
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass
+        if stream is not None and not getattr(stream, "ftune_closed", False):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
         reason = getattr(err, "strerror", None) or str(err)
         raise UsageError(f"can't write to standard output: {reason}",
                          hint="write to a file with -o FILE, or check the disk the output goes to") from None

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
-    prompts = read_prompts(args.file) if args.file else list(args.prompt)
+    prompts = read_prompts(args.file) if args.file is not None else list(args.prompt or [])
     target = resolve(args.target, allow_model=True)
     lo = load_for_generation(target, extra=extra)
     encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
