@@ -18,7 +18,7 @@ from ftune.worker.data.formats import (
     Context,
     check_columns,
     check_template,
-    count_chat_anomalies,
+    count_anomalies,
     encoder,
     required_fields,
 )
@@ -26,7 +26,7 @@ from ftune.worker.data.report import DataReport, SourceReport, length_stats
 from ftune.worker.data.sources import Source, load
 from ftune.worker.data.stops import count_unstopped, stop_ids
 
-BOOKKEEPING = ["_len", "_trainable"]
+BOOKKEEPING = ["_len", "_trainable", "_anomalies"]
 
 
 def features(task: str):
@@ -37,7 +37,8 @@ def features(task: str):
     if task == "sequence-classification":
         cols = {"input_ids": ints, "attention_mask": datasets.List(datasets.Value("int8")),
                 "labels": datasets.Value("int64")}
-    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32")})
+    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32"),
+                              "_anomalies": datasets.Value("int8")})
 
 
 def infer_label_names(recipe: Recipe, loaded: list[tuple[Source, object]]) -> list[str] | None:
@@ -66,7 +67,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         ds = ds.select(order, keep_in_memory=True)
     tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
     enc = ds.map(
-        encoder(src, ctx, order.tolist()),
+        encoder(src, ctx, order),
         batched=True,
         with_indices=True,
         remove_columns=ds.column_names,
@@ -84,7 +85,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
                           int((~keep).sum()), truncated)
     _check_dropped(src, report, np.flatnonzero(~keep), order, recipe.data.max_dropped_fraction)
     if src.spec.format == "chat":
-        counts, report.first_anomaly = count_chat_anomalies(src, ds[src.spec.fields.messages], order.tolist())
+        counts, report.first_anomaly = count_anomalies(cols["_anomalies"], order)
         report.assistant_first, report.user_twice, report.empty_content = (counts[k] for k in ANOMALIES)
     if report.dropped:
         enc = enc.select(np.flatnonzero(keep), keep_in_memory=True)
