@@ -155,3 +155,26 @@ def test_span_labels_walk_equals_the_bisect_reference():
         assert labels_from_spans(ids, offsets, spans) == _labels_by_bisect(ids, offsets, spans)
     shuffled = [(5, 6), (0, 1), (2, 3)]  # out of order: the bisect decides
     assert labels_from_spans([1, 2, 3], shuffled, [(0, 4)]) == _labels_by_bisect([1, 2, 3], shuffled, [(0, 4)])
+
+
+def test_offsets_from_the_backend_equal_the_wrappers(tok):
+    """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
+    the text included, and a backend left truncating sends it back through the wrapper."""
+    from ftune.worker.data.formats import encode_with_offsets
+
+    texts = ["<s>User: hi</s> the cat sat", "", "Assistant: 5 books \n\n read"]
+    want = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    assert encode_with_offsets(tok, texts) == (want["input_ids"], [list(o) for o in want["offset_mapping"]])
+    tok.backend_tokenizer.enable_truncation(2)
+    try:
+        ids, _ = encode_with_offsets(tok, texts)
+        assert ids == want["input_ids"] and tok.backend_tokenizer.truncation is None  # the wrapper reset it
+    finally:
+        tok.backend_tokenizer.no_truncation()
+
+
+def test_trainable_counts_targets_after_the_first_token():
+    from ftune.worker.data.masking import IGNORE, trainable
+
+    for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
+        assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)

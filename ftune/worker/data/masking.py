@@ -22,7 +22,7 @@ def truncate(ids: list[int], labels: list[int], max_len: int | None) -> tuple[li
 
 def trainable(labels: list[int]) -> int:
     """Tokens that are targets of the shifted causal-LM loss."""
-    return sum(1 for x in labels[1:] if x != IGNORE)
+    return max(0, len(labels) - 1 - labels.count(IGNORE) + (labels[0] == IGNORE)) if labels else 0
 
 
 def prompt_completion_labels(prompt: list[int], completion: list[int], train_on: str) -> list[int]:
