@@ -78,7 +78,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         new_fingerprint=f"ftune-{tag}-{seed}",  # else datasets pickles the tokenizer to hash the function
         desc=f"ftune: {src.where} ({src.spec.format})",
     )
-    cols = enc.with_format("numpy", columns=BOOKKEEPING)[:]
+    cols = enc.select_columns(BOOKKEEPING).with_format("numpy")[:]
     keep = cols["_trainable"] > 0
     truncated = int((cols["_len"] > ctx.max_len).sum()) if ctx.max_len else 0
     report = SourceReport(src.where, src.spec.path, src.spec.format, len(enc), int(keep.sum()),
@@ -187,7 +187,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=lambda src, ds, s: encode_source(
         src, ds if ds is not None else load(src, scratch), ctx, recipe, scratch, s))
 
-    cols = train.with_format("numpy", columns=BOOKKEEPING)[:]
+    cols = train.select_columns(BOOKKEEPING).with_format("numpy")[:]  # only these columns are gathered
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), int(cols["_trainable"].sum())
@@ -197,7 +197,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
 
     if data.packing:
-        train, report.fill = packing.pack(train, data.max_seq_length)
+        train, report.fill = packing.pack(train, data.max_seq_length, scratch, lengths)
         report.packed_rows = len(train)
         if data.shuffle:
             train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
@@ -209,6 +209,6 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     if evals is not None:
         evals.save_to_disk(str(scratch / "eval"))
     (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("packed-*.arrow"), *scratch.glob("tmp*")]:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
     return report, names
