@@ -134,7 +134,8 @@ class DataSource(Section):
     roles: dict[str, str] | None = None
     """`chat`: map source role names to user/assistant/system, e.g. {human: user, gpt: assistant}."""
     weight: float | None = Field(None, gt=0)
-    """Relative sampling weight when several sources are mixed."""
+    """Relative sampling weight when several sources are mixed: with `data.mix: concat` the source is resampled to
+    its share of the total rows; with `interleave`, the probability that the next sample comes from it."""
     limit: int | None = Field(None, gt=0)
     """Use at most this many rows of the source."""
 
@@ -159,6 +160,13 @@ class DataSection(Section):
     """Which tokens carry loss: only responses (every assistant turn for chat) or everything."""
     shuffle: bool = True
     """Shuffle the training rows (seeded by train.seed)."""
+    mix: Literal["concat", "interleave"] = "concat"
+    """How several training sources combine: `concat` (each resampled to its `weight` share of all rows, or taken
+    whole without weights) or `interleave` (each sample drawn from a source with probability weight/Σweights, seeded
+    by train.seed, as `datasets.interleave_datasets`). `ftune data` reports the realised mix."""
+    mix_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    """`interleave`: stop when the first source runs out, or when every source has been seen whole (the others
+    repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
     qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""

@@ -148,7 +148,18 @@ def trackers_asked(recipe: Recipe) -> Iterator[Problem]:
                              f"W&B tag {tag!r} must be 1-64 characters without ','", "shorten or split the tag")
 
 
+def mix_fits(recipe: Recipe) -> Iterator[Problem]:
+    d = recipe.data
+    if "mix_stopping" in d.model_fields_set and d.mix != "interleave":
+        yield Problem.at("data.mix_stopping", "mix_stopping applies to `data.mix: interleave` only",
+                         "set `data.mix: interleave`, or remove mix_stopping")
+    if d.mix == "interleave" and len(d.train) < 2:
+        yield Problem.at("data.mix", "interleave mixes several training sources, but data.train has one",
+                         "add sources to data.train, or remove `data.mix`")
+
+
 RULES: list[Rule] = [
+    mix_fits,
     chat_template_known,
     as_chat_needs_instruction,
     split_syntax,

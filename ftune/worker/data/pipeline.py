@@ -123,24 +123,37 @@ def split_eval(enc, fraction: float, seed: int):
     return enc.select(rest, keep_in_memory=True), enc.select(held, keep_in_memory=True)
 
 
-def mix(parts: list, weights: list[float | None], seed: int):
-    """Concatenate sources; with weights, resample each to weight/Σweights of the total (repeating rows)."""
+def mix(parts: list, weights: list[float | None], seed: int, how: str = "concat",
+        stopping: str = "first_exhausted"):
+    """Combine encoded sources; returns (dataset, samples taken from each source).
+
+    concat: concatenated; with weights, each resampled to weight/Σweights of the total (repeating rows).
+    interleave: `datasets.interleave_datasets` with probabilities weight/Σweights (equal without weights)."""
     import datasets
     import numpy as np
 
+    if how == "interleave":
+        w = np.array([1.0 if x is None else x for x in weights])
+        tagged = [p.add_column("_source", np.full(len(p), i, dtype=np.int16)) for i, p in enumerate(parts)]
+        mixed = datasets.interleave_datasets(tagged, probabilities=(w / w.sum()).tolist(), seed=seed,
+                                             stopping_strategy=stopping)
+        counts = np.bincount(mixed.select_columns(["_source"]).with_format("numpy")[:]["_source"],
+                             minlength=len(parts))
+        return mixed.remove_columns(["_source"]), [int(c) for c in counts]
     if all(w is None for w in weights):
-        return datasets.concatenate_datasets(parts)
+        return datasets.concatenate_datasets(parts), [len(p) for p in parts]
     w = np.array([1.0 if x is None else x for x in weights])
     total = sum(len(p) for p in parts)
     rng = np.random.default_rng(seed)
-    out = []
+    out, counts = [], []
     for part, wi in zip(parts, w):
         n, target = len(part), int(round(total * wi / w.sum()))
+        counts.append(target if n else 0)
         if n == 0 or target == 0:
             continue
         idx = np.concatenate([np.tile(np.arange(n), target // n), np.sort(rng.permutation(n)[: target % n])])
         out.append(part.select(idx, keep_in_memory=True))
-    return datasets.concatenate_datasets(out)
+    return datasets.concatenate_datasets(out), counts
 
 
 def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, report: DataReport):
@@ -163,9 +176,9 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
         enc, rep = encode(src, None, seed + 2000 + i)
         report.sources.append(rep)
         eval_parts.append(enc)
-    mixed = mix(train_parts, [s.spec.weight for s, _ in train], seed)
-    for rep, part in zip(report.sources, train_parts + eval_parts):
-        rep.used = len(part)
+    mixed, taken = mix(train_parts, [s.spec.weight for s, _ in train], seed, data.mix, data.mix_stopping)
+    for rep, used in zip(report.sources, taken + [len(p) for p in eval_parts]):
+        rep.used = used
     if data.shuffle:
         mixed = mixed.select(np.random.default_rng(seed).permutation(len(mixed)), keep_in_memory=True)
     if len(mixed) == 0:

@@ -116,6 +116,10 @@ class DataReport:
             f"data: lengths min {self.length_min} · mean {self.length_mean:.1f} · p95 {self.length_p95} "
             f"· max {self.length_max}",
         ]
+        trained = [s for s in self.sources if s.where.startswith("data.train")]
+        if len(trained) > 1:
+            total = sum(s.used for s in trained) or 1
+            out.append("data: mix " + " · ".join(f"{s.where} {s.used} ({s.used / total:.1%})" for s in trained))
         out += [f"data: WARNING {w}" for w in self.warnings()]
         if self.packing:
             out.append(f"data: packed into {self.packed_rows} rows of {self.max_seq_length}, fill {self.fill:.3f}")
