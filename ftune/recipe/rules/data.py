@@ -150,7 +150,7 @@ def trackers_asked(recipe: Recipe) -> Iterator[Problem]:
 
 def mix_fits(recipe: Recipe) -> Iterator[Problem]:
     d = recipe.data
-    if "mix_stopping" in d.model_fields_set and d.mix != "interleave":
+    if d.mix_stopping != "first_exhausted" and d.mix != "interleave":  # the default is written to resolved recipes
         yield Problem.at("data.mix_stopping", "mix_stopping applies to `data.mix: interleave` only",
                          "set `data.mix: interleave`, or remove mix_stopping")
     if d.mix == "interleave" and len(d.train) < 2:
