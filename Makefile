@@ -36,6 +36,7 @@ test-fast: setup
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
+	$(PY) -m ftune.importers.docs docs/import.md
 
 bench: setup
 	$(PY) bench/run.py
