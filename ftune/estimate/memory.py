@@ -295,11 +295,15 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
         items.append(MemoryItem("optimizer", "fp32 master weights", master))
     detail = "checkpointed: layer inputs + head" if layout.checkpointing else "saved for backward"
     saved = profile.saved(layout.checkpointing)
+    recompute = layout.checkpointing
     if layout.offload_activations:  # on the device: the layer in flight (in forward, or brought back for backward)
         offloaded += saved
         saved, detail = max(profile.layer_bytes, default=0), "offloaded to host; one layer on the device"
+        # with checkpointing too, the layer in flight is the one recomputed from its brought-back input: the same
+        # one layer on the device (counting it again as recompute doubled long-context plans); the host holds less
+        recompute = False
     items.append(MemoryItem("activations", detail, saved, "backward"))
-    transient, what = profile.transient(layout.checkpointing)
+    transient, what = profile.transient(recompute)
     items.append(MemoryItem("temporary", what, transient, "backward"))
     items.append(MemoryItem("temporary", "optimizer update scratch", int(scratch * o_factor), "update"))
     items += extra

@@ -124,3 +124,19 @@ def test_memory_model_accounts_for_the_levers():
     offloaded = per_device(facts, profile, replace(Layout(), offload_activations=True))
     assert offloaded.offloaded == profile.saved(False)
     assert base.total - offloaded.total == profile.saved(False) - max(profile.layer_bytes)
+
+
+@pytest.mark.parametrize("fused_loss", [False, True])
+def test_checkpointing_never_adds_to_activation_offloading(fused_loss):
+    """The issue's case: with offloading and Liger (fused loss), turning checkpointing on doubled a long-context
+    plan (94.6 -> 188.3 GiB): the recomputed layer is the layer in flight, already counted once."""
+    from ftune.estimate.memory import ActivationProfile, Layout, ParamFact, per_device
+
+    facts = [ParamFact("w", (1024, 1024), "bfloat16", 2, True)]
+    profile = ActivationProfile((40_000_000,) * 4, (5_000_000,) * 4, 9_000_000, 8_000_000)
+    alone = per_device(facts, profile, Layout(offload_activations=True, fused_loss=fused_loss))
+    both = per_device(facts, profile, Layout(offload_activations=True, checkpointing=True, fused_loss=fused_loss))
+    assert both.total == alone.total  # one layer on the device either way
+    assert both.offloaded < alone.offloaded  # the host keeps layer inputs only
+    ckpt = per_device(facts, profile, Layout(checkpointing=True, fused_loss=fused_loss))
+    assert both.total <= ckpt.total
