@@ -111,6 +111,14 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
     found = catalog.lookup(path)
     if found is not None:
         return found[1], f"catalog {found[1].name}"
+    from ftune.recipe.load import looks_local
+
+    if looks_local(path):  # a folder that isn't there: never suggest downloading a path
+        where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise FtuneError(f"model folder not found: {path}{where}",
+                         hint="check the folder: model.path must be a folder holding config.json (or set "
+                         "model.config to the model's config.json to plan without its weights)",
+                         location=Location(origin="model.path"))
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise FtuneError(
