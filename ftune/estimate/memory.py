@@ -248,6 +248,10 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     by_dtype = weights_by_dtype(params, layout.double_quant)
     w_total = sum(by_dtype.values())
     grads = 0 if spec.no_gradients else gradient_bytes(params)
+    if layout.strategy == "deepspeed" and layout.master_weights and not (spec.eight_bit or spec.factored):
+        # DeepSpeed's optimizer steps the fp32 master weights: its states are fp32 too (bf16 weights and gradients
+        # + fp32 master + two fp32 Adam moments = 16 B/param, as DeepSpeed counts mixed-precision Adam)
+        spec = replace(spec, state_bytes=4)
     opt = optimizer_state_bytes(params, spec)
     scratch = optimizer_step_temporary(params, spec, layout.device)
     master = sum(p.numel * 4 for p in params if p.trainable) if layout.master_weights else 0

@@ -210,7 +210,20 @@ def test_zero3_offload_moves_states_and_weights_to_host():
     kinds = {(i.kind, i.detail): i.bytes for i in mem.items}
     assert kinds["weights", "bfloat16"] == 0 and kinds["optimizer", "AdamW (torch)"] == 0
     assert kinds["gradients", "bfloat16"] == 2 * 8000 // 4  # ZeRO-2/3 shard gradients
-    assert mem.offloaded == (2 * 2 * 8000 + 4) // 4 + 4 * 8000 // 4 + 2 * 8000 // 4
+    assert mem.offloaded == (2 * 4 * 8000 + 4) // 4 + 4 * 8000 // 4 + 2 * 8000 // 4  # fp32 moments of the master
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_mixed_precision_adam_is_16_bytes_per_parameter(stage):
+    """bf16 weights (2) + bf16 gradients (2) + fp32 master (4) + two fp32 Adam moments (8), as DeepSpeed counts;
+    the moments were counted at the weights' 2 bytes (12 B/param)."""
+    params = [fact((8000,), "bfloat16")]
+    mem = per_device(params, PROFILE, Layout(strategy="deepspeed", shard_ranks=1, zero_stage=stage,
+                                             master_weights=True))
+    kinds = {(i.kind, i.detail): i.bytes for i in mem.items}
+    per_param = (kinds["weights", "bfloat16"] + kinds["gradients", "bfloat16"] + kinds["optimizer", "AdamW (torch)"]
+                 - 4 + kinds["optimizer", "fp32 master weights"]) / 8000  # less torch's 4-byte step tensor
+    assert per_param == 16
 
 
 def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
