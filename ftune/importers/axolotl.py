@@ -374,7 +374,7 @@ TABLE: dict[str, Key | Skip] = {
     "fp16": Key(None, precision("fp16")),
     "bfloat16": Key("model.dtype", load_dtype("bfloat16")),
     "float16": Key("model.dtype", load_dtype("float16")),
-    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
+    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)", changes=True),
     "special_tokens.*": Key(None, special_token),
     "tokens": Key("model.add_tokens", lambda v, c, p: [str(t) for t in (v if isinstance(v, list) else [v])]),
     # adapter and quantization

@@ -316,7 +316,7 @@ TABLE: dict[str, Key | Skip] = {
     "tokenizer.path": Skip("ftune loads the tokenizer from model.path (a tokenizer folder would go in model.tokenizer)"),
     "tokenizer.max_seq_len": Key("data.max_seq_length", lambda v, c, p: as_int(v)),
     "tokenizer.prompt_template": Skip("ftune renders chat data with the tokenizer's chat template or "
-                                      "data.chat_template (Jinja text)"),
+                                      "data.chat_template (Jinja text)", changes=True),
     "checkpointer._component_": Key(None, checkpointer),
     "checkpointer.checkpoint_dir": Key("model.path", lambda v, c, p: str(v)),
     "checkpointer.checkpoint_files": Skip("ftune loads every weight file of model.path"),
@@ -346,7 +346,8 @@ TABLE: dict[str, Key | Skip] = {
     "optimizer_in_bwd": Skip("ftune steps the optimizer after backward (the Trainer's loop)"),
     "lr_scheduler._component_": Key("train.lr_scheduler", scheduler),
     "lr_scheduler.num_warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v)),
-    "lr_scheduler.num_cycles": Skip("ftune's cosine is the half-cycle schedule; it has no num_cycles key"),
+    "lr_scheduler.num_cycles": Skip("ftune's cosine is the half-cycle schedule; it has no num_cycles key",
+                                     changes=True),
     "loss._component_": Skip("ftune uses the model's own cross-entropy loss"),
     "compile": Key("train.compile", lambda v, c, p: as_bool(v)),
     "device": Skip("ftune picks the device (GPUs when visible, else CPU)"),
