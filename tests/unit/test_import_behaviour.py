@@ -128,8 +128,8 @@ def test_peer_defaults_for_masking_clipping_and_template(tmp_path, peer, config,
 
 
 def test_each_peers_preference_example_sets_the_objective(tmp_path, capsys):
-    out = tmp_path / "r.yaml"
     for peer, file in (("llama-factory", "dpo.yaml"), ("axolotl", "dpo.yml")):
+        out = tmp_path / f"{peer}.yaml"
         assert main(["import", peer, str(DATA / peer / file), "-o", str(out)]) == 0, capsys.readouterr().err
         r = yaml.safe_load(out.read_text())
         assert r["train"]["objective"] == "dpo" and r["train"]["preference"]["beta"] == 0.1
