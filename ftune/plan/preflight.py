@@ -6,8 +6,6 @@ kernels can't run are reported as located recipe errors, before the run dir is w
 
 from __future__ import annotations
 
-import re
-
 from ftune.errors import Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import quantization
@@ -18,22 +16,32 @@ def preflight(loaded, plan) -> None:
     recipe = plan.recipe
     model = build_meta_model(recipe)
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
+    found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
     found += quantization.check_model_config(recipe, model, plan.device)
     if found:
         raise loaded.error(found)
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:
-    """LoRA target_modules that match no module of the model."""
-    cfg = recipe.peft
-    if cfg.method != "lora" or cfg.target_modules == "all-linear":
+    """LoRA targets the model lacks (modules, parameters, experts on a dense model) and the settings peft can't
+    apply to them: the same resolution the worker's inject runs (ftune.methods._lora_targets)."""
+    if recipe.peft.method != "lora":
         return []
-    names = [n for n, _ in model.named_modules()]
-    for target in cfg.target_modules:
-        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
-            return []
-    return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
-                       target_hint(model))]
+    from ftune.methods.lora import target_problems as lora_problems
+
+    return lora_problems(model, recipe.peft)
+
+
+def router_problems(recipe: Recipe, model) -> list[Problem]:
+    """Router settings on a model without a router: they would do nothing, silently."""
+    from ftune.moe import moe_layout
+
+    m = recipe.model
+    written = [k for k in ("router_aux_loss_coef", "output_router_logits") if getattr(m, k) is not None]
+    if not written or moe_layout(model) is not None:
+        return []
+    return [Problem.at(f"model.{k}", f"{type(model).__name__} has no router (it is not a mixture-of-experts "
+                       "model), so model." + k + " does nothing", f"remove model.{k}") for k in written]
 
 
 def position_problems(recipe: Recipe, model) -> list[Problem]:

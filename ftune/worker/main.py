@@ -45,6 +45,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.worker import data, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
+    from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
 
     recipe = plan.recipe
@@ -77,6 +78,8 @@ def run_stages(plan: Plan) -> dict:
     stats = bundle.report  # tokens per row iterated (packed rows when packing), as the data stage counted them
     tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
+    moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
+    callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
