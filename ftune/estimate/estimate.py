@@ -396,6 +396,10 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     moe_counts = moe_structure.count(model, layout) if layout else None
     embedding = model.get_input_embeddings().weight.numel()
     quantized = _quantize_layout(model, recipe)
+    if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
+        from ftune.methods.lora import resolve_targets
+
+        notes += resolve_targets(model, recipe.peft).notes
     model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)

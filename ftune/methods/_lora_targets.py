@@ -116,9 +116,12 @@ def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
                                            f"use {fix} (or name tensors in peft.target_parameters)"))
         if modules and not by_param and not any(any(n == t or n.endswith("." + t) or re.fullmatch(t, n)
                                                     for n in names) for t in modules):
-            problems.append(Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the "
-                                       "model", f"linear layers in this model: {', '.join(sorted(set(linears.values())))}"
-                                       " (or use `peft.target_modules=all-linear`)"))
+            import torch
+
+            every = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+            problems.append(Problem.at("peft.target_modules", f"peft.target_modules ({', '.join(cfg.target_modules)})"
+                                       " matches no module of the model",
+                                       f"the model's linear layers are: {', '.join(every)}"))
     if cfg.experts and layout is None:
         problems.append(Problem.at("peft.experts", f"{type(model).__name__} has no mixture-of-experts layers "
                                    "(no fused `experts` tensors), so `experts: true` adapts nothing",
