@@ -241,6 +241,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, lo
                        hint="report this with the run dir; the run's final/ is untouched")
     cls = getattr(transformers, plan.model_load.auto_class)
     reloaded = cls.from_pretrained(str(tmp), dtype=dtype).eval()
+    checked = _check_experts(expert_reference, _expert_outputs(reloaded, dtype), dtype)  # first: it names the expert
     diff, scale = _max_diff(reference, _logits(reloaded, samples))
     tolerance = TOLERANCE[dtype] * max(1.0, scale)
     if not diff <= tolerance:
@@ -248,7 +249,6 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, lo
             f"merge check failed: the merged model's logits differ from the unmerged ones by {diff:.3g} "
             f"(allowed in {dtype}: {tolerance:.3g}) on {sample_source}",
             hint="nothing was written; try --dtype float32, and report this with the run dir")
-    checked = _check_experts(expert_reference, _expert_outputs(reloaded, dtype), dtype)
     files = sorted(p.name for p in tmp.iterdir())
     result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
                          len(samples), sample_source, files, checked)
