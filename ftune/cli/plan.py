@@ -260,7 +260,9 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
                       f"in experts · {m.params_active:,} active per token "
                       f"({100 * m.params_active / m.params_model:.1f}%) · {m.flops_per_token:,} training FLOPs "
                       "per token (6 x active weights)")
-        parts = " · ".join(f"{part} {n:,}" for part, n in sorted(m.trainable_by_part.items()))
+        per_expert = m.trainable_by_part.get("experts", 0) // (m.num_experts * m.moe_layers)
+        parts = " · ".join(f"{part} {n:,}" + (f" ({per_expert:,} per expert per layer)" if part == "experts" else "")
+                           for part, n in sorted(m.trainable_by_part.items()))
         console.print(f"[bold]trains[/]       {parts or 'nothing'}")
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])

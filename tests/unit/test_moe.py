@@ -182,7 +182,7 @@ def test_plan_counts_groups_and_notes(tmp_path, tiny_qwen3_moe_dir, text_data_fi
     out = capsys.readouterr().out
     assert "experts      4 per layer, 2 per token, 2 MoE layers" in out
     # r 8: q, k, v, o 8 x (64+64, 64+32, 64+32, 64+64) per layer; experts 32 x 64 + 64 x 32 (gate_up), 32 x 32 + 64 x 32
-    assert "trains       attention 7,168 · experts 14,336" in out
+    assert "trains       attention 7,168 · experts 14,336 (1,792 per expert per layer)" in out
     assert "note: peft.dropout is 0 (not the default 0.05)" in out
     file = recipe(tmp_path, tiny_qwen3_moe_dir, text_data_file, target_modules=["q_proj"])
     assert main(["plan", file]) == 0
@@ -277,3 +277,23 @@ def test_a_healthy_router_passes_the_guard():
     written = _guarded_logs(tiny("qwen3_moe", output_router_logits=True), max_share=0.9)
     assert all(r["expert_share_max"] < 0.9 for r in written)
     assert all(abs(sum(r["expert_share"]) - 2.0) < 1e-3 for r in written)  # 2 experts per token
+
+
+@pytest.mark.slow  # builds the 30B model on the meta device and puts LoRA on its 6,144 experts: ~10 s of CPU
+def test_the_shipped_recipe_plans_offline(capsys, monkeypatch):
+    """recipes/qwen3-30b-a3b-lora.yaml from the catalog: exact counts, every expert adapted, one FSDP unit per
+    MoE decoder layer."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(["plan", "recipes/qwen3-30b-a3b-lora.yaml", "--gpu-memory", "80GiB", "--format", "json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    moe = est["moe"]
+    assert (moe["params_model"], moe["params_active"], moe["params_experts"]) == (30_532_122_624, 3_353_032_704,
+                                                                                28_991_029_248)
+    # r 16 on 128 experts x 48 layers: gate_up (2048 -> 1536) and down (768 -> 2048), 16 x (in + out) each
+    assert moe["trainable_by_part"]["experts"] == 128 * 48 * 16 * (2048 + 1536 + 768 + 2048)
+    assert est["params_trainable"] == sum(moe["trainable_by_part"].values())
+    assert est["fsdp"]["unit_classes"] == {"Qwen3MoeDecoderLayer": 48, "root (PeftModelForCausalLM)": 1}
+    assert est["fits"] is True
