@@ -25,6 +25,9 @@ def tiny(arch: str, **kwargs):
                   num_experts_per_tok=2, tie_word_embeddings=False, **kwargs)
     if arch == "mixtral":
         config = AutoConfig.for_model("mixtral", intermediate_size=32, num_local_experts=4, **common)
+    elif arch == "gpt_oss":
+        config = AutoConfig.for_model("gpt_oss", intermediate_size=32, num_local_experts=4, head_dim=16,
+                                      layer_types=["sliding_attention", "full_attention"], sliding_window=8, **common)
     else:
         extra = {"shared_expert_intermediate_size": 32} if arch == "qwen2_moe" else {}
         config = AutoConfig.for_model(arch, intermediate_size=32, moe_intermediate_size=32, num_experts=4,
@@ -297,3 +300,32 @@ def test_the_shipped_recipe_plans_offline(capsys, monkeypatch):
     assert est["params_trainable"] == sum(moe["trainable_by_part"].values())
     assert est["fsdp"]["unit_classes"] == {"Qwen3MoeDecoderLayer": 48, "root (PeftModelForCausalLM)": 1}
     assert est["fits"] is True
+
+
+def test_gpt_oss_experts_train_and_merge_expert_by_expert():
+    """GPT-OSS (router `mlp.router`, [experts, in, out] tensors with per-expert biases): the same targets train,
+    and the merge's per-expert probe tells the experts apart and agrees after peft folds the deltas in."""
+    import torch
+
+    from ftune.infer.merge import _expert_outputs
+
+    model = tiny("gpt_oss")
+    layout = moe_layout(model)
+    assert layout.router_modules == ["model.layers.0.mlp.router", "model.layers.1.mlp.router"]
+    assert layout.expert_tensors[:2] == ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"]
+    model = inject(model, Config(experts=True, dropout=0.0), "causal-lm")
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    curve = []
+    for _ in range(4):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        curve.append(float(loss.detach()))
+    assert curve[-1] < curve[0] - 0.3, curve  # measured: 4.90 -> 4.11
+    before = _expert_outputs(model, "float32")
+    key = "model.layers.0.mlp.experts"
+    assert float((before[(key, 0)] - before[(key, 1)]).abs().max()) > 1e-3  # each expert computes its own
+    after = _expert_outputs(model.merge_and_unload(), "float32")
+    assert len(after) == 8 and max(float((before[k] - after[k]).abs().max()) for k in before) < 1e-5
