@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Location
 from ftune.estimate import catalog
+from ftune.estimate.moe import MoeFacts, moe_facts
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -44,24 +45,6 @@ class FsdpLayout:
     """The largest non-root unit: all-gathered while it computes (and the next one while prefetched)."""
     root_unit_bytes: int
     """Parameters left to the root unit (embeddings, final norm, head): gathered for the whole step."""
-
-
-@dataclass(frozen=True)
-class MoeFacts:
-    num_experts: int
-    top_k: int | None
-    moe_layers: int
-    params_model: int
-    """The model's own parameters (the adapter's aside)."""
-    params_active: int
-    """Parameters one token goes through: all but the routed experts, plus top_k / num_experts of them."""
-    params_experts: int
-    """Parameters in the routed experts."""
-    flops_per_token: int
-    """Training FLOPs per token: 6 x the active parameters but the input embedding (a lookup), the usual MFU
-    convention (attention scores aside)."""
-    trainable_by_part: dict[str, int]
-    """Trainable parameters by model part: attention, experts, router, shared experts, other."""
 
 
 @dataclass(frozen=True)
@@ -390,10 +373,10 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
         notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
                      "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
-    from ftune import moe as moe_structure
+    from ftune.moe import count, moe_layout
 
-    layout = moe_structure.moe_layout(model)
-    moe_counts = moe_structure.count(model, layout) if layout else None
+    experts_layout = moe_layout(model)
+    moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
@@ -444,38 +427,17 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
-    moe_facts = None
+    facts_moe = None
     if moe_counts is not None:
-        moe_facts = _moe_facts(model, recipe, moe_counts, moe_structure, embedding, notes)
+        facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
         params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=moe_facts,
+        moe=facts_moe,
     )
-
-
-def _moe_facts(model, recipe: Recipe, counts, moe_structure, embedding: int, notes: list[str]) -> MoeFacts:
-    """What an MoE recipe trains, by part, with a loud note when no expert trains."""
-    layout = moe_structure.moe_layout(model)
-    parts: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            part = moe_structure.group_of(name, layout)
-            parts[part] = parts.get(part, 0) + p.numel()
-    if not parts.get("experts"):
-        share = 100.0 * counts.experts / counts.total
-        trained = " and ".join(k for k in parts) or "nothing"
-        fix = {"lora": "set `peft.experts: true` (or target_modules: all-linear)",
-               "freeze": "name them in peft.trainable (e.g. `mlp\\.experts\\.`)"}.get(recipe.peft.method,
-                                                                                    "use peft.method lora or full")
-        notes.append(f"MoE: no expert trains, only {trained}: the {counts.num_experts} experts x "
-                     f"{counts.layers} layers hold {share:.0f}% of the parameters; {fix}")
-    return MoeFacts(num_experts=counts.num_experts, top_k=counts.top_k, moe_layers=counts.layers,
-                    params_model=counts.total, params_active=counts.active, params_experts=counts.experts,
-                    flops_per_token=6 * (counts.active - embedding), trainable_by_part=parts)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
