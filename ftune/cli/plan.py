@@ -341,6 +341,17 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print(f"[bold]model[/]        {est.model} ({est.config_source}) · {est.dtype} · {recipe.model.task}")
     console.print(f"[bold]parameters[/]   {est.params_total:,} total · {est.params_trainable:,} trainable "
                   f"({est.trainable_percent:.4f}%)")
+    if est.moe is not None:
+        m = est.moe
+        console.print(f"[bold]experts[/]      {m.num_experts} per layer, {m.top_k or m.num_experts} per token, "
+                      f"{m.moe_layers} MoE layers · {m.params_model:,} in the model, {m.params_experts:,} of them "
+                      f"in experts · {m.params_active:,} active per token "
+                      f"({100 * m.params_active / m.params_model:.1f}%) · {m.flops_per_token:,} training FLOPs "
+                      "per token (6 x active weights)")
+        per_expert = m.trainable_by_part.get("experts", 0) // (m.num_experts * m.moe_layers)
+        parts = " · ".join(f"{part} {n:,}" + (f" ({per_expert:,} per expert per layer)" if part == "experts" else "")
+                           for part, n in sorted(m.trainable_by_part.items()))
+        console.print(f"[bold]trains[/]       {parts or 'nothing'}")
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""

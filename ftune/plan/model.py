@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.plan.batching import Collator
 from ftune.plan.threads import CpuThreads
@@ -41,6 +41,9 @@ class ModelLoad(BaseModel):
     init: Literal["pretrained", "random"]
     kwargs: dict[str, Any]
     """dtype, trust_remote_code, attn_implementation, revision, quantization_config (a bitsandbytes dict)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Model config attributes set before the model is built (MoE: `output_router_logits`,
+    `router_aux_loss_coef`)."""
     adapter: str | None = None
     """A saved adapter folder (`model.path` pointed at it) that the peft stage loads trainable and trains on,
     instead of adding a fresh adapter; `path` is then the base it was trained on (`ftune.plan.adapter`)."""

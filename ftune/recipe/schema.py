@@ -78,6 +78,12 @@ class ModelSection(Section):
     """Hub access token; write `${env:HF_TOKEN}` so it is read from the environment and masked in outputs."""
     special_tokens: SpecialTokens | None = None
     """Override the tokenizer's special tokens (a token not in the vocabulary is added, as with add_tokens)."""
+    router_aux_loss_coef: float | None = Field(None, ge=0.0)
+    """Mixture-of-experts models: weight of the router's load-balancing loss added to the training loss (the
+    config's `router_aux_loss_coef`); setting it turns on `output_router_logits`. Default: the model's own."""
+    output_router_logits: bool | None = None
+    """Mixture-of-experts models: compute the router's load-balancing loss (added to the loss, logged as
+    `aux_loss` in metrics.jsonl). Default: on when `router_aux_loss_coef` is set, else the model's config."""
     add_tokens: list[str] | None = None
     """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
     of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
@@ -304,6 +310,9 @@ class DistributedSection(Section):
     transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
     accelerate_config: str | None = None
     """An existing accelerate config file to start from; the recipe's explicit keys win."""
+    expert_parallel_size: int | None = Field(None, ge=1)
+    """Mixture-of-experts models: split each layer's experts over this many ranks (expert parallelism). Refused:
+    neither accelerate 1.15 nor the Trainer of transformers 5.23 shards fused experts for training (docs/moe.md)."""
     fsdp: FsdpSection | None = None
     """FSDP options (strategy: fsdp)."""
     deepspeed: DeepSpeedSection | None = None
@@ -323,6 +332,15 @@ LR_SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
+
+
+class RouterCollapse(Section):
+    """Stop a mixture-of-experts run whose router sends (nearly) every token to one expert."""
+
+    max_share: float = Field(0.9, gt=0.0, le=1.0)
+    """Largest fraction of a layer's tokens one expert may receive, measured over each logging interval."""
+    logs: int = Field(3, ge=1)
+    """Logging intervals in a row above max_share that stop the run."""
 
 
 class DataloaderSection(Section):
@@ -424,6 +442,10 @@ class TrainSection(Section):
     """Log loss and learning rate every N steps."""
     neftune_alpha: float | None = Field(None, gt=0)
     """NEFTune noise scale on embeddings."""
+    router_collapse: RouterCollapse | None = Field(default_factory=RouterCollapse)
+    """Mixture-of-experts models: the per-expert token share is logged (`expert_share_max`, `expert_share`) and
+    a run stops when one expert takes more than `max_share` of a layer's tokens for `logs` logs in a row; null
+    turns the guard off (the share is still logged)."""
     early_stopping: EarlyStopping | None = None
     """Stop when the eval metric stops improving (needs eval)."""
     log_level: Literal["debug", "info", "warning", "error", "critical", "passive"] = "warning"

@@ -44,7 +44,8 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
             if not state.is_world_process_zero or not logs:
                 return
             record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3)}
-            record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
+            record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or
+                           (isinstance(v, list) and all(isinstance(x, (int, float)) for x in v))})
             with self.path.open("a") as f:
                 f.write(metrics_line(record))
 

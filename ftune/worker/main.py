@@ -30,6 +30,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.worker import card, data, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
+    from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
 
     recipe = plan.recipe
@@ -65,6 +66,8 @@ def run_stages(plan: Plan) -> dict:
     else:
         tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
+    moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
+    callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)

@@ -37,8 +37,8 @@ def test_issue_example_text(tmp_path):
     (p,) = errors(tmp_path, GOOD + "peft:\n  method: lora\n  rnak: 8\n")
     assert p.render().endswith(
         "r.yaml:11:3: error: peft.rnak: unknown key (did you mean 'r'?)\n"
-        "    hint: allowed keys under `peft`: method, r, alpha, dropout, target_modules, modules_to_save, bias, "
-        "use_rslora, use_dora, init"
+        "    hint: allowed keys under `peft`: method, r, alpha, dropout, target_modules, target_parameters, experts, "
+        "router, modules_to_save, bias, use_rslora, use_dora, init"
     )
 
 
