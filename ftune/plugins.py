@@ -1,4 +1,4 @@
-"""Plugins: installed packages register Trainer callbacks, PEFT methods and data formats by name.
+"""Plugins: installed packages register Trainer callbacks, PEFT methods, data formats and RL rewards by name.
 
 A package declares an entry point in the group `ftune.plugins` pointing at a `Plugin` object (data: names and
 the import strings of its own code). Recipes name what a plugin registered (`train.callbacks: [{name: ...}]`,
@@ -45,11 +45,23 @@ class FormatPlugin:
 
 
 @dataclass(frozen=True)
+class RewardPlugin:
+    make: str
+    """'module:function' called as make(args) -> score, where score(sample: ftune.rewards.Sample) -> float scores
+    one completion (GRPO/RLOO `train.rl.rewards`)."""
+    args: Any = None
+    """A pydantic model class validating the reward's arguments (the keys of its entry besides name and weight)."""
+    needs_answer: bool = False
+    """Whether it reads the row's `answer` (then data without one is refused before training)."""
+
+
+@dataclass(frozen=True)
 class Plugin:
     callbacks: dict[str, CallbackPlugin] = field(default_factory=dict)
     methods: dict[str, str] = field(default_factory=dict)
     """Method name -> module with `Config` (a MethodConfig with `method: Literal[name]`) and `inject`."""
     formats: dict[str, FormatPlugin] = field(default_factory=dict)
+    rewards: dict[str, RewardPlugin] = field(default_factory=dict)
     version: str = ""
     """Set by discovery: the distribution's version (part of the data cache key for formats)."""
 
@@ -60,6 +72,7 @@ class Registry:
     methods: dict[str, str]
     formats: dict[str, FormatPlugin]
     versions: dict[str, str]
+    rewards: dict[str, RewardPlugin] = field(default_factory=dict)
     """Registered name -> '<distribution> <version>' that provides it."""
 
 
@@ -71,6 +84,7 @@ def installed() -> Registry:
     callbacks: dict[str, CallbackPlugin] = {}
     methods: dict[str, str] = {}
     formats: dict[str, FormatPlugin] = {}
+    rewards: dict[str, RewardPlugin] = {}
     versions: dict[str, str] = {}
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else ep.name
@@ -83,14 +97,14 @@ def installed() -> Registry:
             raise FtuneError(f"plugin {ep.name} ({dist}): {ep.value} is not an ftune.plugins.Plugin",
                              hint="the entry point must name a Plugin(...) object")
         for kind, table, own in (("callback", callbacks, plugin.callbacks), ("method", methods, plugin.methods),
-                                 ("format", formats, plugin.formats)):
+                                 ("format", formats, plugin.formats), ("reward", rewards, plugin.rewards)):
             for name, value in own.items():
                 if name in table:
                     raise FtuneError(f"{kind} '{name}' is registered by two plugins: {versions[name]} and {dist}",
                                      hint="uninstall one of them")
                 table[name] = value
                 versions[name] = dist
-    return Registry(callbacks, methods, formats, versions)
+    return Registry(callbacks, methods, formats, versions, rewards)
 
 
 def load_object(spec: str):
