@@ -69,6 +69,8 @@ OBJECTIVES: dict[str, Objective] = {
         # SimPO is TRL's CPO trainer with loss_type=simpo and no behaviour-cloning term (cpo_alpha=0)
         Objective("simpo", "trl.experimental.cpo", "CPOConfig", "CPOTrainer", "preference",
                   ("beta", "label_smoothing", "gamma")),
+        # a reward model: a one-logit sequence classifier scored pairwise (chosen above rejected)
+        Objective("reward", "trl", "RewardConfig", "RewardTrainer", "preference", ()),
         # online RL: `settings` are the train.rl keys
         Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards")),
         Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON),

@@ -384,13 +384,15 @@ class RLSection(Section):
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
 
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "grpo", "rloo")
+OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
 
 
 class TrainSection(Section):
     objective: Literal[OBJECTIVES] = "sft"  # type: ignore[valid-type]
     """What is optimised: `sft` (next-token loss), a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
-    `simpo`), or online RL from rewards (`grpo`, `rloo`, on `format: prompt` data); TRL's need
+    `simpo`), a reward model (`reward`: a one-logit sequence classifier trained on preference pairs, with
+    `model.task: sequence-classification`), or online RL from rewards (`grpo`, `rloo`, on `format: prompt` data);
+    TRL's need
     `pip install 'ftune[preference]'`."""
     preference: PreferenceSection | None = None
     """Settings of the preference objective (beta, loss_type, label_smoothing, reference, ...)."""

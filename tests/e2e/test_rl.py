@@ -1,7 +1,7 @@
 """GRPO and RLOO learn through `ftune run` on the tiny model: a short SFT stage teaches it to answer `Q: ...\nA:`
 with one of four words and end (eos); RL then rewards one of them (`exact_match` against each row's answer). Mean
-reward rises from the first logs to the last, and held-out greedy exact match rises from the SFT adapter's to the
-RL adapter's. Full fine-tuning on both stages: the tiny random-init model needs it to learn in few steps (LoRA on q/v at
+reward rises from the first logs to the last, and held-out greedy exact match rises from the SFT model's to the
+RL model's. Full fine-tuning on both stages: the tiny random-init model needs it to learn in few steps (LoRA on q/v at
 lr 3e-2 collapsed to clipped gibberish, at 5e-3 the reward stayed flat over 16 steps).
 
 One SFT run and one run per objective (module-scoped), shared by the tests that read them."""
@@ -109,6 +109,41 @@ def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work)
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sample and set(sample[-1]) >= {"step", "prompt", "completion", "rewards"}
     assert sample[-1]["rewards"]["exact_match"] in (0.0, 1.0) and sample[-1]["prompt"].startswith("Q: ")
+
+
+@pytest.fixture(scope="module")
+def reward_run(work, tiny_model_dir) -> Path:
+    """`objective: reward` on pairs whose chosen answer is TARGET and rejected one of the others."""
+    rng = random.Random(4)
+    others = [a for a in ANSWERS if a != TARGET]
+    pairs = [{"prompt": TEMPLATE.format(instruction=q), "chosen": f" {TARGET}", "rejected": f" {rng.choice(others)}"}
+             for q in questions(200, seed=4)]
+    data = write_jsonl(work["folder"] / "pairs.jsonl", pairs)
+    recipe = base_recipe(tiny_model_dir, data,
+                         model={"path": str(tiny_model_dir), "dtype": "float32", "task": "sequence-classification"},
+                         data={"train": [{"path": str(data), "format": "preference"}], "eval": {"split": 0.15}},
+                         peft={"method": "full"},
+                         train={"objective": "reward", "max_steps": 20, "learning_rate": 3e-3,
+                                "per_device_batch_size": 16, "seed": 4, "logging_steps": 10},
+                         eval={"strategy": "steps", "steps": 20, "on_start": True}, checkpoint={"strategy": "no"},
+                         output={"dir": "runs/reward", "report_to": ["none"], "loss_curve": False})
+    out, _ = run(work["folder"], recipe)
+    return out
+
+
+def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
+    evals = [r for r in metrics(reward_run) if "eval_accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["eval_accuracy"] >= 0.9, evals  # held-out pairs
+    config = json.loads((reward_run / "final" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
+
+    recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", "grpo", "runs/grpo-rm",
+                       rewards=[{"name": "reward_model", "path": str(reward_run / "final")}])
+    out, _ = run(work["folder"], recipe)
+    logs = [r for r in metrics(out) if "reward" in r]
+    assert "rewards/reward_model/mean" in logs[-1]
+    before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
+    assert before <= 0.5 and after >= 0.9, (before, after)
 
 
 def exact_match(folder: Path, prompts: list[str]) -> float:

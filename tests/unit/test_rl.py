@@ -315,3 +315,36 @@ def test_prompt_rows_render_chat_and_keep_answer_and_columns(tmp_path, tiny_toke
     row = b.train[0]
     assert row["prompt"].endswith("<|assistant|>\n") and "what is 0+1?" in row["prompt"]
     assert (row["answer"], row["level"], row["_row"]) == ("1", "easy", f"data.train[0] row 1 of {tmp_path}/p.jsonl")
+
+
+# ------------------------------------------------------------------------------ objective: reward
+PAIRS = [{"path": "pairs.jsonl", "format": "preference"}]
+
+
+def test_reward_objective_needs_a_one_logit_classifier(tmp_path):
+    p = problems(tmp_path, {"objective": "reward"}, {"train": PAIRS})
+    assert list(p) == ["model.task"] and "sequence classifier with one output" in p["model.task"].message
+    p = problems(tmp_path, {"objective": "reward"}, {"train": PAIRS},
+                 model={"path": "m", "task": "sequence-classification", "labels": ["a", "b"]})
+    assert list(p) == ["model.labels"]
+    r = plan(tmp_path, {"objective": "reward"}, {"train": PAIRS}, model={"path": "m", "task": "sequence-classification"})
+    assert (r.config_class, r.trainer_class) == ("trl.RewardConfig", "trl.RewardTrainer")
+    assert (r.trainer["max_length"], r.trainer["disable_dropout"]) == (64, True)
+
+
+def test_reward_model_config_has_one_label(tmp_path, tiny_model_dir):
+    from ftune.modeling import load_config
+
+    recipe = load_recipe(_write(tmp_path, {"objective": "reward"}, {"train": PAIRS},
+                                model={"path": str(tiny_model_dir), "task": "sequence-classification"})).recipe
+    config = load_config(recipe)
+    assert config.num_labels == 1 and config.id2label == {0: "reward"}
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="trl not installed")
+def test_reward_config_takes_plan_trainer_unchanged(tmp_path):
+    from ftune.worker.train import training_arguments
+
+    p = plan(tmp_path, {"objective": "reward"}, {"train": PAIRS}, model={"path": "m", "task": "sequence-classification"})
+    args = training_arguments(p)
+    assert type(args).__name__ == "RewardConfig" and args.max_length == 64

@@ -32,7 +32,8 @@ def formats_fit_objective(recipe: Recipe) -> Iterator[Problem]:
                              "train.objective is 'sft'",
                              "set `train.objective: dpo` (or orpo, simpo; kto for unpaired-preference)")
         elif obj.data_format is not None and src.format != obj.data_format:
-            other = {"unpaired-preference": "kto", "prompt": "grpo or rloo"}.get(src.format, "dpo, orpo or simpo")
+            other = {"unpaired-preference": "kto", "prompt": "grpo or rloo"}.get(src.format,
+                                                                                   "dpo, orpo, simpo or reward")
             yield Problem.at(f"{where}.format", f"train.objective '{obj.name}' reads `format: {obj.data_format}` "
                              f"rows, not {src.format}",
                              f"write the rows as {_shape(obj.data_format)}"
@@ -80,7 +81,16 @@ def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at("data.max_prompt_length", "max_prompt_length truncates the prompts of preference data; "
                              "train.objective is 'sft'", "remove it, or use data.max_seq_length")
         return
-    if recipe.model.task != "causal-lm":
+    if t.objective == "reward":
+        if recipe.model.task != "sequence-classification":
+            yield Problem.at("model.task", "a reward model is a sequence classifier with one output (its logit "
+                             f"scores a text); model.task is '{recipe.model.task}'",
+                             "set `model.task: sequence-classification`")
+        for key in ("labels", "num_labels"):
+            if getattr(recipe.model, key) is not None:
+                yield Problem.at(f"model.{key}", "a reward model has one output, the reward; it has no classes",
+                                 "remove it")
+    elif recipe.model.task != "causal-lm":
         yield Problem.at("train.objective", f"{t.objective} trains a causal LM on completions; model.task is "
                          f"'{recipe.model.task}'", "use `model.task: causal-lm`, or `train.objective: sft`")
     if d.packing:
