@@ -124,18 +124,18 @@ def guard(plan):
     return RLGuard()
 
 
-def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list):
-    """TRL's GRPOTrainer / RLOOTrainer on the model ftune loaded and adapted, with the recipe's rewards."""
+def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
+    """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
+    the recipe's rewards."""
     from transformers import PrinterCallback
 
     from ftune.worker.distributed import set_mixed_precision_policy
-    from ftune.worker.train import _import
 
     rl = plan.recipe.train.rl
     run = plan.run
     funcs, reward_tokenizers = reward_functions(plan)
 
-    class RLTrainer(_import(plan.trainer_class)):
+    class RLTrainer(trainer_class):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             set_mixed_precision_policy(self.accelerator, plan)

@@ -64,7 +64,7 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
     if r.train.objective in RL_OBJECTIVES:
         from ftune.worker import rl
 
-        return rl.build_trainer(plan, model, tokenizer, bundle, args, callbacks)
+        return rl.build_trainer(plan, _import(plan.trainer_class), model, tokenizer, bundle, args, callbacks)
     if r.train.objective != "sft":
         return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks, ref_model)
     Trainer = _import(plan.trainer_class)

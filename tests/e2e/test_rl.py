@@ -95,7 +95,7 @@ def rl_runs(work) -> dict:
 def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work):
     out = rl_runs(objective)
     logs = [r for r in metrics(out) if "reward" in r]
-    assert len(logs) == 4
+    assert [r["step"] for r in logs] == [1, 4, 8, 12, 16]
     first, last = logs[0], logs[-1]
     # the SFT model says TARGET about a quarter of the time; RL makes it the answer
     assert first["reward"] <= 0.5 and last["reward"] >= 0.7 and last["reward"] > first["reward"] + 0.3

@@ -348,3 +348,19 @@ def test_reward_config_takes_plan_trainer_unchanged(tmp_path):
     p = plan(tmp_path, {"objective": "reward"}, {"train": PAIRS}, model={"path": "m", "task": "sequence-classification"})
     args = training_arguments(p)
     assert type(args).__name__ == "RewardConfig" and args.max_length == 64
+
+
+def test_ftune_data_shows_rendered_prompts_and_answers(tmp_path, tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from ftune.cli.data import prompt_samples
+    from ftune.worker.data import build
+
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Q: {i}+1\nA:", "answer": str(i + 1)}) + "\n"
+                                              for i in range(3)))
+    data = {"train": [{"path": str(tmp_path / "p.jsonl"), "format": "prompt"}], "shuffle": False}
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    b = build(load_recipe(_write(tmp_path, grpo(), data)).recipe, tok, log=lambda *a: None)
+    [s] = prompt_samples(tok, b.train, 1)
+    assert (s["runs"][0]["text"], s["answer"], s["runs"][0]["trained"]) == ("Q: 0+1\nA:", "1", False)
+    assert s["source"].startswith("data.train[0] row 1 of")
