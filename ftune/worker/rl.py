@@ -57,28 +57,36 @@ def reward_function(spec, plugin):
     return reward
 
 
-def reward_functions(plan) -> tuple[list, list]:
-    """(reward_funcs, reward_processing_classes) for TRL, in the recipe's order (weights: plan.trainer)."""
+def reward_model_function(spec, device):
+    """A `reward_model` entry: the sequence classifier's logit for prompt + completion + eos, the text as TRL's
+    RewardTrainer scored it in training (it appends eos to every completion). Without the eos the score is read at
+    the completion's last word, where it was never trained: a tiny GRPO run learned to repeat the rewarded word
+    forever (reward -0.68 -> 2.24, every completion clipped)."""
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    path = spec.args["path"]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval().requires_grad_(False)
+    model.config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model.to(device)
+    eos = tok.eos_token or ""
+
+    def reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
+        texts = [str(p) + (c if isinstance(c, str) else c[-1]["content"]) + eos for p, c in zip(prompts, completions)]
+        batch = tok(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        with torch.inference_mode():
+            return model(**batch.to(device)).logits[:, 0].float().tolist()
+
+    reward.__name__ = REWARD_MODEL
+    return reward
+
+
+def reward_functions(plan, device) -> list:
+    """TRL's reward_funcs, in the recipe's order (weights: plan.trainer)."""
     known = available()
-    funcs, tokenizers = [], []
-    for spec in plan.recipe.train.rl.rewards:
-        if spec.name == REWARD_MODEL:
-            path = spec.args["path"]
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-            model.config._name_or_path = REWARD_MODEL  # TRL names its metrics after it
-            model.eval().requires_grad_(False)
-            tok = AutoTokenizer.from_pretrained(path)
-            if tok.pad_token is None:
-                tok.pad_token = tok.eos_token
-            model.config.pad_token_id = tok.pad_token_id
-            funcs.append(model)
-            tokenizers.append(tok)
-        else:
-            funcs.append(reward_function(spec, known[spec.name]))
-            tokenizers.append(None)
-    return funcs, tokenizers
+    return [reward_model_function(spec, device) if spec.name == REWARD_MODEL
+            else reward_function(spec, known[spec.name]) for spec in plan.recipe.train.rl.rewards]
 
 
 def guard(plan):
@@ -133,7 +141,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
 
     rl = plan.recipe.train.rl
     run = plan.run
-    funcs, reward_tokenizers = reward_functions(plan)
+    funcs = reward_functions(plan, args.device)
 
     class RLTrainer(trainer_class):
         def create_accelerator_and_postprocess(self):
@@ -170,7 +178,6 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         train_dataset=bundle.train,
         eval_dataset=bundle.eval,
         processing_class=tokenizer,
-        reward_processing_classes=reward_tokenizers,
         callbacks=[guard(plan), *callbacks],
     )
     trainer.remove_callback(PrinterCallback)

@@ -113,11 +113,18 @@ def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work)
 
 @pytest.fixture(scope="module")
 def reward_run(work, tiny_model_dir) -> Path:
-    """`objective: reward` on pairs whose chosen answer is TARGET and rejected one of the others."""
+    """`objective: reward` on pairs whose chosen answer is TARGET alone and rejected one of the others, or TARGET
+    among other words (trained on single words only, the model scored `dog sun sun sun` above `sun`, and GRPO
+    learned to say that: reward up, every completion clipped, exact match 0)."""
     rng = random.Random(4)
     others = [a for a in ANSWERS if a != TARGET]
-    pairs = [{"prompt": TEMPLATE.format(instruction=q), "chosen": f" {TARGET}", "rejected": f" {rng.choice(others)}"}
-             for q in questions(200, seed=4)]
+
+    def rejected() -> str:
+        words = [rng.choice(others)] if rng.random() < 0.5 else rng.sample([*others, TARGET, TARGET], 3)
+        return " " + " ".join(words)
+
+    pairs = [{"prompt": TEMPLATE.format(instruction=q), "chosen": f" {TARGET}", "rejected": rejected()}
+             for q in questions(240, seed=4)]
     data = write_jsonl(work["folder"] / "pairs.jsonl", pairs)
     recipe = base_recipe(tiny_model_dir, data,
                          model={"path": str(tiny_model_dir), "dtype": "float32", "task": "sequence-classification"},
@@ -141,9 +148,11 @@ def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
                        rewards=[{"name": "reward_model", "path": str(reward_run / "final")}])
     out, _ = run(work["folder"], recipe)
     logs = [r for r in metrics(out) if "reward" in r]
-    assert "rewards/reward_model/mean" in logs[-1]
+    curve = [(r["step"], r["rewards/reward_model/mean"], r["clipped_ratio"]) for r in logs]
+    tail = (out / "completions.jsonl").read_text().splitlines()[-4:]
     before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
-    assert before <= 0.5 and after >= 0.9, (before, after)
+    assert logs[-1]["reward"] > logs[0]["reward"] + 1.0, curve  # the reward model's score rises
+    assert before <= 0.5 and after >= 0.9, (before, after, curve, tail)
 
 
 def exact_match(folder: Path, prompts: list[str]) -> float:
