@@ -45,7 +45,12 @@ def inputs(recipe: Recipe) -> list[Problem]:
         for i, src in enumerate(items):
             if src.type == "hub":
                 continue
-            if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
+            if src.is_glob:
+                if not src.files():
+                    found.append(Problem.at(f"{prefix}.{i}.path", f"no file matches {src.path}",
+                                            "paths are relative to the working directory "
+                                            f"({os.getcwd()}); check the pattern"))
+            elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
                 found.append(Problem.at(f"{prefix}.{i}.path", f"data file not found: {src.path}",
                                         "paths are relative to the working directory "
                                         f"({os.getcwd()}); check the spelling or run from the project root"))

@@ -15,8 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ftune.errors import FtuneError
-from ftune.plugins import RewardPlugin, installed
+from ftune.plugins import RewardPlugin, installed, merged
 
 
 @dataclass(frozen=True)
@@ -126,13 +125,8 @@ REWARD_MODEL = "reward_model"
 
 @cache
 def available() -> dict[str, RewardPlugin]:
-    """The built-in rewards and the installed plugins'; a plugin may not take a built-in's name."""
-    plugged = installed().rewards
-    for name in plugged:
-        if name in BUILTIN:
-            raise FtuneError(f"reward '{name}' is registered by the plugin {installed().versions[name]} and is "
-                             "built into ftune", hint="rename the plugin's reward")
-    return BUILTIN | plugged
+    """The built-in rewards and the installed plugins'; a plugin may not take a built-in's name (`merged`)."""
+    return merged("rewards", BUILTIN)
 
 
 def where(name: str) -> str:

@@ -239,19 +239,20 @@ def test_a_reward_that_raises_or_returns_nan_is_named_with_its_row(monkeypatch):
 
 
 def test_plugin_rewards_join_the_registry_and_may_not_shadow_a_builtin(monkeypatch):
+    import ftune.plugins as plugins
     import ftune.rewards as rewards
     from ftune.errors import FtuneError
-    from ftune.plugins import Registry, RewardPlugin
+    from ftune.plugins import KINDS, Registry, RewardPlugin
 
     def registry(**r):
-        return Registry({}, {}, {}, {n: "team-rewards 1.0" for n in r}, r)
+        return Registry({**{k: {} for k in KINDS}, "rewards": r}, {n: "team-rewards 1.0" for n in r})
 
-    monkeypatch.setattr(rewards, "installed", lambda: registry(format_ok=RewardPlugin("m:f", rewards.NoArgs)))
+    monkeypatch.setattr(plugins, "installed", lambda: registry(format_ok=RewardPlugin("m:f", rewards.NoArgs)))
     rewards.available.cache_clear()
     assert "format_ok" in rewards.available() and "exact_match" in rewards.available()
-    monkeypatch.setattr(rewards, "installed", lambda: registry(numeric=RewardPlugin("m:f", rewards.NoArgs)))
+    monkeypatch.setattr(plugins, "installed", lambda: registry(numeric=RewardPlugin("m:f", rewards.NoArgs)))
     rewards.available.cache_clear()
-    with pytest.raises(FtuneError, match="reward 'numeric' is registered by the plugin team-rewards 1.0"):
+    with pytest.raises(FtuneError, match="plugin team-rewards 1.0 registers reward 'numeric', which is built in"):
         rewards.available()
     rewards.available.cache_clear()
 
