@@ -147,7 +147,7 @@ def build(
                 elif preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
-                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch, log=log)
                 entry = cache.commit(scratch, key)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
