@@ -86,6 +86,11 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def completions(self) -> Path:
+        """grpo/rloo: a sample of the generated completions with their rewards, per log (JSON lines)."""
+        return self.root / "completions.jsonl"
+
+    @property
     def summary(self) -> Path:
         return self.root / "summary.json"
 

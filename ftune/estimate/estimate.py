@@ -418,7 +418,16 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
 
     layer_classes = _layer_classes(model, recipe)
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
-    if not (seq_length or recipe.data.max_seq_length):
+    rl = recipe.train.rl if recipe.train.objective in ("grpo", "rloo") else None
+    if rl is not None and not seq_length:  # a row is a prompt plus a generated completion
+        seq = (recipe.data.max_prompt_length or 0) + rl.max_completion_length or seq
+        notes.append(f"{recipe.train.objective}: activations for rows of {seq} tokens "
+                     f"(data.max_prompt_length {recipe.data.max_prompt_length or 'unset: 0'} + max_completion_length "
+                     f"{rl.max_completion_length}); generation's KV cache (freed before the training forward) is "
+                     "not counted"
+                     + ("; vLLM colocated takes train.rl.generation.vllm_gpu_memory_utilization of each GPU on top"
+                        if rl.generation.backend == "vllm" and rl.generation.vllm_mode == "colocate" else ""))
+    elif not (seq_length or recipe.data.max_seq_length):
         notes.append(f"data.max_seq_length unset: activations assume the model's maximum, {seq} tokens")
     built = getattr(model.config, "_attn_implementation", None)
     attn = "eager" if built == "eager" else recipe.model.attn_implementation or "sdpa"
@@ -441,7 +450,11 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
-    fits = None if device_memory is None else memory.total <= device_memory
+    usable = device_memory
+    if device_memory is not None and rl is not None and rl.generation.backend == "vllm" \
+            and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
+        usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
+    fits = None if usable is None else memory.total <= usable
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)

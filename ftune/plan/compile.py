@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ftune import __version__, adapter
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, environment, preference
+from ftune.plan import accelerate, batching, environment, preference, rl
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -123,12 +123,13 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                      f"{recipe.model.path}")
     if (ref := preference.reference_note(recipe, continued=adapter_dir is not None)) is not None:
         notes.append(ref)
+    notes += rl.notes(recipe, world_size, continued=adapter_dir is not None)
     if (fsdp_mp := preference.fsdp_mixed_precision(recipe, mp)) is not None:
         notes.append(f"fsdp {mp}: {train.objective} log-probs stay float32 (FSDP2 outputs not cast to {mp}, "
                      "which would round each sequence's summed log-prob)")
     trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                   accelerate_config=config, resuming=resume_from is not None)
-               | preference.config_kwargs(recipe))
+               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
     threads = cpu_threads(train.threads, num_processes) if device == "cpu" else None
     return Plan(

@@ -20,6 +20,7 @@ def preflight(loaded, plan) -> list[Problem]:
     model = build_meta_model(recipe)
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
+    found += completion_position_problems(recipe, model)
     found += quantization.check_model_config(recipe, model, plan.device)
     errors = [p for p in found if p.severity == "error"]
     if errors:
@@ -75,6 +76,25 @@ def position_problems(recipe: Recipe, model) -> list[Problem]:
                        f"{limit} is longer than the model's max_position_embeddings ({positions}, in "
                        f"{recipe.model.path}/config.json)",
                        f"set data.max_seq_length to at most {positions}")]
+
+
+def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
+    """grpo/rloo: the prompt (at most data.max_prompt_length tokens) plus max_completion_length past the model's
+    positions: generation would run off the end. The data stage checks each prompt's real length."""
+    rl = recipe.train.rl
+    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+        return []
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    prompt = recipe.data.max_prompt_length or 1
+    if not isinstance(positions, int) or positions <= 0 or prompt + rl.max_completion_length <= positions:
+        return []
+    what = f"data.max_prompt_length ({prompt}) + " if recipe.data.max_prompt_length else "a prompt + "
+    return [Problem.at("train.rl.max_completion_length",
+                       f"{what}max_completion_length ({rl.max_completion_length}) is longer than the model's "
+                       f"max_position_embeddings ({positions}, in {recipe.model.path}/config.json)",
+                       f"keep max_completion_length + the prompt within {positions} tokens")]
 
 
 def target_hint(model) -> str:

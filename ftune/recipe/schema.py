@@ -16,7 +16,7 @@ from ftune.plugins import merged as merged_plugins
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
-                   "unpaired-preference")
+                   "unpaired-preference", "prompt")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
 FORMAT_ALIASES: dict[str, dict[str, Any]] = {
@@ -116,7 +116,9 @@ class Fields(Section):
     """`classification`: the label column (a name from model.labels, or an integer id); `unpaired-preference`:
     the desirable flag (true/false)."""
     prompt: str = "prompt"
-    """`preference` and `unpaired-preference`: the prompt (a string, or a list of chat messages)."""
+    """`preference`, `unpaired-preference` and `prompt`: the prompt (a string, or a list of chat messages)."""
+    answer: str = "answer"
+    """`prompt`: the reference answer the rewards compare completions with (optional unless a reward reads it)."""
     chosen: str = "chosen"
     """`preference`: the preferred completion (a string, or a list of assistant messages)."""
     rejected: str = "rejected"
@@ -132,7 +134,7 @@ class DataSource(Section):
     format: Literal[(*FORMATS, *FORMAT_ALIASES)] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
-    (train.objective). Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
+    (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo. Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
     value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
@@ -389,15 +391,81 @@ class PreferenceSection(Section):
     """kto: weight of undesirable completions."""
 
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo")
+class RewardSpec(BaseModel):
+    """One reward: `{name, weight, ...its arguments}`; the arguments are checked by the reward's own model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+    name: str
+    """A built-in reward (exact_match, contains, numeric, regex, choice, json, length, think_format,
+    repetition_penalty, soft_overlong_punishment, reward_model) or one an installed plugin registers."""
+    weight: float = 1.0
+    """Its weight in the total reward (TRL's reward_weights)."""
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class GenerationSection(Section):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """How completions are sampled: the training model through transformers' generate, or vLLM (CUDA only;
+    `pip install vllm`)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """vllm: `colocate` runs vLLM in the training processes (a share of GPU memory), `server` talks to
+    `trl vllm-serve`."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)
+    """vllm colocate: the share of each GPU's memory vLLM takes."""
+
+
+class RLSection(Section):
+    """Settings of the online RL objectives (grpo, rloo): TRL's meanings; unset keys take TRL's defaults."""
+
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    """The rewards summed (weighted) into each completion's reward."""
+    num_generations: int | None = Field(None, ge=2)
+    """Completions sampled per prompt (a group; TRL's default: grpo 8, rloo 2). per_device_batch_size x
+    gradient_accumulation_steps x processes counts completions and must be a multiple of it."""
+    max_completion_length: int = Field(512, ge=1)
+    """Longest completion in tokens; a longer one is cut (clipped)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    beta: float | None = Field(None, ge=0.0)
+    """KL coefficient against the reference (TRL's default: grpo 0, rloo 0.05; 0: no reference model; LoRA: the
+    adapter disabled, full: a frozen copy)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] | None = None
+    """grpo only: how token losses are aggregated (TRL's default dapo)."""
+    epsilon: float = Field(0.2, gt=0.0)
+    """Clipping range of the policy ratio."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """grpo only: divide advantages by the group's std (TRL's default), the batch's, or not at all (Dr. GRPO)."""
+    num_iterations: int = Field(1, ge=1)
+    """Optimisation passes over each generated batch (mu)."""
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    """Where completions are generated."""
+    guard_logs: int = Field(3, ge=1)
+    """Stop the run when, for this many training logs in a row, every group's rewards are identical (all
+    advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
+    completions_sample: int = Field(8, ge=0)
+    """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
+
+
+OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
 
 
 class TrainSection(Section):
     objective: Literal[OBJECTIVES] = "sft"  # type: ignore[valid-type]
-    """What is optimised: `sft` (next-token loss) or a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
-    `simpo`; needs `pip install 'ftune[preference]'`)."""
+    """What is optimised: `sft` (next-token loss), a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
+    `simpo`), a reward model (`reward`: a one-logit sequence classifier trained on preference pairs, with
+    `model.task: sequence-classification`), or online RL from rewards (`grpo`, `rloo`, on `format: prompt` data);
+    TRL's need
+    `pip install 'ftune[preference]'`."""
     preference: PreferenceSection | None = None
     """Settings of the preference objective (beta, loss_type, label_smoothing, reference, ...)."""
+    rl: RLSection | None = None
+    """Settings of grpo and rloo: rewards, generations per prompt, completion length, sampling, KL."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training data (or set max_steps)."""
     max_steps: int | None = Field(None, gt=0)

@@ -241,7 +241,8 @@ def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
                 "format 'classification' needs model.task 'sequence-classification', but it is 'causal-lm'",
                 "set `model.task: sequence-classification` (with model.labels), or another data format",
             )
-        elif task == "sequence-classification" and source.format != "classification":
+        elif task == "sequence-classification" and source.format != "classification" \
+                and not (recipe.train.objective == "reward" and source.format == "preference"):
             yield Problem.at(
                 path,
                 f"model.task is 'sequence-classification' but this source has format '{source.format}'"
@@ -259,7 +260,8 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
             f"num_labels is {m.num_labels} but model.labels names {len(m.labels)} classes",
             "drop `num_labels` (it defaults to len(labels)) or make them agree",
         )
-    if m.task == "sequence-classification" and m.num_labels is None and m.labels is None:
+    if m.task == "sequence-classification" and m.num_labels is None and m.labels is None \
+            and recipe.train.objective != "reward":  # a reward model has one output
         yield Problem.at(
             "model.task",
             "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ftune.plugins import installed
-from ftune.recipe.objectives import preference_data
+from ftune.recipe.objectives import preference_data, rl_data
 from ftune.recipe.schema import Recipe
 from ftune.worker.data.check import check_fields
 from ftune.worker.data.errors import DataError
@@ -91,7 +91,7 @@ def build(
 
     from ftune.worker.data import packing
     from ftune.worker.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
-    from ftune.worker.data import preference
+    from ftune.worker.data import preference, prompt
     from ftune.worker.data.pipeline import preprocess
     from ftune.worker.data.sources import content_hash, resolve
 
@@ -142,7 +142,9 @@ def build(
             reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                if preference_data(recipe):
+                if rl_data(recipe):
+                    report = prompt.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                elif preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
                     report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch, log=log)
@@ -157,7 +159,7 @@ def build(
         log(line)
 
     how = collator or decide(recipe)
-    if preference_data(recipe):  # TRL tokenizes the text columns and brings its own collator
+    if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     if recipe.model.task == "sequence-classification":

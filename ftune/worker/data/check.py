@@ -46,6 +46,13 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
             ))
         if missing:
             continue
+        if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
+            problems.append((f"{where}.fields.answer",
+                             f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
+                             f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
+                             "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
+                             "rewards that read no answer (regex, json, length)"))
+            continue
         problems += _check_text_fields(where, spec, src, rows)
         if spec.format == "chat":
             problems += _check_messages(where, spec, rows)
@@ -59,6 +66,17 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
                                      "add it to model.labels, or fix the row"))
                     break
     return problems
+
+
+def answer_readers(recipe: Recipe) -> list[str]:
+    """The recipe's rewards that read the row's answer (online RL only)."""
+    from ftune.rewards import available
+
+    rl = recipe.train.rl
+    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+        return []
+    known = available()
+    return [r.name for r in rl.rewards if r.name in known and known[r.name].needs_answer]
 
 
 TEXT_FIELDS = {"text": ("text",), "instruction": ("instruction", "input", "output"), "classification": ("text",)}

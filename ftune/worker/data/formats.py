@@ -113,6 +113,7 @@ def required_fields(src: Source) -> dict[str, str]:
         "classification": {"text": f.text, "label": f.label},
         "preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
         "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
+        "prompt": {"prompt": f.prompt},
     }[src.spec.format]
 
 
