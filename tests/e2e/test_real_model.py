@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
                        reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
 ]
-STEPS = 16
+STEPS = 12
 NEW_TOKENS = 20
 
 
@@ -50,7 +50,7 @@ def real(tmp_path_factory):
                   "seed": 3, "warmup_steps": 0},
         "output": {"dir": str(work / "run"), "report_to": []},
     })
-    result = ftune("run", str(recipe), cwd=work, timeout=600)
+    result = ftune("run", str(recipe), cwd=work, timeout=1800)
     assert result.code == 0, result.text[-4000:]
     base = converted_folder(inspect(GGUF))
     return {"work": work, "run": work / "run", "base": base, "prompts": files["prompts"], "out": result.text}
@@ -70,6 +70,11 @@ def test_the_gguf_is_converted_once_and_the_plan_says_so(real):
     assert again.code == 0 and "dequantizing" not in again.text, again.text[-2000:]
 
 
+def answers(target: Path, prompts: Path, cwd: Path) -> list[dict]:
+    return generated(ftune("generate", str(target), "--file", str(prompts), "--max-new-tokens", str(NEW_TOKENS),
+                           "--format", "json", cwd=cwd, timeout=900))
+
+
 def test_chat_template_and_special_tokens_carry_over_and_im_end_stops(real):
     from transformers import AutoTokenizer
 
@@ -77,18 +82,18 @@ def test_chat_template_and_special_tokens_carry_over_and_im_end_stops(real):
     assert "<|im_start|>" in tok.chat_template and tok.eos_token == "<|im_end|>"
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n")
-    base = generated(ftune("generate", str(real["base"]), "--prompt", "What is the capital of France?",
-                           "--max-new-tokens", "40", "--format", "json", cwd=real["work"]))
-    [row] = base
-    assert "Paris" in row["completion"], row
-    assert row["finish_reason"] == "stop" and row["tokens"] < 40  # ended on <|im_end|>, not the token limit
-    assert "<|im_start|>" not in row["completion"] and "user" not in row["completion"].lower()
+    before = answers(real["base"], real["prompts"], real["work"])
+    real["before"] = before
+    for row in before:  # every answer ends on <|im_end|>, not at the token limit, and no next turn leaks in
+        assert row["finish_reason"] == "stop" and row["tokens"] < NEW_TOKENS, row
+        assert "<|im_start|>" not in row["completion"] and "<|im_end|>" not in row["completion"]
+    france = next(r["completion"] for r in before if r["prompt"] == "What is the capital of France?")
+    assert "Paris" in france, france
 
 
 def test_the_rule_is_learned_on_held_out_prompts_and_knowledge_kept(real):
-    args = ["--file", str(real["prompts"]), "--max-new-tokens", str(NEW_TOKENS), "--format", "json"]
-    before = generated(ftune("generate", str(real["base"]), *args, cwd=real["work"]))
-    after = generated(ftune("generate", str(real["run"]), *args, cwd=real["work"]))
+    before = real.get("before") or answers(real["base"], real["prompts"], real["work"])
+    after = answers(real["run"], real["prompts"], real["work"])
     assert sum(house.follows_rule(r["completion"]) for r in before) == 0  # the base has no such habit
     followed = sum(house.follows_rule(r["completion"]) for r in after)
     assert followed >= 0.9 * len(house.HELD_OUT), [r["completion"] for r in after]
@@ -98,14 +103,39 @@ def test_the_rule_is_learned_on_held_out_prompts_and_knowledge_kept(real):
     real["after"] = [r["completion"] for r in after]
 
 
-def test_merge_then_generate_equals_the_adapter(real):
+def test_merge_generate_and_export_gguf_round_trip(real):
+    """merge -> generate equals the adapter; export f16 of the merged folder, verified; the GGUF reloaded through
+    transformers answers 20 prompts (10 held-out, 10 trained) greedily exactly as the merged model does."""
     merged = real["work"] / "merged"
-    result = ftune("merge", str(real["run"]), "--out", str(merged), "--dtype", "float32", cwd=real["work"])
+    result = ftune("merge", str(real["run"]), "--out", str(merged), "--dtype", "float32", cwd=real["work"],
+                   timeout=900)
     assert result.code == 0, result.text[-3000:]
-    args = ["--file", str(real["prompts"]), "--max-new-tokens", str(NEW_TOKENS), "--format", "json"]
-    adapter = real.get("after") or [r["completion"] for r in generated(ftune("generate", str(real["run"]), *args,
-                                                                              cwd=real["work"]))]
-    assert [r["completion"] for r in generated(ftune("generate", str(merged), *args, cwd=real["work"]))] == adapter
-    assert (merged / "tokenizer_config.json").is_file()
-    assert "<|im_start|>" in (Path(merged) / "tokenizer_config.json").read_text() + "".join(
-        p.read_text() for p in Path(merged).glob("*.jinja"))
+    adapter = real.get("after") or [r["completion"] for r in answers(real["run"], real["prompts"], real["work"])]
+    assert [r["completion"] for r in answers(merged, real["prompts"], real["work"])] == adapter
+    assert "<|im_start|>" in "".join(p.read_text() for p in merged.glob("*.jinja"))
+
+    out = real["work"] / "merged-f16.gguf"
+    exported = ftune("export", "gguf", str(merged), "--out", str(out), "--json", cwd=real["work"], timeout=900)
+    assert exported.code == 0, exported.text[-3000:]
+    record = json.loads(exported.out)
+    assert record["max_diff"] <= record["tolerance"] == 0.02 and out.is_file()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ftune.worker.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
+
+    questions = house.HELD_OUT + [q for q, _ in house.TRAIN[:10]]
+
+    def greedy(model, tok) -> list[str]:
+        fmt = model_prompt_format(tok)
+        ids = [encode_prompt(fmt, tok, {"prompt": q}) for q in questions]
+        done = generate(model, tok, ids, stop_ids=stop_token_ids(tok, fmt), max_new_tokens=NEW_TOKENS,
+                        batch_size=len(ids))
+        return [c.text for c in done]
+
+    from_gguf = greedy(AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name, dtype="float32"),
+                       AutoTokenizer.from_pretrained(str(out.parent), gguf_file=out.name))
+    from_merged = greedy(AutoModelForCausalLM.from_pretrained(str(merged), dtype="float32"),
+                         AutoTokenizer.from_pretrained(str(merged)))
+    assert from_gguf == from_merged
+    assert sum(map(house.follows_rule, from_gguf)) >= 18
