@@ -127,6 +127,12 @@ def report(figures: dict, timings: dict, console) -> bool:
     return learned
 
 
+def _machine() -> str:
+    """What the timings were measured on: cores and the load average at the end (others' work slows a run)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end"
+
+
 def real_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict, bool]:
     """Stage C (`ftune.demo.real`): LoRA on SmolLM2-135M-Instruct from its GGUF; skipped without the package."""
     from ftune.demo import real
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             learned = learned and real_learned
         timings["total"] = time.perf_counter() - start
         summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned,
-                   "date": time.strftime("%Y-%m-%d", time.gmtime())}
+                   "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": _machine()}
         (workdir / "runs" / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     except FtuneError as err:
         from ftune.cli.console import print_error

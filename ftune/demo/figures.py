@@ -37,8 +37,8 @@ def markdown(summary: dict) -> str:
                  f"{b['eval_loss_after']:.2f}, greedy accuracy on {b['eval_questions']} held-out questions "
                  f"{b['accuracy_before']:.0%} → {b['accuracy_after']:.0%}.")
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total")
-    lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}) on 2 CPU cores shared with other "
-                 f"test runs; measured {summary.get('date', 'undated')}.")
+    lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}; the model already converted) on "
+                 f"{summary.get('machine', 'an unrecorded machine')}; measured {summary.get('date', 'undated')}.")
     return "\n".join(lines)
 
 

@@ -83,6 +83,7 @@ def learned(fig: dict) -> bool:
 
 
 def report(fig: dict, console) -> bool:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"stage C: SmolLM2-135M-Instruct, before -> after ({fig['steps']} LoRA steps)",
@@ -90,9 +91,9 @@ def report(fig: dict, console) -> bool:
     for col in ("held-out question", "before", "after"):
         table.add_column(col, overflow="fold")
     for s in fig["samples"]:
-        table.add_row(s["prompt"], s["before"], s["after"])
+        table.add_row(escape(s["prompt"]), escape(s["before"]), escape(s["after"]))  # `[ftune]` is no markup
     console.print(table)
-    console.print(f"answers in the house format ({house.TAG} ...): {fig['rule_before']:.0%} -> "
+    console.print(f"answers in the house format ({escape(house.TAG)} ...): {fig['rule_before']:.0%} -> "
                   f"[bold]{fig['rule_after']:.0%}[/bold] of {fig['held_out_prompts']} held-out questions; a fact the "
                   f"base knew ({', '.join(house.KNOWN.values())}): {fig['knowledge_before']:.0%} -> "
                   f"{fig['knowledge_after']:.0%}; train loss {fig['first_train_loss']:.2f} -> "
