@@ -23,6 +23,8 @@ def write_gguf(path: Path, arch: str = "llama", name: str = "tiny") -> Path:
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
+    writer.add_block_count(3)
+    writer.add_context_length(256)
     writer.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32).reshape(8, 8))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -104,3 +106,23 @@ def test_init_random_with_a_gguf_is_refused(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match="problem") as err:
         compile_plan(load_recipe(recipe))
     assert "model.init: `init: random`" in err.value.render()
+
+
+def test_the_plan_names_the_cached_folder_and_reads_no_weight(tmp_path, monkeypatch):
+    """A sound GGUF compiles: model_load.path is the sha-keyed cache folder (not written yet: `run` converts),
+    model_load.gguf the source, model.config a config.json built from the metadata alone; a note says so."""
+    from ftune.gguf import converted_folder
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+
+    monkeypatch.setenv("FTUNE_MODEL_CACHE", str(tmp_path / "cache"))
+    file = write_gguf(tmp_path / "m.gguf")
+    plan = compile_plan(load_recipe(_recipe(tmp_path, {"path": str(file)})), check_inputs=False)
+    folder = converted_folder(inspect(file))
+    assert plan.model_load.path == str(folder) and not folder.exists()
+    assert plan.model_load.gguf.file == str(file.resolve()) and plan.model_load.gguf.architecture == "llama"
+    config = Path(plan.recipe.model.config) / "config.json"
+    assert config.is_file() and '"model_type": "llama"' in config.read_text()
+    text = config.read_text()  # through transformers' GGUF key table: llama.block_count, llama.context_length
+    assert '"num_hidden_layers": 3' in text and '"max_position_embeddings": 256' in text
+    assert any("dequantized copy" in n for n in plan.notes)
