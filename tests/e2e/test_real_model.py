@@ -66,7 +66,8 @@ def test_the_gguf_is_converted_once_and_the_plan_says_so(real):
     assert config["tie_word_embeddings"] is True and config["vocab_size"] == 49152
     assert "quantization_config" not in config
     # a second plan of the same file converts nothing
-    again = ftune("run", str(real["run"] / "recipe.yaml"), "--dry-run", cwd=real["work"])
+    again = ftune("run", str(real["work"] / "recipe.yaml"), f"output.dir={real['work'] / 'dry'}", "--dry-run",
+                  cwd=real["work"], timeout=600)
     assert again.code == 0 and "dequantizing" not in again.text, again.text[-2000:]
 
 
