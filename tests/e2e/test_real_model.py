@@ -85,11 +85,11 @@ def test_chat_template_and_special_tokens_carry_over_and_im_end_stops(real):
     assert text.endswith("<|im_start|>assistant\n")
     before = answers(real["base"], real["prompts"], real["work"])
     real["before"] = before
-    for row in before:  # every answer ends on <|im_end|>, not at the token limit, and no next turn leaks in
-        assert row["finish_reason"] == "stop" and row["tokens"] < NEW_TOKENS, row
-        assert "<|im_start|>" not in row["completion"] and "<|im_end|>" not in row["completion"]
-    france = next(r["completion"] for r in before if r["prompt"] == "What is the capital of France?")
-    assert "Paris" in france, france
+    for row in before:  # no special token is shown, no next turn leaks in (the base rambles up to the limit)
+        assert "<|im_start|>" not in row["completion"] and "<|im_end|>" not in row["completion"], row
+    france = next(r for r in before if r["prompt"] == "What is the capital of France?")
+    assert "Paris" in france["completion"], france
+    assert france["finish_reason"] == "stop" and france["tokens"] < NEW_TOKENS  # it ended on <|im_end|>
 
 
 def test_the_rule_is_learned_on_held_out_prompts_and_knowledge_kept(real):
