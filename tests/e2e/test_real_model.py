@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
                        reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
 ]
-STEPS = 12
+STEPS = 16
 NEW_TOKENS = 20
 
 
