@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         if target.plan is not None and not target.is_merged:
             from ftune.infer.merge import merge
 
-            scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.merge-", dir=out.parent))
+            # in the system temp dir: never inside the run dir, which the output policy keeps to the run's files
+            scratch = Path(tempfile.mkdtemp(prefix=f"ftune-export-{out.stem}-"))
             say(f"merging {target.model_dir} first (into a temporary folder, float32)")
             merge(target, out=scratch / "merged", dtype="float32", log=say)
             folder = scratch / "merged"
