@@ -58,3 +58,19 @@ def test_cli_refuses_an_existing_file_and_an_unwired_architecture(tiny_model_dir
     r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(out), "--force", "--json", cwd=tmp_path)
     assert r.code == 0, r.text
     assert json.loads(r.out)["outtype"] == "f16" and Path(out).read_bytes()[:4] == b"GGUF"
+
+
+@pytest.mark.slow
+def test_a_run_dir_is_merged_on_the_fly_and_exported(tiny_model_dir, text_data_file, tmp_path):
+    """A LoRA run dir: merged in the temp dir (not inside the run, which the output policy keeps to the run's own
+    files), exported beside final/ as <name>-f16.gguf, verified; the run dir gains only that file."""
+    from tests.e2e._util import base_recipe, write_recipe
+
+    recipe = base_recipe(tiny_model_dir, text_data_file, name="gx", train={"max_steps": 2},
+                         checkpoint={"strategy": "no"}, output={"dir": str(tmp_path / "run"), "report_to": []})
+    assert ftune("run", str(write_recipe(tmp_path, recipe)), cwd=tmp_path).code == 0
+    before = set((tmp_path / "run").iterdir())
+    r = ftune("export", "gguf", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.code == 0, r.text[-2000:]
+    assert "merging" in r.out and "greedy next tokens equal" in r.out
+    assert set((tmp_path / "run").iterdir()) - before == {tmp_path / "run" / "gx-f16.gguf"}
