@@ -71,6 +71,12 @@ def test_the_gguf_is_converted_once_and_the_plan_says_so(real):
     assert again.code == 0 and "dequantizing" not in again.text, again.text[-2000:]
 
 
+def asked(row: dict) -> str:
+    """The question of a `generate --format json` result (its `prompt` is the prompt row as read from --file)."""
+    prompt = row["prompt"]
+    return prompt["prompt"] if isinstance(prompt, dict) else prompt
+
+
 def answers(target: Path, prompts: Path, cwd: Path) -> list[dict]:
     return generated(ftune("generate", str(target), "--file", str(prompts), "--max-new-tokens", str(NEW_TOKENS),
                            "--format", "json", cwd=cwd, timeout=900))
@@ -87,7 +93,7 @@ def test_chat_template_and_special_tokens_carry_over_and_im_end_stops(real):
     real["before"] = before
     for row in before:  # no special token is shown, no next turn leaks in (the base rambles up to the limit)
         assert "<|im_start|>" not in row["completion"] and "<|im_end|>" not in row["completion"], row
-    france = next(r for r in before if r["prompt"] == "What is the capital of France?")
+    france = next(r for r in before if asked(r) == "What is the capital of France?")
     assert "Paris" in france["completion"], france
     assert france["finish_reason"] == "stop" and france["tokens"] < NEW_TOKENS  # it ended on <|im_end|>
 
@@ -99,7 +105,7 @@ def test_the_rule_is_learned_on_held_out_prompts_and_knowledge_kept(real):
     followed = sum(house.follows_rule(r["completion"]) for r in after)
     assert followed >= 0.9 * len(house.HELD_OUT), [r["completion"] for r in after]
     for question, word in house.KNOWN.items():
-        got = next(r["completion"] for r in after if r["prompt"] == question)
+        got = next(r["completion"] for r in after if asked(r) == question)
         assert word in got, got
     real["after"] = [r["completion"] for r in after]
 
