@@ -81,6 +81,29 @@ def _rows(path: Path, kind: str) -> list | int | None:
     return None
 
 
+_SLICE = re.compile(r"^\s*(\w+)\s*(?:\[\s*(-?\d+)?\s*(%)?\s*:\s*(-?\d+)?\s*(%)?\s*\])?\s*$")
+
+
+def split_rows(n: int, split: str) -> list[range] | None:
+    """The row ranges a `datasets` split expression selects from a local file's n rows (a local file is the one
+    split `train`): `train`, `train[:50%]`, `train[10:-10]`, `train[:10%]+train[-10%:]`, with datasets' rounding
+    (closest). None when it names another split or isn't such an expression (the data stage reports that)."""
+    out = []
+    for part in split.split("+"):
+        m = _SLICE.match(part)
+        if m is None or m.group(1) != "train":
+            return None
+        bounds = []
+        for value, pct, default in ((m.group(2), m.group(3), 0), (m.group(4), m.group(5), n)):
+            if value is None:
+                bounds.append(default)
+                continue
+            x = int(round(int(value) * n / 100.0)) if pct else int(value)
+            bounds.append(max(n + x, 0) if x < 0 else min(x, n))
+        out.append(range(bounds[0], bounds[1]))
+    return out
+
+
 def _row_text(row: dict, source) -> str:
     f = source.fields
     if source.format == "instruction":
@@ -89,6 +112,48 @@ def _row_text(row: dict, source) -> str:
         messages = row.get(f.messages) or []
         return " ".join(str(m.get(f.content, "")) for m in messages if isinstance(m, dict))
     return str(row.get(f.text, ""))
+
+
+def _conversation(row: dict, source) -> list[dict] | None:
+    """A chat row (or an `as_chat` instruction row) as the data stage renders it; None for other formats or a row
+    the data stage would refuse (counted as plain text then)."""
+    f = source.fields
+    if source.format == "instruction" and source.as_chat:
+        ins, inp, out = (str(row.get(k) or "") for k in (f.instruction, f.input, f.output))
+        user = source.template.format(instruction=ins, input=inp) if source.template else (
+            f"{ins}\n\n{inp}" if inp.strip() else ins)
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
+    if source.format != "chat":
+        return None
+    from ftune.worker.data.formats import DEFAULT_ROLE_MAP
+
+    roles = {**DEFAULT_ROLE_MAP, **(source.roles or {})}
+    messages = row.get(f.messages)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None
+    return [{"role": roles.get(m.get(f.role), m.get(f.role)), "content": str(m.get(f.content) or "")}
+            for m in messages]
+
+
+def _chat_renderer(recipe, tokenizer_path: str):
+    """conversation -> text through the chat template the data stage uses (data.chat_template, else the
+    tokenizer's, else ftune's default); None when the tokenizer is not local."""
+    if not (Path(tokenizer_path).expanduser() / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    from ftune.worker.data import chat_template_of
+
+    hf = AutoTokenizer.from_pretrained(str(Path(tokenizer_path).expanduser()))
+    template = chat_template_of(recipe, hf)
+
+    def render(messages: list[dict]) -> str | None:
+        try:
+            return hf.apply_chat_template(messages, chat_template=template, tokenize=False)
+        except Exception:  # noqa: BLE001 - a row the template refuses: `ftune data` reports it; count its text
+            return None
+
+    return render
 
 
 def _tokenizer(path: str):
@@ -103,12 +168,14 @@ def _tokenizer(path: str):
 def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> DataCount | None:
     """A cheap count of the local training data: rows, tokens (when the tokenizer is local), and steps.
 
-    Instruction and chat rows are counted without their template or chat format, so tokens are a
-    slight under-count there. None when a source is not a local file.
+    Chat rows (and `as_chat` instruction rows) are counted through the chat template, as the data stage renders
+    them; plain instruction rows without their prompt template, a slight under-count. None when a source is not
+    a local file.
     """
     data, train = recipe.data, recipe.train
     samples, tokens, approximate = 0, 0, False
     tok = _tokenizer(tokenizer_path)
+    render = None
     for source in data.train:
         path = Path(source.path).expanduser()
         if source.type in ("hub", "disk") or not path.is_file():
@@ -117,17 +184,30 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
         if rows is None:
             return None
         n = rows if isinstance(rows, int) else len(rows)
+        ranges = split_rows(n, source.split)
+        if ranges is None:
+            return None
+        if not isinstance(rows, int):
+            rows = [rows[i] for r in ranges for i in r]
+        n = sum(len(r) for r in ranges)
         n = min(n, source.limit) if source.limit else n
         samples += n
         if tok is None or isinstance(rows, int):
             tok = None
             continue
         subset = rows[: min(n, MAX_TOKENIZED_ROWS)]
-        lengths = [len(e.ids) for e in tok.encode_batch([_row_text(r, source) for r in subset])]
+        texts, special = [_row_text(r, source) for r in subset], True
+        if source.format == "chat" or (source.format == "instruction" and source.as_chat):
+            render = render if render is not None else _chat_renderer(recipe, tokenizer_path)
+            rendered = [render(c) if render and (c := _conversation(r, source)) is not None else None
+                        for r in subset]
+            if all(t is not None for t in rendered):  # the template writes BOS/EOS itself
+                texts, special = rendered, False
+        lengths = [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=special)]
         if data.max_seq_length and not data.packing:
             lengths = [min(x, data.max_seq_length) for x in lengths]
         tokens += round(sum(lengths) * n / max(len(subset), 1))
-        approximate |= len(subset) < n or source.format in ("instruction", "chat")
+        approximate |= len(subset) < n or (source.format == "instruction" and special)
     if data.eval is not None and not isinstance(data.eval, list):
         held_out = math.ceil(samples * data.eval.split)
         tokens = round(tokens * (samples - held_out) / samples) if samples else 0
@@ -148,6 +228,14 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
 
 
 # ------------------------------------------------------------------------------------------- output
+def epochs_text(data: DataCount, max_steps: int | None) -> str:
+    """How many passes the total is: train.epochs, or what train.max_steps (which wins over epochs) comes to."""
+    epochs = data.epochs
+    if max_steps and data.steps_per_epoch:
+        return f"train.max_steps: {max_steps / data.steps_per_epoch:.3g} epochs"
+    return f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+
+
 def summarize_names(names: list[str]) -> list[tuple[str, int]]:
     """`model.layers.0.self_attn.q_proj` x32 -> (`model.layers.*.self_attn.q_proj`, 32), in first-seen order."""
     return list(Counter(re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n) for n in names).items())
@@ -298,12 +386,14 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
             console.print(f"[bold]steps[/]        {fixed}per epoch unknown: packing needs token counts "
                           "(the tokenizer is not local)")
         else:
-            total = f"{data.total_steps:,} total"
-            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {total} "
-                          f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
+            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {data.total_steps:,} total "
+                          f"({epochs_text(data, plan.recipe.train.max_steps)}) · effective batch "
+                          f"{data.effective_batch}")
     if plan.collator != "padding":
         console.print(f"[bold]packing[/]      samples kept apart by {plan.collator}"
                       + (" (one row per micro-batch, no pad tokens)" if plan.collator == "padding_free" else ""))
+    if plan.cpu_threads is not None:
+        console.print(f"[bold]threads[/]      {plan.cpu_threads.describe()}")
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ftune.plan.batching import Collator
 from ftune.plan.gguf import GgufSource
+from ftune.plan.threads import CpuThreads
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
@@ -93,6 +94,11 @@ class Plan(BaseModel):
     model is wrapped; None: accelerate's (parameters, gradient reduction and outputs all in `mixed_precision`)."""
     resume_from: str | None = None
     """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
+    generate_metrics: list[str] | None = None
+    """eval.generate's metrics (`ftune.plan.evaluation`): the recipe's, else those that fit its data; None without
+    eval.generate."""
+    cpu_threads: CpuThreads | None = None
+    """CPU runs: compute threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`); None on CUDA."""
     launch: LaunchSpec
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""

@@ -14,24 +14,33 @@ from ftune.plan import quantization
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
-def preflight(loaded, plan) -> None:
+def preflight(loaded, plan) -> list[Problem]:
+    """Raise the errors; return the warnings (located), for the caller to show."""
     recipe = plan.recipe
     model = build_meta_model(recipe)
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += quantization.check_model_config(recipe, model, plan.device)
-    if found:
-        raise loaded.error(found)
+    errors = [p for p in found if p.severity == "error"]
+    if errors:
+        raise loaded.error(errors)
+    return loaded.error([p for p in found if p.severity != "error"]).problems
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:
-    """LoRA target_modules that match no module of the model."""
+    """LoRA target_modules that match no module of the model: an error when none matches, a warning naming
+    the ones that match nothing when others do (a list written for another architecture, half of it silent)."""
     cfg = recipe.peft
     if cfg.method != "lora" or cfg.target_modules == "all-linear":
         return []
     names = [n for n, _ in model.named_modules()]
-    for target in cfg.target_modules:
-        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
-            return []
+    unmatched = [t for t in cfg.target_modules
+                 if not any(n == t or n.endswith("." + t) or re.fullmatch(t, n) for n in names)]
+    if not unmatched:
+        return []
+    if len(unmatched) < len(cfg.target_modules):
+        return [Problem(f"{', '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of the model "
+                        f"(the other entries do, so LoRA trains those only)", path="peft.target_modules",
+                        hint=target_hint(model), severity="warning")]
     return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
                        target_hint(model))]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftune.methods import config_classes
 from ftune.plugins import merged as merged_plugins
@@ -19,6 +19,13 @@ BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classificatio
                    "unpaired-preference")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
+FORMAT_ALIASES: dict[str, dict[str, Any]] = {
+    "sharegpt": {"format": "chat", "fields": {"messages": "conversations", "role": "from", "content": "value"},
+                 "roles": {"human": "user", "gpt": "assistant", "system": "system"}},
+    "alpaca": {"format": "instruction"},
+}
+"""Format names other tools use, and the source settings each stands for (what `ftune show` prints); keys the
+recipe sets itself win over the alias's."""
 
 
 class Section(BaseModel):
@@ -119,11 +126,13 @@ class Fields(Section):
 
 class DataSource(Section):
     path: str
-    """A local file (.jsonl/.json/.csv/.parquet/.txt), a `save_to_disk` folder, or a hub dataset name."""
-    format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
+    """A local file (.jsonl/.json/.csv/.parquet/.txt), a glob of such files (`data/shard-*.jsonl`), a `save_to_disk`
+    folder, or a hub dataset name."""
+    format: Literal[(*FORMATS, *FORMAT_ALIASES)] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
-    (train.objective)."""
+    (train.objective). Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
+    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -140,9 +149,38 @@ class DataSource(Section):
     roles: dict[str, str] | None = None
     """`chat`: map source role names to user/assistant/system, e.g. {human: user, gpt: assistant}."""
     weight: float | None = Field(None, gt=0)
-    """Relative sampling weight when several sources are mixed."""
+    """Relative sampling weight when several sources are mixed: with `data.mix: concat` the source is resampled to
+    its share of the total rows; with `interleave`, the probability that the next sample comes from it."""
     limit: int | None = Field(None, gt=0)
-    """Use at most this many rows of the source."""
+    """Use at most this many rows of the source (streaming: of each of its files)."""
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.path for c in "*?[")
+
+    def files(self) -> list[str]:
+        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths)."""
+        import glob
+        from pathlib import Path
+
+        path = Path(self.path).expanduser()
+        if self.is_glob:
+            return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
+        return [str(path.resolve())] if path.is_file() else []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_alias(cls, data: Any) -> Any:
+        """`format: sharegpt` / `alpaca`: the settings they stand for (FORMAT_ALIASES), under the recipe's own."""
+        alias = FORMAT_ALIASES.get(data.get("format")) if isinstance(data, dict) else None
+        if alias is None:
+            return data
+        out = {**data, "format": alias["format"]}
+        for key in ("fields", "roles"):
+            own = data.get(key)
+            if key in alias and (own is None or isinstance(own, dict)):  # another type: validation reports it
+                out[key] = {**alias[key], **(own or {})}
+        return out
 
 
 class EvalSplit(Section):
@@ -165,9 +203,20 @@ class DataSection(Section):
     """Which tokens carry loss: only responses (every assistant turn for chat) or everything."""
     shuffle: bool = True
     """Shuffle the training rows (seeded by train.seed)."""
+    mix: Literal["concat", "interleave"] = "concat"
+    """How several training sources combine: `concat` (each resampled to its `weight` share of all rows, or taken
+    whole without weights) or `interleave` (each sample drawn from a source with probability weight/Σweights, seeded
+    by train.seed, as `datasets.interleave_datasets`). `ftune data` reports the realised mix."""
+    mix_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    """`interleave`: stop when the first source runs out, or when every source has been seen whole (the others
+    repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
     qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
+    streaming: bool = False
+    """Read, tokenize and pack the training rows while training runs (a `datasets.IterableDataset`), with no cache
+    and no pass over the data first: for data too large to preprocess. Needs `train.max_steps`; several processes
+    split the files of each source (use at least as many files as processes)."""
     max_dropped_fraction: float = Field(0.1, ge=0.0, le=1.0)
     """Error when more than this fraction of samples has no trainable token after truncation."""
     num_proc: int | None = Field(None, gt=0)
@@ -369,6 +418,11 @@ class TrainSection(Section):
     `num_decay_steps` for warmup_stable_decay, `num_cycles`, `lr_end`/`power` for polynomial, ..."""
     max_grad_norm: float = Field(1.0, ge=0.0)
     """Gradient clipping norm; 0 disables it."""
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """CPU runs: compute threads per process. `auto`: the physical cores divided among the processes, with a
+    passive OpenMP wait policy (waiting threads sleep instead of spinning, so a busy machine doesn't stall
+    every step); an `OMP_NUM_THREADS` in the environment wins. Shown in the run header and plan.json; ignored on
+    GPUs."""
     seed: int = 42
     """Seed for data order, initialisation and dropout."""
     logging_steps: int = Field(10, ge=1)
@@ -401,8 +455,10 @@ class TrainSection(Section):
 class GenerateEval(Section):
     max_new_tokens: int = Field(64, gt=0)
     """Longest greedy completion per eval row."""
-    metrics: list[Literal["exact_match", "f1"]] = Field(default_factory=lambda: ["exact_match", "f1"], min_length=1)
-    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap)."""
+    metrics: list[Literal["exact_match", "f1"]] | None = Field(None, min_length=1)
+    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap).
+    Unset: both for instruction data (short, closed answers), `f1` alone for chat data (free-form answers rarely
+    match a reference exactly)."""
     max_samples: int | None = Field(200, gt=0)
     """Eval rows to generate for (null: all)."""
 
