@@ -20,6 +20,7 @@ os.environ.update(
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(_SESSION_TMP / "hf_home"),
         "FTUNE_CACHE": str(_SESSION_TMP / "ftune_cache"),
+        "FTUNE_MODEL_CACHE": str(_SESSION_TMP / "ftune_models"),  # GGUFs converted once per session
         "TOKENIZERS_PARALLELISM": "false",
         "TMPDIR": str(_SESSION_TMP / "tmp"),
         "WANDB_DISABLED": "true",

@@ -43,6 +43,8 @@ COMMANDS: dict[str, Command] = {
         "ftune.cli.eval", "evaluate a trained model on the recipe's eval data",
         ("torch", "transformers", "peft", "accelerate", "datasets"),
     ),
+    "export": Command("ftune.cli.export", "export a run or model folder as a GGUF file, verified, written atomically",
+                      ("torch", "transformers", "peft")),
     "merge": Command(
         "ftune.cli.merge", "merge a LoRA run into its base: a plain HF model folder, verified, written atomically",
         ("torch", "transformers", "peft", "accelerate", "datasets", "safetensors"),

@@ -40,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
     plan = compile_plan(loaded)
+    if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
+        from ftune.gguf.convert import ensure
+
+        ensure(plan.model_load.gguf.model_dump(), log=console.print)
     warnings = preflight(loaded, plan)
     _check_preference_data(loaded)
     if args.dry_run and args.format == "json":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ftune import __version__, adapter
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, environment, preference, rl
+from ftune.plan import accelerate, batching, environment, gguf, preference, rl
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -87,9 +87,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
     not checked then)."""
-    written = loaded.recipe
+    written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
-    recipe, adapter_dir, problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
+    recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
+    problems += adapter_problems
     notes: list[str] = []
 
     num_processes, device = accelerate.resolve_num_processes(recipe.distributed, gpus)
@@ -101,7 +102,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     run = RunDir(Path(recipe.output.dir or f"runs/{recipe.name}").expanduser().resolve())
     resume_from = _resolve_resume(recipe, run, problems, notes)
     if check_inputs:
-        problems += environment.inputs(recipe) + environment.run_dir(recipe, run)
+        problems += environment.inputs(recipe, model_folder=gguf_source is None) + environment.run_dir(recipe, run)
         if resume_from is not None:
             problems += environment.resume_compatible(recipe, Path(resume_from))
     if gpus is None:
@@ -131,6 +132,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                                   accelerate_config=config, resuming=resume_from is not None)
                | preference.config_kwargs(recipe) | rl.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
+    if gguf_source is not None:
+        load = load.model_copy(update={"gguf": gguf_source})
+        notes.append(gguf.note(gguf_source, recipe.model.path))
     threads = cpu_threads(train.threads, num_processes) if device == "cpu" else None
     return Plan(
         ftune_version=__version__,

@@ -23,12 +23,15 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
                     "trackio": "trackio"}
 
 
-def inputs(recipe: Recipe) -> list[Problem]:
-    """The model folder and local data files exist."""
+def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
+    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
+    files exist."""
     found: list[Problem] = model_files(recipe)
     model_path = recipe.model.path
     folder = Path(model_path).expanduser()
-    if not folder.exists():
+    if not model_folder:
+        pass
+    elif not folder.exists():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         if looks_local(model_path) or offline:
             found.append(Problem.at("model.path", f"model folder not found: {model_path}",

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.plan.batching import Collator
+from ftune.plan.gguf import GgufSource
 from ftune.plan.threads import CpuThreads
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
@@ -47,6 +48,9 @@ class ModelLoad(BaseModel):
     adapter: str | None = None
     """A saved adapter folder (`model.path` pointed at it) that the peft stage loads trainable and trains on,
     instead of adding a fresh adapter; `path` is then the base it was trained on (`ftune.plan.adapter`)."""
+    gguf: GgufSource | None = None
+    """The GGUF file `model.path` named (`ftune.plan.gguf`); `path` is then its dequantized copy in the cache, which
+    `ftune run` writes before launch when it is not there yet."""
 
 
 class Plan(BaseModel):

@@ -50,9 +50,14 @@ class SpecialTokens(Section):
 
 class ModelSection(Section):
     path: str
-    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; or a
+    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; a
+    `.gguf` file (see `gguf_file`); or a
     saved adapter folder (a run's `final/`): that adapter is trained on, over the base it names (`peft:` keys left
     unset are taken from it, set ones must agree); a merged folder (`ftune merge`) is a plain model."""
+    gguf_file: str | None = None
+    """A `.gguf` file inside the folder `path` names (or set `path` to the .gguf itself): ftune dequantizes it once
+    into its cache (~/.cache/ftune/models, keyed by the file's sha256; FTUNE_MODEL_CACHE overrides) as a plain
+    Hugging Face folder with its tokenizer and chat template, and trains on that (docs/gguf.md)."""
     task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
     """What the model is trained to do."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"

@@ -5,7 +5,7 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   1 plugins, outputs, typed, moe                               what plugins register; the output policy; text
                                                                checks; MoE structure
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
-    rewards
+    rewards, gguf
   3 recipe                                                     the recipe language
   4 plan, importers                                            decisions before launch
   5 estimate                                                   what a recipe will cost
@@ -26,6 +26,7 @@ LAYERS = {
     "ftune": 0, "errors": 0,
     "plugins": 1, "outputs": 1, "typed": 1, "moe": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
+    "gguf": 2,
     "recipe": 3,
     "plan": 4, "importers": 4,
     "estimate": 5,
