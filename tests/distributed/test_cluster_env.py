@@ -1,0 +1,103 @@
+"""Two `ftune run` processes given only a launcher's variables (Kubeflow Trainer's PET_*: 2 nodes x 1 process on
+127.0.0.1, one shared run dir) form one world of 2 and train like one process over the same global batch.
+
+Kubeflow's notes say a plain `accelerate launch` ignores PET_* and trains each pod alone at world size 1; the
+ranks' facts and the losses prove ftune maps them onto the launch. torchrun's and Slurm's variables go through the
+same mapping (tests/unit/test_cluster_env.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftune.rundir import RunDir
+
+from tests.e2e._util import losses, write_recipe
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 3
+LOSS_RTOL = 1e-4  # the all-reduce sums the same per-token losses in another order
+LORA = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _recipe(model_dir: Path, data_file: Path, out: Path, distributed: dict, batch: int) -> dict:
+    return {
+        "name": "cluster",
+        "model": {"path": str(model_dir), "dtype": "float32"},
+        "data": {"train": [{"path": str(data_file), "format": "text", "limit": 48}], "max_seq_length": 32},
+        "peft": LORA,
+        "distributed": distributed,
+        "train": {"max_steps": STEPS, "per_device_batch_size": batch, "learning_rate": 1e-2, "logging_steps": 1,
+                  "seed": 3, "lr_scheduler": "constant"},
+        "checkpoint": {"strategy": "no"},
+        "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(recipe: Path, cwd: Path, env: dict) -> subprocess.Popen:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "SLURM_", "OMPI_"))}
+    return subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(recipe)], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**clean, "OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1", **env})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir, text_data_file):
+    """(two-node run dir, one-process run dir, the nodes' outputs): the PET_* job and its reference, run at once."""
+    root = tmp_path_factory.mktemp("cluster")
+    job = write_recipe(root, _recipe(tiny_model_dir, text_data_file, root / "job",
+                                     {"strategy": "ddp", "num_processes": 1}, 2), "job.yaml")
+    one = write_recipe(root, _recipe(tiny_model_dir, text_data_file, root / "one", {"strategy": "none"}, 4),
+                       "one.yaml")
+    pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
+           "PET_MASTER_PORT": str(_free_port())}
+    procs = [_start(job, root, {**pet, "PET_NODE_RANK": str(rank)}) for rank in (0, 1)]
+    procs.append(_start(one, root, {}))
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    return root / "job", root / "one", outs
+
+
+def test_pet_variables_form_one_world_of_two(runs):
+    job, _, _ = runs
+    facts = [json.loads(RunDir(job).rank_facts(r).read_text()) for r in (0, 1)]
+    assert [f["rank"] for f in facts] == [0, 1]
+    assert all(f["world_size"] == 2 and f["backend"] == "gloo" and f["ddp"] for f in facts)
+    assert facts[0]["first_batch_sha1"] != facts[1]["first_batch_sha1"]  # each node its own shard
+    assert facts[0]["first_batch_shape"][0] == facts[1]["first_batch_shape"][0] == 2
+
+
+def test_losses_equal_one_process_at_the_same_global_batch(runs):
+    job, one, _ = runs
+    reference = losses(one)
+    assert len(reference) == STEPS and len(set(reference)) > 1
+    assert losses(job) == pytest.approx(reference, rel=LOSS_RTOL)
+
+
+def test_plan_records_where_each_value_came_from(runs):
+    job, _, _ = runs
+    node0 = json.loads(RunDir(job).plan.read_text())
+    node1 = json.loads(RunDir(job).node(1).plan.read_text())  # node 1's inputs beside node 0's, same run dir
+    assert node0["cluster"]["launcher"] == node1["cluster"]["launcher"] == "kubeflow"
+    assert node0["cluster"]["sources"]["distributed.num_machines"] == "PET_NNODES=2"
+    assert node1["cluster"]["sources"]["distributed.machine_rank"] == "PET_NODE_RANK=1"
+    assert node0["cluster"]["sources"]["distributed.main_process_ip"] == "PET_MASTER_ADDR=127.0.0.1"
+    assert [p["launch"]["accelerate_config"]["machine_rank"] for p in (node0, node1)] == [0, 1]
+    assert node0["launch"]["accelerate_config"]["num_processes"] == 2
+    assert node0["world_size"] == 2
+    assert (job / "final" / "ftune_complete.json").is_file()  # node 0 saved the run
