@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	# The pinned CPU torch first: an unpinned torch would pull several GB of CUDA packages.
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
 	$(PIP) install -q -e ".[train,quant,test,preference]"
+	# SkyPilot's task schema for tests/unit/test_job_specs.py, without its server stack (pins click<8.2)
+	$(PIP) install -q --no-deps "skypilot==0.14.1"
 	touch $@
 
 setup: $(VENV)/.installed

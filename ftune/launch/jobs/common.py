@@ -38,6 +38,20 @@ class Request:
     install: str | None = None
 
 
+def dump_yaml(data: dict) -> str:
+    """YAML as a person reads it: keys in the spec's order, multi-line strings (scripts) as `|` blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False)
+
+
 def no_space(flag: str, value: str | None) -> str | None:
     """A value that lands in a spec verbatim: non-empty, no whitespace (it would split or break the spec)."""
     if value is not None and (not value or any(c.isspace() for c in value)):

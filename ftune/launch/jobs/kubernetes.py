@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import shlex
 
-import yaml
-
-from ftune.launch.jobs.common import Request, check, dns_name, no_space, secret_variables
+from ftune.launch.jobs.common import dump_yaml, Request, check, dns_name, no_space, secret_variables
 
 SUBMIT = "kubectl apply -f {file}"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -69,4 +67,4 @@ def write(req: Request) -> str:
                     + " ".join(f"--from-literal={s}=..." for s in secrets))
     if not req.pvc:
         head.append("# No --pvc: the run dir lives in the container and is lost with it (no resume after a restart).")
-    return "\n".join(head) + "\n" + yaml.safe_dump(job, sort_keys=False)
+    return "\n".join(head) + "\n" + dump_yaml(job)

@@ -13,11 +13,9 @@ import re
 import shlex
 from pathlib import Path
 
-import yaml
-
 from ftune import __version__
 from ftune.errors import UsageError
-from ftune.launch.jobs.common import DEFAULT_PORT, Request, check, no_space, secret_variables
+from ftune.launch.jobs.common import dump_yaml, DEFAULT_PORT, Request, check, no_space, secret_variables
 
 SUBMIT = "sky launch {file}"
 RUNS = "/ftune-runs"
@@ -72,9 +70,9 @@ def task(req: Request) -> dict:
 
 def write(req: Request) -> str:
     spec = task(req)
+    flags = "".join(f" --secret {name}" for name in spec.get("secrets", {}))
     head = [f"# Written by `ftune launch-script skypilot`: {req.nodes} node(s), one `ftune run` each.",
-            f"# Launch from this folder with `sky launch {req.output or 'FILE'}`"
-            + (" " + " ".join(f"--secret {s}" for s in spec.get("secrets", {})) if spec.get("secrets") else "") + "."]
+            f"# Launch from this folder with `sky launch {req.output or 'FILE'}{flags}`."]
     if not req.bucket:
         head.append("# No --bucket: the run dir lives on node 0's disk (a relaunch on new machines starts over).")
-    return "\n".join(head) + "\n" + yaml.safe_dump(spec, sort_keys=False)
+    return "\n".join(head) + "\n" + dump_yaml(spec)
