@@ -10,25 +10,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ftune.rundir import RunDir
 
-from tests.e2e._util import losses, write_recipe
+from tests.e2e._util import losses, metrics, write_recipe
 
 pytestmark = pytest.mark.distributed
 
-STEPS = 3
+STEPS = 4
 LOSS_RTOL = 1e-4  # the all-reduce sums the same per-token losses in another order
 LORA = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
 
 def _recipe(model_dir: Path, data_file: Path, out: Path, distributed: dict, batch: int) -> dict:
+    """The same job everywhere: a checkpoint at step 2 of 4 (where the killed job resumes)."""
     return {
         "name": "cluster",
         "model": {"path": str(model_dir), "dtype": "float32"},
@@ -37,7 +41,7 @@ def _recipe(model_dir: Path, data_file: Path, out: Path, distributed: dict, batc
         "distributed": distributed,
         "train": {"max_steps": STEPS, "per_device_batch_size": batch, "learning_rate": 1e-2, "logging_steps": 1,
                   "seed": 3, "lr_scheduler": "constant"},
-        "checkpoint": {"strategy": "no"},
+        "checkpoint": {"strategy": "steps", "steps": 2, "keep": 3},
         "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
     }
 
@@ -46,6 +50,11 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _pet(rank: int, port: int) -> dict:
+    return {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(port), "PET_NODE_RANK": str(rank)}
 
 
 def _start(recipe: Path, cwd: Path, env: dict) -> subprocess.Popen:
@@ -63,9 +72,8 @@ def runs(tmp_path_factory, tiny_model_dir, text_data_file):
                                      {"strategy": "ddp", "num_processes": 1}, 2), "job.yaml")
     one = write_recipe(root, _recipe(tiny_model_dir, text_data_file, root / "one", {"strategy": "none"}, 4),
                        "one.yaml")
-    pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
-           "PET_MASTER_PORT": str(_free_port())}
-    procs = [_start(job, root, {**pet, "PET_NODE_RANK": str(rank)}) for rank in (0, 1)]
+    port = _free_port()
+    procs = [_start(job, root, _pet(rank, port)) for rank in (0, 1)]
     procs.append(_start(one, root, {}))
     outs = [p.communicate(timeout=400)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -101,3 +109,55 @@ def test_plan_records_where_each_value_came_from(runs):
     assert node0["launch"]["accelerate_config"]["num_processes"] == 2
     assert node0["world_size"] == 2
     assert (job / "final" / "ftune_complete.json").is_file()  # node 0 saved the run
+
+
+TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def killed(runs, tmp_path_factory, tiny_model_dir, text_data_file):
+    """The same 2-node job, node 1 killed (SIGKILL: its ftune run, accelerate and worker) once checkpoint-2 is
+    complete; then both nodes rerun. Returns (node 0's first exit code, its output, seconds it took to stop after
+    the kill, the run dir)."""
+    root = tmp_path_factory.mktemp("killed")
+    r = _recipe(tiny_model_dir, text_data_file, root / "job", {"strategy": "ddp", "num_processes": 1,
+                                                               "timeout": TIMEOUT_S}, 2)
+    job = write_recipe(root, r, "job.yaml")
+    marker = root / "job" / "checkpoints" / "checkpoint-2" / "ftune_complete.json"
+    port = _free_port()
+    node0, node1 = (_start(job, root, _pet(rank, port)) for rank in (0, 1))
+    deadline = time.monotonic() + 400
+    while not marker.exists():
+        assert node0.poll() is None and node1.poll() is None, "a node stopped before the checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    node1.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    out0 = node0.communicate(timeout=TIMEOUT_S + 120)[0]
+    stopped_after = time.monotonic() - killed_at
+    node1.communicate()
+    port = _free_port()
+    again = [_start(job, root, _pet(rank, port)) for rank in (0, 1)]
+    for p in again:
+        out = p.communicate(timeout=400)[0]
+        assert p.returncode == 0, out[-3000:]
+    return node0.returncode, out0, stopped_after, root / "job"
+
+
+def test_killing_a_node_stops_the_other_within_the_timeout(killed):
+    code, out, stopped_after, _ = killed
+    assert code == 3, out[-3000:]
+    assert stopped_after < TIMEOUT_S
+    assert re.search(r"rank 1 on host \S+ stopped; rank 0 can't go on without it", out), out[-3000:]
+    # ftune's error is the last word (torchrun's own ChildFailedError report comes before it)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors[-1].startswith("error: rank 1 on host") and out.rindex("error: rank 1") > out.rindex("Root Cause")
+
+
+def test_rerun_resumes_from_the_last_complete_checkpoint_to_the_same_loss(killed, runs):
+    _, _, _, resumed = killed
+    job, _, _ = runs
+    steps = [m["step"] for m in metrics(resumed) if "loss" in m]
+    assert steps[:2] == [1, 2] and steps[-2:] == [3, 4]  # steps 1-2 from the first start, 3-4 after the resume
+    assert json.loads((resumed / "plan.json").read_text())["resume_from"].endswith("checkpoint-2")
+    assert losses(resumed)[-1] == pytest.approx(losses(job)[-1], rel=LOSS_RTOL)

@@ -123,12 +123,15 @@ def test_trainjob_validates_and_has_the_job_shape(recipe, capsys, tmp_path):
     pod = pod["template"]["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "ftune-work", "persistentVolumeClaim": {"claimName": "team-vol"}}]
     assert pod["containers"][0]["volumeMounts"] == [{"name": "ftune-work", "mountPath": "/workspace"}]
+    assert pod["terminationGracePeriodSeconds"] == 120  # SIGTERM -> each worker saves a checkpoint of its step
 
 
 def test_trainjob_without_a_volume_still_validates(recipe):
     job = kubernetes.trainjob(Request("kubernetes", "r.yaml", nodes=1, image="img"))
     validate_trainjob(job)
-    assert "runtimePatches" not in job["spec"] and job["spec"]["trainer"]["command"][:2] == ["ftune", "run"]
+    assert job["spec"]["trainer"]["command"][:2] == ["ftune", "run"]  # ftune is PID 1: SIGTERM reaches it
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert pod["template"]["spec"]["template"]["spec"] == {"terminationGracePeriodSeconds": 120}
 
 
 def test_the_schema_check_catches_a_wrong_spec(recipe):

@@ -4,7 +4,8 @@ The TrainJob names a `ClusterTrainingRuntime` (`torch-distributed` by default), 
 node's container with PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT:
 `ftune run` maps them onto its launch (`ftune.plan.cluster`). With `--pvc`, a PersistentVolumeClaim is mounted
 at MOUNT on every node (a runtime patch), the container starts there, and the run dir lives on it: a node that
-restarts resumes from the last complete checkpoint. The recipe's secrets come from a Kubernetes Secret through
+restarts resumes from the last complete checkpoint. The pods get 120 s between SIGTERM and the kill, time for
+each worker to save a checkpoint of its step. The recipe's secrets come from a Kubernetes Secret through
 `valueFrom.secretKeyRef`, one key per variable; the spec never holds a value.
 """
 
@@ -18,6 +19,7 @@ SUBMIT = "kubectl apply -f {file}"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 MOUNT = "/workspace"
 VOLUME = "ftune-work"
+GRACE_S = 120
 NODE = "node"
 """The replicated job and the trainer container of Kubeflow's torch runtimes."""
 
@@ -46,12 +48,14 @@ def trainjob(req: Request) -> dict:
     spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                  "name": req.runtime},
                   "trainer": trainer}
+    # SIGTERM (preemption, eviction) gives each worker GRACE_S to save a checkpoint of its step (docs/safety.md)
+    pod: dict = {"terminationGracePeriodSeconds": GRACE_S}
     if req.pvc:
-        pod = {"volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": req.pvc}}],
-               "containers": [{"name": NODE, "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}]}]}
-        job = {"name": NODE, "template": {"spec": {"template": {"spec": pod}}}}
-        spec["runtimePatches"] = [{"manager": "ftune", "trainingRuntimeSpec": {
-            "template": {"spec": {"replicatedJobs": [job]}}}}]
+        pod["volumes"] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": req.pvc}}]
+        pod["containers"] = [{"name": NODE, "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}]}]
+    job = {"name": NODE, "template": {"spec": {"template": {"spec": pod}}}}
+    spec["runtimePatches"] = [{"manager": "ftune", "trainingRuntimeSpec": {
+        "template": {"spec": {"replicatedJobs": [job]}}}}]
     return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": {"name": name}, "spec": spec}
 
 
