@@ -26,13 +26,14 @@ from tests.e2e._util import losses, metrics, write_recipe
 
 pytestmark = pytest.mark.distributed
 
-STEPS = 4
+STEPS = 20
+SAVE_EVERY = 5  # node 1 is killed once checkpoint-5 is complete, with 15 steps to go
 LOSS_RTOL = 1e-4  # the all-reduce sums the same per-token losses in another order
 LORA = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
 
 def _recipe(model_dir: Path, data_file: Path, out: Path, distributed: dict, batch: int) -> dict:
-    """The same job everywhere: a checkpoint at step 2 of 4 (where the killed job resumes)."""
+    """The same job everywhere: a checkpoint every SAVE_EVERY steps (the killed job resumes from one)."""
     return {
         "name": "cluster",
         "model": {"path": str(model_dir), "dtype": "float32"},
@@ -41,7 +42,7 @@ def _recipe(model_dir: Path, data_file: Path, out: Path, distributed: dict, batc
         "distributed": distributed,
         "train": {"max_steps": STEPS, "per_device_batch_size": batch, "learning_rate": 1e-2, "logging_steps": 1,
                   "seed": 3, "lr_scheduler": "constant"},
-        "checkpoint": {"strategy": "steps", "steps": 2, "keep": 3},
+        "checkpoint": {"strategy": "steps", "steps": SAVE_EVERY, "keep": 4},
         "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
     }
 
@@ -115,15 +116,15 @@ TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
-def killed(runs, tmp_path_factory, tiny_model_dir, text_data_file):
-    """The same 2-node job, node 1 killed (SIGKILL: its ftune run, accelerate and worker) once checkpoint-2 is
+def killed(tmp_path_factory, tiny_model_dir, text_data_file):
+    """The same 2-node job, node 1 killed (SIGKILL: its ftune run, accelerate and worker) once checkpoint-5 is
     complete; then both nodes rerun. Returns (node 0's first exit code, its output, seconds it took to stop after
     the kill, the run dir)."""
     root = tmp_path_factory.mktemp("killed")
     r = _recipe(tiny_model_dir, text_data_file, root / "job", {"strategy": "ddp", "num_processes": 1,
                                                                "timeout": TIMEOUT_S}, 2)
     job = write_recipe(root, r, "job.yaml")
-    marker = root / "job" / "checkpoints" / "checkpoint-2" / "ftune_complete.json"
+    marker = root / "job" / "checkpoints" / f"checkpoint-{SAVE_EVERY}" / "ftune_complete.json"
     port = _free_port()
     node0, node1 = (_start(job, root, _pet(rank, port)) for rank in (0, 1))
     deadline = time.monotonic() + 400
@@ -157,7 +158,10 @@ def test_killing_a_node_stops_the_other_within_the_timeout(killed):
 def test_rerun_resumes_from_the_last_complete_checkpoint_to_the_same_loss(killed, runs):
     _, _, _, resumed = killed
     job, _, _ = runs
+    start = json.loads((resumed / "plan.json").read_text())["resume_from"]
+    step = int(start.rpartition("-")[2])
+    assert SAVE_EVERY <= step < STEPS  # a checkpoint of the interrupted run, not a fresh start
     steps = [m["step"] for m in metrics(resumed) if "loss" in m]
-    assert steps[:2] == [1, 2] and steps[-2:] == [3, 4]  # steps 1-2 from the first start, 3-4 after the resume
-    assert json.loads((resumed / "plan.json").read_text())["resume_from"].endswith("checkpoint-2")
+    rerun = len(steps) - 1 - steps[::-1].index(step + 1)  # metrics.jsonl is appended to: the rerun's first line
+    assert steps[rerun:] == list(range(step + 1, STEPS + 1)), steps  # from the checkpoint on, to the end
     assert losses(resumed)[-1] == pytest.approx(losses(job)[-1], rel=LOSS_RTOL)

@@ -155,3 +155,23 @@ def test_one_node_environment_keeps_a_free_local_port(tmp_path):
     one = {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1"}
     cfg = compile_plan(_recipe(tmp_path), environ=one).launch.accelerate_config
     assert cfg["num_machines"] == 1 and cfg["main_process_port"] == 0 and "main_process_ip" not in cfg
+
+
+def test_nodes_share_one_run_dir(tmp_path):
+    """Node 1 never refuses the run node 0 owns (its own lock and inputs in nodes/node1/), in either start order;
+    two copies of one node are refused."""
+    from ftune.errors import FtuneError
+    from ftune.launch.lock import claim
+    from ftune.rundir import RunDir
+
+    run = RunDir(tmp_path / "shared" / "run")
+    node1, created1 = claim(run, "run", 1)  # node 1 first: it creates the folder and the marker
+    assert created1 is None and run.is_owned()
+    assert (run.root / "nodes" / "node1" / ".ftune.lock").is_file() and not run.lock.exists()
+    node0, _ = claim(run, "run", 0)
+    assert run.lock.is_file()
+    with pytest.raises(FtuneError) as err:
+        claim(run, "run", 1)
+    assert err.value.exit_code == 5 and "(node 1)" in err.value.message
+    node0.release()
+    node1.release()
