@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ftune.errors import EXIT_OK, UsageError
 
@@ -41,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sky.add_argument("--install", metavar="PIP_SPEC", help="what setup pip-installs (default: ftune[train]==<this "
                      "version>; `-e .` installs the synced folder)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write the spec here (default: stdout)")
+    parser.add_argument("--force", action="store_true", help="replace FILE if it is a spec launch-script wrote")
 
 
 def _request(args: argparse.Namespace):
@@ -54,28 +54,27 @@ def _request(args: argparse.Namespace):
                    accelerators=args.accelerators, bucket=args.bucket, install=args.install)
 
 
-def write_output(text: str, output: str | None, *, executable: bool = False) -> None:
-    """The one place a spec is written: stdout, or FILE (its folder created); an I/O failure is a usage error."""
-    if not output:
-        sys.stdout.write(text)
-        return
-    out = Path(output)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        if executable:
-            out.chmod(0o755)
-    except OSError as err:
-        raise UsageError(f"can't write {output}: {err}", hint="check the folder and its permissions") from None
+def write(args: argparse.Namespace, text: str, submit: str) -> int:
+    """Every target's spec goes out here: to stdout, or to `-o FILE` through the output policy (never the
+    recipe, a run dir or a model; replaced only with --force and only if launch-script wrote it), atomically."""
+    from ftune import outputs
+    from ftune.cli.console import write_stdout
+
+    if args.output is None:
+        write_stdout(text)
+        return EXIT_OK
+    out = outputs.check_output(args.output, outputs.SCRIPT, inputs=[args.recipe], force=args.force)
+    outputs.write_text(out, text, mode=0o755 if args.scheduler == "slurm" else None)
+    print(f"wrote {args.output}: {args.nodes} node(s); submit with `{submit}`", file=sys.stderr)
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
     from ftune.launch.jobs import target
 
+    if args.output is not None:  # refused before the recipe is even loaded
+        from ftune import outputs
+
+        outputs.check_output(args.output, outputs.SCRIPT, inputs=[args.recipe], force=args.force)
     module = target(args.scheduler)
-    text = module.write(_request(args))
-    write_output(text, args.output, executable=args.scheduler == "slurm")
-    if args.output:
-        print(f"wrote {args.output}: {args.nodes} node(s); submit with `{module.SUBMIT.format(file=args.output)}`",
-              file=sys.stderr)
-    return EXIT_OK
+    return write(args, module.write(_request(args)), module.SUBMIT.format(file=args.output))

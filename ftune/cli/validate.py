@@ -151,16 +151,18 @@ def field_problems(loaded, already: set[str]) -> list[Problem]:
 
     from ftune.recipe.load import display
     from ftune.worker.data import check_fields
+    from ftune.worker.data.check import preference_balance
 
     problems = []
-    for raw_path, message, hint in check_fields(loaded.recipe):
+    found = [(*p, "error") for p in check_fields(loaded.recipe)] + preference_balance(loaded.recipe)
+    for raw_path, message, hint, severity in found:
         path = re.sub(r"\[(\d+)\]", r".\1", raw_path)  # data.train[0].path -> data.train.0.path (origins' form)
         if path in already:
             continue  # a missing file is already reported by missing_paths
         where = loaded.locate(path)
         if where.file:
             where = Location(display(where.file), where.line, where.column)
-        problems.append(Problem(message, path, hint, where))
+        problems.append(Problem(message, path, hint, where, severity))
     return problems
 
 

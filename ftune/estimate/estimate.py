@@ -111,6 +111,11 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
     found = catalog.lookup(path)
     if found is not None:
         return found[1], f"catalog {found[1].name}"
+    if str(path).lower().endswith(".gguf"):  # a llama.cpp file: there is nothing to download to make it trainable
+        raise FtuneError(f"model.path {path!r} is a GGUF file (llama.cpp's format): ftune fine-tunes Hugging Face "
+                         "models (config.json and safetensors weights)",
+                         hint="point model.path at the original HF model folder (or its hub id) the GGUF was "
+                         "converted from", location=Location(origin="model.path"))
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise FtuneError(
@@ -126,6 +131,10 @@ def _own_config(value: str) -> tuple[Path, str]:
     """`model.config`: a config.json, or a folder holding one."""
     file = Path(value).expanduser()
     if file.is_dir():
+        if not (file / "config.json").is_file():
+            raise FtuneError(f"model.config {value!r} is a folder with no config.json in it",
+                             hint="name the model's config.json, or a folder holding one",
+                             location=Location(origin="model.config"))
         file = file / "config.json"
     if not file.is_file():
         raise FtuneError(f"model.config {value!r} does not exist", hint="name a config.json (or a folder holding "

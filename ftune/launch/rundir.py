@@ -18,16 +18,11 @@ from pathlib import Path
 
 import yaml
 
+from ftune.outputs import write_text_atomic
 from ftune.recipe import shown_override
 
 PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
             "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _git_commit(cwd: Path) -> str | None:
@@ -62,10 +57,10 @@ def write_inputs(plan, resolved_yaml: str) -> str:
     node = run.node(plan.machine_rank)  # node k > 0 of a job sharing the run dir: nodes/node<k>/
     node.root.mkdir(parents=True, exist_ok=True)
     plan_text = plan.model_dump_json(indent=2) + "\n"
-    _atomic_write(node.recipe, resolved_yaml)
-    _atomic_write(node.plan, plan_text)
-    _atomic_write(node.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
-    _atomic_write(node.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
+    write_text_atomic(node.recipe, resolved_yaml)
+    write_text_atomic(node.plan, plan_text)
+    write_text_atomic(node.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
+    write_text_atomic(node.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
     if plan.machine_rank == 0:
         run.error.unlink(missing_ok=True)
     return hashlib.sha256(plan_text.encode()).hexdigest()
