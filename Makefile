@@ -43,6 +43,7 @@ fuzz: setup
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
+	$(PY) -m ftune.importers.docs docs/import.md
 
 bench: setup
 	$(PY) bench/run.py

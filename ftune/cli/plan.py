@@ -81,6 +81,29 @@ def _rows(path: Path, kind: str) -> list | int | None:
     return None
 
 
+_SLICE = re.compile(r"^\s*(\w+)\s*(?:\[\s*(-?\d+)?\s*(%)?\s*:\s*(-?\d+)?\s*(%)?\s*\])?\s*$")
+
+
+def split_rows(n: int, split: str) -> list[range] | None:
+    """The row ranges a `datasets` split expression selects from a local file's n rows (a local file is the one
+    split `train`): `train`, `train[:50%]`, `train[10:-10]`, `train[:10%]+train[-10%:]`, with datasets' rounding
+    (closest). None when it names another split or isn't such an expression (the data stage reports that)."""
+    out = []
+    for part in split.split("+"):
+        m = _SLICE.match(part)
+        if m is None or m.group(1) != "train":
+            return None
+        bounds = []
+        for value, pct, default in ((m.group(2), m.group(3), 0), (m.group(4), m.group(5), n)):
+            if value is None:
+                bounds.append(default)
+                continue
+            x = int(round(int(value) * n / 100.0)) if pct else int(value)
+            bounds.append(max(n + x, 0) if x < 0 else min(x, n))
+        out.append(range(bounds[0], bounds[1]))
+    return out
+
+
 def _row_text(row: dict, source) -> str:
     f = source.fields
     if source.format == "instruction":
@@ -117,6 +140,12 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
         if rows is None:
             return None
         n = rows if isinstance(rows, int) else len(rows)
+        ranges = split_rows(n, source.split)
+        if ranges is None:
+            return None
+        if not isinstance(rows, int):
+            rows = [rows[i] for r in ranges for i in r]
+        n = sum(len(r) for r in ranges)
         n = min(n, source.limit) if source.limit else n
         samples += n
         if tok is None or isinstance(rows, int):

@@ -116,6 +116,14 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
                          "models (config.json and safetensors weights)",
                          hint="point model.path at the original HF model folder (or its hub id) the GGUF was "
                          "converted from", location=Location(origin="model.path"))
+    from ftune.recipe.load import looks_local
+
+    if looks_local(path):  # a folder that isn't there: never suggest downloading a path
+        where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise FtuneError(f"model folder not found: {path}{where}",
+                         hint="check the folder: model.path must be a folder holding config.json (or set "
+                         "model.config to the model's config.json to plan without its weights)",
+                         location=Location(origin="model.path"))
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise FtuneError(
@@ -414,7 +422,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     memory = per_device(facts, profile, layout)
-    if not optimizer_spec(recipe.train.optimizer)[1]:
+    if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
+            "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
     fits = None if device_memory is None else memory.total <= device_memory
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
@@ -429,6 +438,15 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     )
 
 
+def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
+    """GaLore's rank (transformers' default 128) and target modules, from train.optimizer_args."""
+    args = train.optimizer_args or {}
+    if not train.optimizer.startswith("galore_") or "target_modules" not in args:
+        return None
+    targets = args["target_modules"]
+    return int(args.get("rank", 128)), targets if isinstance(targets, str) else tuple(targets)
+
+
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
                 facts: list[ParamFact] = ()) -> Layout:
     dist, train = recipe.distributed, recipe.train
@@ -436,7 +454,8 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   reference_copy=train.objective if reference_copy(recipe) else None,
-                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant))
+                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant),
+                  low_rank=_low_rank(train))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,

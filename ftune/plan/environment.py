@@ -45,7 +45,12 @@ def inputs(recipe: Recipe) -> list[Problem]:
         for i, src in enumerate(items):
             if src.type == "hub":
                 continue
-            if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
+            if src.is_glob:
+                if not src.files():
+                    found.append(Problem.at(f"{prefix}.{i}.path", f"no file matches {src.path}",
+                                            "paths are relative to the working directory "
+                                            f"({os.getcwd()}); check the pattern"))
+            elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
                 found.append(Problem.at(f"{prefix}.{i}.path", f"data file not found: {src.path}",
                                         "paths are relative to the working directory "
                                         f"({os.getcwd()}); check the spelling or run from the project root"))
@@ -171,6 +176,18 @@ def packages(recipe: Recipe) -> list[Problem]:
     return found
 
 
+FLEX_CPU = ("torch has no FlexAttention backward on CPU, and its compiled CPU forward (torch 2.13) gives wrong "
+            "outputs, or NaN, for grouped-query models on CPUs without AVX-512 (the last sequence of a batch)")
+
+
+def forward_attention(attn: str | None, device: str) -> tuple[str | None, str | None]:
+    """The attention a forward-only use (eval, generate) loads on `device`, and a note when it isn't the recipe's:
+    flex_attention on CPU can't be trusted (FLEX_CPU); sdpa computes the same attention with the same masks."""
+    if attn == "flex_attention" and device != "cuda":
+        return "sdpa", f"model.attn_implementation flex_attention -> sdpa on {device}: {FLEX_CPU}"
+    return attn, None
+
+
 def kernels(recipe: Recipe, device: str) -> list[Problem]:
     """Kernels that need CUDA or an optional package: Liger, flash-attention, inductor's C++ compiler on CPU."""
     import shutil
@@ -192,6 +209,9 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
             found.append(Problem.at("model.attn_implementation", "flash_attention_2 needs the flash-attn package, "
                                     "which is not installed", "pip install flash-attn --no-build-isolation   "
                                     "(or use `model.attn_implementation: sdpa`)"))
+    if m.attn_implementation == "flex_attention" and device != "cuda":
+        found.append(Problem.at("model.attn_implementation", f"flex_attention can't train on {device}: {FLEX_CPU}",
+                                "use `model.attn_implementation: sdpa` on CPU (the same packed-sequence masks)"))
     if t.compile and (t.compile_backend or "inductor") == "inductor" and device == "cpu" \
             and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         found.append(Problem.at("train.compile", "torch.compile's inductor backend generates C++ on CPU, and no C "

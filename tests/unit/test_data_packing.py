@@ -156,7 +156,8 @@ def _token_losses(model, batch):
 
     model.train()  # as in training (dropout is 0 in the tiny model); use_cache stays the config's default
     with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        inputs = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits.float().cpu()
     labels = batch["labels"]
     losses = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="none", ignore_index=-100
@@ -189,13 +190,16 @@ def _per_sample_losses_alone(model, samples):
     return out
 
 
-# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for half a minute: slow.
+# Every attention implementation ftune allows on CPU (flash needs CUDA). flex_attention runs on CUDA only: ftune
+# refuses it on CPU (ftune.plan.environment.FLEX_CPU: no CPU backward, and a compiled CPU forward that is wrong for
+# grouped-query models without AVX-512), so its case is a GPU test; it compiles for half a minute: slow.
 CASES = [
     ("eager", "position_ids"),
     ("sdpa", "position_ids"),
     ("eager", "block_mask"),
     ("sdpa", "block_mask"),
-    pytest.param("flex_attention", "position_ids", marks=pytest.mark.slow),
+    pytest.param("flex_attention", "position_ids", marks=[pytest.mark.slow, pytest.mark.gpu, pytest.mark.skipif(
+        "not __import__('torch').cuda.is_available()", reason="flex_attention runs on CUDA only in ftune")]),
 ]
 
 
@@ -207,7 +211,9 @@ def test_packed_losses_equal_unpacked_losses(attn, how, packed, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
+    device = "cuda" if attn == "flex_attention" else "cpu"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
+    model.to(device)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32)
     collator = PackedCollator(pad_token_id=0, mode=how, attn_implementation=attn)
     rows = [0, 1, 2, 3, 4, 5]
@@ -293,3 +299,31 @@ def test_the_hf_trainer_trains_and_evaluates_on_packed_batches(packed, tiny_mode
     metrics = trainer.evaluate()
     assert seen[0] == ["input_ids", "labels", "position_ids", "use_cache"]
     assert 2.0 < result.training_loss < 10.0 and 2.0 < metrics["eval_loss"] < 10.0
+
+
+def test_packing_in_shards_keeps_every_sample_and_the_fill(tmp_path):
+    """Packed shard by shard (memory flat in rows), every sample lands whole in exactly one row within capacity,
+    positions restart per sample, and each shard costs at most a few partly filled rows."""
+    import datasets
+    import numpy as np
+
+    from ftune.worker.data.packing import pack
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=3000)
+    samples = [list(range(1000 * i, 1000 * i + int(n))) for i, n in enumerate(lengths)]
+    ds = datasets.Dataset.from_dict({"input_ids": samples, "labels": samples})
+    whole, fill_whole = pack(ds, 64)
+    sharded, fill_sharded = pack(ds, 64, tmp_path, lengths, shard_tokens=10_000)
+    assert len(list(tmp_path.glob("packed-*.arrow"))) == -(-int(lengths.sum()) // 10_000)
+    found = []
+    for row in sharded:
+        assert len(row["input_ids"]) <= 64
+        cuts = [k for k, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
+        found += [tuple(row["input_ids"][a:b]) for a, b in zip(cuts, cuts[1:])]
+    assert sorted(found) == sorted(map(tuple, samples))
+    shards = len(list(tmp_path.glob("packed-*.arrow")))
+    extra_rows = int(lengths.sum()) / (64 * fill_sharded) - len(whole)
+    assert 0 <= extra_rows <= 4 * shards  # each shard ends on a few partly filled rows (here 10k-token shards)
+    one, fill_one = pack(ds, 64, tmp_path / "unused", lengths)  # within one shard: the unsharded result
+    assert fill_one == fill_whole and one["input_ids"] == whole["input_ids"]

@@ -104,8 +104,9 @@ def test_unknown_hub_id_says_how_to_plan_it():
     with pytest.raises(FtuneError) as err:
         resolve_config(make("someone/unknown-7b"))
     assert "no config found for model.path 'someone/unknown-7b'" in err.value.message
-    assert err.value.hint.startswith("set model.config to a local config.json of the model, or fetch it once "
-                                     "(`hf download someone/unknown-7b config.json`)")
+    assert err.value.hint.startswith("did you mean ")  # the closest catalog names, however far
+    assert ("Otherwise set model.config to a local config.json of the model, or fetch it once "
+            "(`hf download someone/unknown-7b config.json`)") in err.value.hint
 
 
 def test_chat_variant_resolves_to_its_base_in_the_catalog():
@@ -267,3 +268,32 @@ def test_the_reference_copy_is_sharded_like_the_model():
                   train={"objective": "dpo"}, data={"train": [{"path": "d.jsonl", "format": "preference"}]})
     refs = [i.bytes for i in plan(recipe, world=8).memory if "reference" in i.detail]
     assert refs == [LLAMA2_7B_BF16 // 8]
+
+
+def test_current_qwen3_2507_ids_plan_offline_with_their_exact_count():
+    """`Qwen/Qwen3-4B-Instruct-2507` (every current LLaMA-Factory qwen3 example): Qwen3-4B's architecture with a
+    262,144-token context; 4,022,468,096 parameters (tied embeddings), as a meta-device model of its config counts."""
+    for model_id in ("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507"):
+        est = plan(make(model_id, {"method": "full"}))
+        assert est.params_total == 4_022_468_096 and est.config_source.startswith("catalog Qwen--Qwen3-4B-")
+
+
+@pytest.mark.parametrize("model_id", ["mistralai/Mistral-Small-24B-Instruct-2501", "acme/zzz", "Qwen/Qwen9-1T"])
+def test_an_unknown_id_always_gets_near_names_and_the_model_config_hint(model_id):
+    from ftune.errors import FtuneError
+
+    with pytest.raises(FtuneError) as err:
+        plan(make(model_id, {"method": "full"}))
+    assert "did you mean " in err.value.hint and "set model.config" in err.value.hint
+    if model_id.startswith(("mistralai/", "Qwen/")):  # the same org's entries come first
+        assert err.value.hint.split("did you mean ")[1].startswith(model_id.split("/")[0] + "/")
+
+
+@pytest.mark.parametrize("path", ["/abs/nowhere/model", "./rel/model", "~/models/x"])
+def test_a_missing_local_folder_is_never_suggested_for_download(path):
+    from ftune.errors import FtuneError
+
+    with pytest.raises(FtuneError) as err:
+        plan(make(path, {"method": "full"}))
+    assert "check the folder" in err.value.hint and "download" not in err.value.hint
+    assert ("relative to the working directory" in str(err.value)) == path.startswith(".")

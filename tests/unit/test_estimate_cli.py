@@ -139,6 +139,25 @@ def test_eval_split_and_limit_reduce_samples(tmp_path, tiny_model_dir, text_data
     assert data.samples == 150 - 15
 
 
+def test_split_slices_count_the_rows_they_select(tmp_path, tiny_model_dir):
+    """The issue's case: `train[:50%]` of 40 rows plans 20 samples and 10 steps (batch 1, accumulation 2)."""
+    from ftune.recipe import load_recipe
+
+    data_file = tmp_path / "d.jsonl"
+    data_file.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(40)))
+    path = write_recipe(tmp_path, tiny_model_dir, data_file, per_device_batch_size=1, epochs=1)
+    for split, samples in [("train[:50%]", 20), ("train[10:15]", 5), ("train[-10%:]", 4), ("train[:25%]+train[-5:]", 15),
+                           ("train", 40), ("train[:]", 40)]:
+        loaded = load_recipe(path, [f"data.train.0.split={split}"])
+        data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=1.0)
+        assert data.samples == samples, split
+    loaded = load_recipe(path, ["data.train.0.split=train[:50%]"])
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=1.0)
+    assert (data.samples, data.steps_per_epoch, data.total_steps) == (20, 10, 10)
+    assert count_data(load_recipe(path, ["data.train.0.split=validation"]).recipe, world_size=1,
+                      tokenizer_path=str(tiny_model_dir), epochs=1.0) is None  # a local file has no such split
+
+
 @pytest.mark.parametrize(
     ("names", "expected"),
     [
