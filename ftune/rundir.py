@@ -105,6 +105,11 @@ class RunDir:
         return self.root / "summary.json"
 
     @property
+    def predictions(self) -> Path:
+        """Every generation eval's rows: prompt, reference, completion, scores (eval.generate, `ftune eval`)."""
+        return self.root / "predictions.jsonl"
+
+    @property
     def params(self) -> Path:
         return self.root / "params.json"
 
@@ -122,7 +127,7 @@ class RunDir:
 
     @property
     def eval_scratch(self) -> Path:
-        """Output dir `ftune eval` gives its Trainer (nothing is saved there)."""
+        """Output dir `ftune eval` gives its Trainer (nothing is saved there; removed after)."""
         return self.root / "eval-tmp"
 
     def rank_facts(self, rank: int) -> Path:
@@ -132,7 +137,7 @@ class RunDir:
     def outputs(self) -> tuple[Path, ...]:
         """What a run produces: removed when `output.overwrite` starts over."""
         return (self.final, self.checkpoints, self.initial_adapter, self.metrics, self.summary, self.params, self.loss_curve,
-                self.tensorboard)
+                self.tensorboard, self.predictions)
 
     def complete_checkpoints(self) -> list[Path]:
         """`checkpoint-N` folders holding the completion marker (a killed save has none), newest first."""

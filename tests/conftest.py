@@ -96,6 +96,29 @@ def tiny_cls_model_dir(tiny_tokenizer_dir) -> Path:
     return folder
 
 
+def _tiny_moe(tokenizer_dir: Path, name: str, **kwargs) -> Path:
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_moe
+
+    folder = _SESSION_TMP / name
+    if not (folder / "config.json").exists():
+        build_tiny_moe(folder, AutoTokenizer.from_pretrained(tokenizer_dir), **kwargs)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Qwen3-MoE (4 experts, 2 per token, fused expert tensors) with its tokenizer."""
+    return _tiny_moe(tiny_tokenizer_dir, "tiny-qwen3-moe", arch="qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Mixtral (4 experts, 2 per token)."""
+    return _tiny_moe(tiny_tokenizer_dir, "tiny-mixtral", arch="mixtral")
+
+
 @pytest.fixture(scope="session")
 def text_data_file() -> Path:
     path = _SESSION_TMP / "data" / "text.jsonl"

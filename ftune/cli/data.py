@@ -100,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_recipe(args.recipe, args.overrides)
     recipe = loaded.recipe
-    if args.format == "json":
-        import datasets
+    from ftune.worker.quiet import quiet_libraries
 
-        datasets.disable_progress_bars()
+    quiet_libraries()  # datasets' map bars: ftune prints its own lines
     tok = load_tokenizer(recipe, loaded.secret("model.hub_token"))
 
     from ftune.worker.data import build

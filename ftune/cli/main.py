@@ -86,6 +86,7 @@ def _base_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ftune {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--verbose", action="store_true", help="show the libraries' warnings and progress bars")
     return parser
 
 
@@ -96,6 +97,8 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.summary, description=cmd.summary)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+        p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="show the libraries' warnings and progress bars")
         if name == command:
             importlib.import_module(cmd.module).add_arguments(p)
     return parser
@@ -139,6 +142,8 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
+    if "--verbose" in argv:
+        os.environ["FTUNE_VERBOSE"] = "1"  # read by ftune.worker.quiet, here and in the workers
     try:
         if command is not None:
             check_requirements(command)

@@ -114,6 +114,48 @@ def _row_text(row: dict, source) -> str:
     return str(row.get(f.text, ""))
 
 
+def _conversation(row: dict, source) -> list[dict] | None:
+    """A chat row (or an `as_chat` instruction row) as the data stage renders it; None for other formats or a row
+    the data stage would refuse (counted as plain text then)."""
+    f = source.fields
+    if source.format == "instruction" and source.as_chat:
+        ins, inp, out = (str(row.get(k) or "") for k in (f.instruction, f.input, f.output))
+        user = source.template.format(instruction=ins, input=inp) if source.template else (
+            f"{ins}\n\n{inp}" if inp.strip() else ins)
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
+    if source.format != "chat":
+        return None
+    from ftune.worker.data.formats import DEFAULT_ROLE_MAP
+
+    roles = {**DEFAULT_ROLE_MAP, **(source.roles or {})}
+    messages = row.get(f.messages)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None
+    return [{"role": roles.get(m.get(f.role), m.get(f.role)), "content": str(m.get(f.content) or "")}
+            for m in messages]
+
+
+def _chat_renderer(recipe, tokenizer_path: str):
+    """conversation -> text through the chat template the data stage uses (data.chat_template, else the
+    tokenizer's, else ftune's default); None when the tokenizer is not local."""
+    if not (Path(tokenizer_path).expanduser() / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    from ftune.worker.data import chat_template_of
+
+    hf = AutoTokenizer.from_pretrained(str(Path(tokenizer_path).expanduser()))
+    template = chat_template_of(recipe, hf)
+
+    def render(messages: list[dict]) -> str | None:
+        try:
+            return hf.apply_chat_template(messages, chat_template=template, tokenize=False)
+        except Exception:  # noqa: BLE001 - a row the template refuses: `ftune data` reports it; count its text
+            return None
+
+    return render
+
+
 def _tokenizer(path: str):
     file = Path(path).expanduser() / "tokenizer.json"
     if not file.is_file():
@@ -126,12 +168,14 @@ def _tokenizer(path: str):
 def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> DataCount | None:
     """A cheap count of the local training data: rows, tokens (when the tokenizer is local), and steps.
 
-    Instruction and chat rows are counted without their template or chat format, so tokens are a
-    slight under-count there. None when a source is not a local file.
+    Chat rows (and `as_chat` instruction rows) are counted through the chat template, as the data stage renders
+    them; plain instruction rows without their prompt template, a slight under-count. None when a source is not
+    a local file.
     """
     data, train = recipe.data, recipe.train
     samples, tokens, approximate = 0, 0, False
     tok = _tokenizer(tokenizer_path)
+    render = None
     for source in data.train:
         path = Path(source.path).expanduser()
         if source.type in ("hub", "disk") or not path.is_file():
@@ -152,11 +196,18 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
             tok = None
             continue
         subset = rows[: min(n, MAX_TOKENIZED_ROWS)]
-        lengths = [len(e.ids) for e in tok.encode_batch([_row_text(r, source) for r in subset])]
+        texts, special = [_row_text(r, source) for r in subset], True
+        if source.format == "chat" or (source.format == "instruction" and source.as_chat):
+            render = render if render is not None else _chat_renderer(recipe, tokenizer_path)
+            rendered = [render(c) if render and (c := _conversation(r, source)) is not None else None
+                        for r in subset]
+            if all(t is not None for t in rendered):  # the template writes BOS/EOS itself
+                texts, special = rendered, False
+        lengths = [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=special)]
         if data.max_seq_length and not data.packing:
             lengths = [min(x, data.max_seq_length) for x in lengths]
         tokens += round(sum(lengths) * n / max(len(subset), 1))
-        approximate |= len(subset) < n or source.format in ("instruction", "chat")
+        approximate |= len(subset) < n or (source.format == "instruction" and special)
     if data.eval is not None and not isinstance(data.eval, list):
         held_out = math.ceil(samples * data.eval.split)
         tokens = round(tokens * (samples - held_out) / samples) if samples else 0
@@ -177,6 +228,14 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
 
 
 # ------------------------------------------------------------------------------------------- output
+def epochs_text(data: DataCount, max_steps: int | None) -> str:
+    """How many passes the total is: train.epochs, or what train.max_steps (which wins over epochs) comes to."""
+    epochs = data.epochs
+    if max_steps and data.steps_per_epoch:
+        return f"train.max_steps: {max_steps / data.steps_per_epoch:.3g} epochs"
+    return f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+
+
 def summarize_names(names: list[str]) -> list[tuple[str, int]]:
     """`model.layers.0.self_attn.q_proj` x32 -> (`model.layers.*.self_attn.q_proj`, 32), in first-seen order."""
     return list(Counter(re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n) for n in names).items())
@@ -282,6 +341,17 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print(f"[bold]model[/]        {est.model} ({est.config_source}) · {est.dtype} · {recipe.model.task}")
     console.print(f"[bold]parameters[/]   {est.params_total:,} total · {est.params_trainable:,} trainable "
                   f"({est.trainable_percent:.4f}%)")
+    if est.moe is not None:
+        m = est.moe
+        console.print(f"[bold]experts[/]      {m.num_experts} per layer, {m.top_k or m.num_experts} per token, "
+                      f"{m.moe_layers} MoE layers · {m.params_model:,} in the model, {m.params_experts:,} of them "
+                      f"in experts · {m.params_active:,} active per token "
+                      f"({100 * m.params_active / m.params_model:.1f}%) · {m.flops_per_token:,} training FLOPs "
+                      "per token (6 x active weights)")
+        per_expert = m.trainable_by_part.get("experts", 0) // (m.num_experts * m.moe_layers)
+        parts = " · ".join(f"{part} {n:,}" + (f" ({per_expert:,} per expert per layer)" if part == "experts" else "")
+                           for part, n in sorted(m.trainable_by_part.items()))
+        console.print(f"[bold]trains[/]       {parts or 'nothing'}")
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""
@@ -327,12 +397,14 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
             console.print(f"[bold]steps[/]        {fixed}per epoch unknown: packing needs token counts "
                           "(the tokenizer is not local)")
         else:
-            total = f"{data.total_steps:,} total"
-            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {total} "
-                          f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
+            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {data.total_steps:,} total "
+                          f"({epochs_text(data, plan.recipe.train.max_steps)}) · effective batch "
+                          f"{data.effective_batch}")
     if plan.collator != "padding":
         console.print(f"[bold]packing[/]      samples kept apart by {plan.collator}"
                       + (" (one row per micro-batch, no pad tokens)" if plan.collator == "padding_free" else ""))
+    if plan.cpu_threads is not None:
+        console.print(f"[bold]threads[/]      {plan.cpu_threads.describe()}")
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

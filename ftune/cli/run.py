@@ -11,6 +11,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys, e.g. train.max_steps=10")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the launch command; train nothing")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="with --dry-run: `json` prints the plan as JSON only (the launch command is in it)")
 
 
 def _check_preference_data(loaded) -> None:
@@ -38,12 +40,17 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
     plan = compile_plan(loaded)
-    preflight(loaded, plan)
+    warnings = preflight(loaded, plan)
     _check_preference_data(loaded)
+    if args.dry_run and args.format == "json":
+        print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr
+    for w in warnings:
+        print(w.render(), file=sys.stderr)
     command = shlex.join(plan.launch.command)
     if args.dry_run:
-        console.print_json(plan.model_dump_json())
-        console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
+        if args.format == "text":
+            console.print_json(plan.model_dump_json())
+            console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
         return 0
     from ftune.launch.launcher import launch
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Location
 from ftune.estimate import catalog
+from ftune.estimate.moe import MoeFacts, moe_facts
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -69,6 +70,8 @@ class Estimate:
     largest: list[str]
     suggestions: list[str]
     notes: list[str] = field(default_factory=list)
+    moe: MoeFacts | None = None
+    """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
 
     @property
     def trainable_percent(self) -> float:
@@ -233,7 +236,10 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
     the k-bit preparation's upcast (`upcasts`): every other weight becomes fp32, as on the real model."""
     if recipe.quantization is None:
         return set()
-    from ftune.plan.quantization import quantized_linears, upcasts
+    from ftune.plan.quantization import fused_expert_problems, quantized_linears, upcasts
+
+    for problem in fused_expert_problems(recipe, model):
+        raise FtuneError(problem.message, hint=problem.hint, location=Location(origin=problem.path))
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}
@@ -270,6 +276,7 @@ def _matched(model, recipe: Recipe) -> list[str]:
         names = getattr(model.base_model, "targeted_module_names", None) or [
             n for n, m in model.named_modules() if hasattr(m, "lora_A")
         ]
+        names = list(dict.fromkeys([*names, *getattr(model.base_model, "targeted_parameter_names", [])]))
         return [n.removeprefix("base_model.model.") for n in names]
     if method == "freeze":
         return [n for n, p in model.named_parameters() if p.requires_grad]
@@ -383,7 +390,16 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
         notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
                      "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
+    from ftune.moe import count, moe_layout
+
+    experts_layout = moe_layout(model)
+    moe_counts = count(model, experts_layout) if experts_layout else None
+    embedding = model.get_input_embeddings().weight.numel()
     quantized = _quantize_layout(model, recipe)
+    if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
+        from ftune.methods.lora import resolve_targets
+
+        notes += resolve_targets(model, recipe.peft).notes
     model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
@@ -429,12 +445,16 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    facts_moe = None
+    if moe_counts is not None:
+        facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
         params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
+        moe=facts_moe,
     )
 
 

@@ -7,7 +7,6 @@ that need this machine (`ftune.plan.environment`) are reported here, located in 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,8 +14,10 @@ from ftune import __version__, adapter
 from ftune.errors import Problem
 from ftune.plan import accelerate, batching, cluster, environment, preference
 from ftune.plan.adapter import continue_adapter
+from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
+from ftune.plan.threads import CpuThreads, cpu_threads
 from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import training_arguments
 from ftune.recipe.objectives import objective
@@ -142,6 +143,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                                   accelerate_config=config, resuming=resume_from is not None)
                | preference.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
+    threads = cpu_threads(train.threads, num_processes) if device == "cpu" else None
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -162,27 +164,21 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         trainer_class=obj.trainer_path,
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
+        generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
+        cpu_threads=threads,
         cluster=job,
         launch=LaunchSpec(
             accelerate_config=config,
             command=accelerate.launch_command(run.node(recipe.distributed.machine_rank).accelerate_config,
                                               run.node(recipe.distributed.machine_rank).plan, python=sys.executable),
-            env=_worker_env(device, num_processes, run) | tracker_env(recipe),
+            env=_worker_env(threads, run) | tracker_env(recipe),
         ),
         notes=notes,
     )
 
 
-def _worker_env(device: str, num_processes: int, run: RunDir) -> dict[str, str]:
-    """Environment the workers get: the TensorBoard folder, and CPU threads per process (physical cores / local
-    processes, accelerate's own choice made explicit so it is recorded in the plan; a user's OMP_NUM_THREADS wins)."""
+def _worker_env(threads: CpuThreads | None, run: RunDir) -> dict[str, str]:
+    """Environment the workers get: the TensorBoard folder and, on CPU, the threads per process and OpenMP's wait
+    policy (`ftune.plan.threads`; accelerate keeps an OMP_NUM_THREADS that is set)."""
     env = {"TENSORBOARD_LOGGING_DIR": str(run.tensorboard)}
-    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return env
-    try:
-        import psutil
-
-        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:  # pragma: no cover - psutil comes with accelerate
-        cores = os.cpu_count() or 1
-    return env | {"OMP_NUM_THREADS": str(max(1, cores // num_processes))}
+    return env | (threads.env() if threads is not None else {})

@@ -14,26 +14,52 @@ from ftune.plan import quantization
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
-def preflight(loaded, plan) -> None:
+def preflight(loaded, plan) -> list[Problem]:
+    """Raise the errors; return the warnings (located), for the caller to show."""
     recipe = plan.recipe
     model = build_meta_model(recipe)
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
+    found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
     found += quantization.check_model_config(recipe, model, plan.device)
-    if found:
-        raise loaded.error(found)
+    errors = [p for p in found if p.severity == "error"]
+    if errors:
+        raise loaded.error(errors)
+    return loaded.error([p for p in found if p.severity != "error"]).problems
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:
-    """LoRA target_modules that match no module of the model."""
+    """LoRA targets the model lacks (modules, parameters, experts on a dense model) and the settings peft can't
+    apply to them: the same resolution the worker's inject runs (ftune.methods._lora_targets). When some
+    target_modules entries match and others don't (a list written for another architecture, half of it silent),
+    a warning names the ones that match nothing."""
     cfg = recipe.peft
-    if cfg.method != "lora" or cfg.target_modules == "all-linear":
+    if cfg.method != "lora":
         return []
+    from ftune.methods.lora import target_problems as lora_problems
+
+    found = lora_problems(model, cfg)
+    if found or cfg.target_modules == "all-linear":
+        return found
     names = [n for n, _ in model.named_modules()]
-    for target in cfg.target_modules:
-        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
-            return []
-    return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
-                       target_hint(model))]
+    unmatched = [t for t in cfg.target_modules
+                 if not any(n == t or n.endswith("." + t) or re.fullmatch(t, n) for n in names)]
+    if unmatched and len(unmatched) < len(cfg.target_modules):
+        found.append(Problem(f"{', '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of the "
+                             "model (the other entries do, so LoRA trains those only)", path="peft.target_modules",
+                             hint=target_hint(model), severity="warning"))
+    return found
+
+
+def router_problems(recipe: Recipe, model) -> list[Problem]:
+    """Router settings on a model without a router: they would do nothing, silently."""
+    from ftune.moe import moe_layout
+
+    m = recipe.model
+    written = [k for k in ("router_aux_loss_coef", "output_router_logits") if getattr(m, k) is not None]
+    if not written or moe_layout(model) is not None:
+        return []
+    return [Problem.at(f"model.{k}", f"{type(model).__name__} has no router (it is not a mixture-of-experts "
+                       "model), so model." + k + " does nothing", f"remove model.{k}") for k in written]
 
 
 def position_problems(recipe: Recipe, model) -> list[Problem]:

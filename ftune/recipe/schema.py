@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftune.methods import config_classes
 from ftune.plugins import merged as merged_plugins
@@ -19,6 +19,13 @@ BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classificatio
                    "unpaired-preference")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
+FORMAT_ALIASES: dict[str, dict[str, Any]] = {
+    "sharegpt": {"format": "chat", "fields": {"messages": "conversations", "role": "from", "content": "value"},
+                 "roles": {"human": "user", "gpt": "assistant", "system": "system"}},
+    "alpaca": {"format": "instruction"},
+}
+"""Format names other tools use, and the source settings each stands for (what `ftune show` prints); keys the
+recipe sets itself win over the alias's."""
 
 
 class Section(BaseModel):
@@ -71,6 +78,12 @@ class ModelSection(Section):
     """Hub access token; write `${env:HF_TOKEN}` so it is read from the environment and masked in outputs."""
     special_tokens: SpecialTokens | None = None
     """Override the tokenizer's special tokens (a token not in the vocabulary is added, as with add_tokens)."""
+    router_aux_loss_coef: float | None = Field(None, ge=0.0)
+    """Mixture-of-experts models: weight of the router's load-balancing loss added to the training loss (the
+    config's `router_aux_loss_coef`); setting it turns on `output_router_logits`. Default: the model's own."""
+    output_router_logits: bool | None = None
+    """Mixture-of-experts models: compute the router's load-balancing loss (added to the loss, logged as
+    `aux_loss` in metrics.jsonl). Default: on when `router_aux_loss_coef` is set, else the model's config."""
     add_tokens: list[str] | None = None
     """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
     of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
@@ -116,10 +129,11 @@ class DataSource(Section):
     path: str
     """A local file (.jsonl/.json/.csv/.parquet/.txt), a glob of such files (`data/shard-*.jsonl`), a `save_to_disk`
     folder, or a hub dataset name."""
-    format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
+    format: Literal[(*FORMATS, *FORMAT_ALIASES)] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
-    (train.objective)."""
+    (train.objective). Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
+    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -154,6 +168,20 @@ class DataSource(Section):
         if self.is_glob:
             return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
         return [str(path.resolve())] if path.is_file() else []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_alias(cls, data: Any) -> Any:
+        """`format: sharegpt` / `alpaca`: the settings they stand for (FORMAT_ALIASES), under the recipe's own."""
+        alias = FORMAT_ALIASES.get(data.get("format")) if isinstance(data, dict) else None
+        if alias is None:
+            return data
+        out = {**data, "format": alias["format"]}
+        for key in ("fields", "roles"):
+            own = data.get(key)
+            if key in alias and (own is None or isinstance(own, dict)):  # another type: validation reports it
+                out[key] = {**alias[key], **(own or {})}
+        return out
 
 
 class EvalSplit(Section):
@@ -282,6 +310,9 @@ class DistributedSection(Section):
     transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
     accelerate_config: str | None = None
     """An existing accelerate config file to start from; the recipe's explicit keys win."""
+    expert_parallel_size: int | None = Field(None, ge=1)
+    """Mixture-of-experts models: split each layer's experts over this many ranks (expert parallelism). Refused:
+    neither accelerate 1.15 nor the Trainer of transformers 5.23 shards fused experts for training (docs/moe.md)."""
     fsdp: FsdpSection | None = None
     """FSDP options (strategy: fsdp)."""
     deepspeed: DeepSpeedSection | None = None
@@ -301,6 +332,15 @@ LR_SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
+
+
+class RouterCollapse(Section):
+    """Stop a mixture-of-experts run whose router sends (nearly) every token to one expert."""
+
+    max_share: float = Field(0.9, gt=0.0, le=1.0)
+    """Largest fraction of a layer's tokens one expert may receive, measured over each logging interval."""
+    logs: int = Field(3, ge=1)
+    """Logging intervals in a row above max_share that stop the run."""
 
 
 class DataloaderSection(Section):
@@ -391,12 +431,21 @@ class TrainSection(Section):
     `num_decay_steps` for warmup_stable_decay, `num_cycles`, `lr_end`/`power` for polynomial, ..."""
     max_grad_norm: float = Field(1.0, ge=0.0)
     """Gradient clipping norm; 0 disables it."""
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """CPU runs: compute threads per process. `auto`: the physical cores divided among the processes, with a
+    passive OpenMP wait policy (waiting threads sleep instead of spinning, so a busy machine doesn't stall
+    every step); an `OMP_NUM_THREADS` in the environment wins. Shown in the run header and plan.json; ignored on
+    GPUs."""
     seed: int = 42
     """Seed for data order, initialisation and dropout."""
     logging_steps: int = Field(10, ge=1)
     """Log loss and learning rate every N steps."""
     neftune_alpha: float | None = Field(None, gt=0)
     """NEFTune noise scale on embeddings."""
+    router_collapse: RouterCollapse | None = Field(default_factory=RouterCollapse)
+    """Mixture-of-experts models: the per-expert token share is logged (`expert_share_max`, `expert_share`) and
+    a run stops when one expert takes more than `max_share` of a layer's tokens for `logs` logs in a row; null
+    turns the guard off (the share is still logged)."""
     early_stopping: EarlyStopping | None = None
     """Stop when the eval metric stops improving (needs eval)."""
     log_level: Literal["debug", "info", "warning", "error", "critical", "passive"] = "warning"
@@ -423,8 +472,10 @@ class TrainSection(Section):
 class GenerateEval(Section):
     max_new_tokens: int = Field(64, gt=0)
     """Longest greedy completion per eval row."""
-    metrics: list[Literal["exact_match", "f1"]] = Field(default_factory=lambda: ["exact_match", "f1"], min_length=1)
-    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap)."""
+    metrics: list[Literal["exact_match", "f1"]] | None = Field(None, min_length=1)
+    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap).
+    Unset: both for instruction data (short, closed answers), `f1` alone for chat data (free-form answers rarely
+    match a reference exactly)."""
     max_samples: int | None = Field(200, gt=0)
     """Eval rows to generate for (null: all)."""
 

@@ -199,7 +199,7 @@ def test_json_format_prints_recipe_errors_as_json(tmp_path, capsys):
     assert json.loads(out) == {"recipe": str(tmp_path / "r.yaml"), "errors": [{
         "file": str(tmp_path / "r.yaml"), "line": 7, "column": 20, "path": "train.mixed_precision",
         "message": "invalid value false: an unquoted no, off or false is read as the boolean false",
-        "hint": "quote it: 'no' (allowed values: no, fp16, bf16)"}]}
+        "hint": "quote it: 'no', in an override too: \"train.mixed_precision='no'\" (allowed values: no, fp16, bf16)"}]}
 
 
 def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
@@ -213,3 +213,50 @@ def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
     assert error["hint"].startswith("did you mean meta-llama/Llama-3.1-8B, ")
     assert main(["plan", "no-such.yaml", "--format", "json"]) == 2
     assert json.loads(capsys.readouterr().out)["errors"][0]["message"] == "recipe file not found: no-such.yaml"
+
+
+@pytest.mark.parametrize("source", [{"format": "sharegpt"}, {"format": "chat", "roles": {"bot": "assistant"}},
+                                    {"format": "alpaca", "as_chat": True}])
+def test_chat_tokens_are_counted_through_the_chat_template(tmp_path, tiny_model_dir, source):
+    """`plan`'s estimate for chat data is within 10% of what the data stage (`ftune data`) counts."""
+    import random
+
+    from ftune.recipe import load_recipe
+    from ftune.worker.data import build
+
+    rng = random.Random(1)
+    data = tmp_path / "chat.jsonl"
+    if source["format"] == "alpaca":
+        rows = [{"instruction": f"add {a} and {b}", "input": "", "output": f"{a + b}"}
+                for a, b in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(40))]
+    else:
+        m, r, c = ("conversations", "from", "value") if source["format"] == "sharegpt" else ("messages", "role", "content")
+        bot = "gpt" if source["format"] == "sharegpt" else "bot"
+        rows = [{m: [{r: "system", c: "be brief"}, {r: "user" if bot == "bot" else "human", c: f"add {a} and {b}"},
+                     {r: bot, c: f"it is {a + b}"}]} for a, b in ((rng.randint(0, 9), rng.randint(0, 9))
+                                                                    for _ in range(40))]
+    data.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    path = write_recipe(tmp_path, tiny_model_dir, data)
+    recipe = load_recipe(path, ["data.max_seq_length=512", f"data.cache_dir={tmp_path / 'cache'}"]
+                         + [f"data.train.0.{k}={json.dumps(v)}" for k, v in source.items()]).recipe
+    counted = count_data(recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=2.0)
+    from transformers import AutoTokenizer
+
+    built = build(recipe, AutoTokenizer.from_pretrained(tiny_model_dir), log=lambda _: None).report.tokens
+    assert abs(counted.tokens - built) <= 0.1 * built, (counted.tokens, built)
+    from ftune.cli.plan import _row_text, _tokenizer
+
+    plain = sum(len(e.ids) for e in _tokenizer(str(tiny_model_dir)).encode_batch(
+        [_row_text(x, recipe.data.train[0]) for x in rows]))
+    assert plain < 0.8 * built  # the contents alone (the old estimate) miss the template's tokens
+
+
+def test_plan_prints_epochs_and_what_max_steps_comes_to(capsys, tmp_path, tiny_model_dir, text_data_file):
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file)  # epochs: 2
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(2 epochs)" in out and "threads      " in out and "per process" in out
+    assert main(["plan", str(path), "train.epochs=1"]) == 0
+    assert "(1 epoch)" in capsys.readouterr().out
+    assert main(["plan", str(path), "train.max_steps=5"]) == 0
+    assert "(train.max_steps: " in capsys.readouterr().out

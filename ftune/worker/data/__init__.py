@@ -145,7 +145,7 @@ def build(
                 if preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
-                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch, log=log)
                 entry = cache.commit(scratch, key)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)

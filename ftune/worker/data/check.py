@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ftune.recipe.schema import Recipe
 from ftune.typed import not_text
-from ftune.worker.data.errors import DataError, field_hint
+from ftune.worker.data.errors import DataError, chat_fields_hint, field_hint
 from ftune.worker.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
 from ftune.worker.data.sources import peek, resolve
 
@@ -35,12 +35,14 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
             problems.append((f"{where}.path", f"{spec.path} has no rows", "check the file"))
             continue
         missing = [(k, c) for k, c in required_fields(src).items() if c not in columns]
+        defaulted = "format" not in spec.model_fields_set
         for key, col in missing:
             problems.append((
-                f"{where}.fields.{key}",
-                f"{spec.format} data needs field `{col}`, but the first rows of {spec.path} have: "
+                where if defaulted else f"{where}.fields.{key}",
+                ("this source sets no `format`, so it defaulted to text, which " if defaulted else
+                 f"{spec.format} data ") + f"needs field `{col}`, but the first rows of {spec.path} have: "
                 f"{', '.join(columns) or 'no fields'}",
-                field_hint(spec.format, columns),
+                field_hint(spec.format, columns, rows[0] if rows else None),
             ))
         if missing:
             continue
@@ -85,7 +87,7 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[tuple[str, str, 
                 keys = ", ".join(m) if isinstance(m, dict) else type(m).__name__
                 return [(f"{where}.fields.role",
                          f"row {n} of {spec.path}: a message lacks `{f.role}`/`{f.content}` (has: {keys})",
-                         "sharegpt data: `fields: {messages: conversations, role: from, content: value}`")]
+                         chat_fields_hint(f.messages, m))]
             if not isinstance(m[f.role], str) or mapping.get(m[f.role]) not in ROLES:
                 return [(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
                          f"map it, e.g. `roles: {{{m[f.role]}: assistant}}`")]

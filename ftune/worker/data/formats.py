@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
-from ftune.worker.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
+from ftune.worker.data.errors import DataError, chat_fields_hint, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.worker.data.masking import (
     IGNORE,
     labels_from_spans,
@@ -116,14 +116,17 @@ def required_fields(src: Source) -> dict[str, str]:
     }[src.spec.format]
 
 
-def check_columns(src: Source, columns: list[str]) -> None:
-    """Raise for the first field the format needs that is not a column of the source."""
+def check_columns(src: Source, columns: list[str], row: dict | None = None) -> None:
+    """Raise for the first field the format needs that is not a column of the source (`row`: the first row, whose
+    keys make the hint name the whole mapping)."""
     for key, col in required_fields(src).items():
         if col not in columns:
             raise DataError(
-                f"{src.where}: {src.spec.format} data needs field `{col}` (fields.{key}), "
+                f"{src.where}: " + ("this source sets no `format`, so it defaulted to text, which "
+                                    if "format" not in src.spec.model_fields_set else f"{src.spec.format} data ")
+                + f"needs field `{col}` (fields.{key}), "
                 f"but row 1 of {src.spec.path} has: {', '.join(columns) or 'no fields'}",
-                hint=field_hint(src.spec.format, columns),
+                hint=field_hint(src.spec.format, columns, row),
                 location=row_location(src.path, src.kind, 0) if src.local else None,
             )
 
@@ -281,7 +284,7 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
             raise fail(
                 i,
                 f"message {k + 1} needs keys `{f.role}` and `{f.content}`, has: {keys}",
-                hint="set `fields: {role: ..., content: ...}` (sharegpt data: `{role: from, content: value}`)",
+                hint=chat_fields_hint(f.messages, m),
             )
         role = mapping.get(m[f.role]) if isinstance(m[f.role], str) else None
         if role not in ROLES:
