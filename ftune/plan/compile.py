@@ -7,6 +7,7 @@ that need this machine (`ftune.plan.environment`) are reported here, located in 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
