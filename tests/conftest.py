@@ -31,6 +31,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two test workers on a 2-core machine: one compute thread per process (the plan otherwise gives each run all
     # cores, and two runs at once oversubscribe them: measured 145 s -> 82 s for tests/e2e/test_run.py).
     os.environ["OMP_NUM_THREADS"] = "1"
+# A launcher's variables (a CI job inside Slurm or a Kubernetes pod) would make every `ftune run` a node of that job
+# (ftune.plan.cluster): the suite means the same everywhere, and the cluster tests set them themselves.
+for _name in [n for n in os.environ if n.startswith(("PET_", "SLURM_", "OMPI_", "TORCHELASTIC_"))
+              or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                       "MASTER_PORT")]:
+    del os.environ[_name]
 (_SESSION_TMP / "tmp").mkdir(exist_ok=True)
 tempfile.tempdir = None  # re-read TMPDIR: torchelastic_* folders land in our temp dir and are removed
 

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_recipe(args.recipe, args.overrides)
     os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
-    plan = compile_plan(loaded, check_inputs=False)
+    plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")

@@ -59,7 +59,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
     "launch-script": Command("ftune.cli.launch_script",
-                             "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),
+                             "write a job spec (slurm, kubernetes, skypilot): one `ftune run` per node, ranks from the scheduler"),
 }
 
 

@@ -7,12 +7,13 @@ that need this machine (`ftune.plan.environment`) are reported here, located in 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from ftune import __version__, adapter
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, environment, gguf, preference, rl
+from ftune.plan import accelerate, batching, cluster, environment, gguf, preference, rl
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -81,17 +82,30 @@ def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem], notes:
     return str(path.resolve())
 
 
-def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) -> Plan:
+def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list[str]):
+    """The recipe with `distributed.*` as the launcher's environment says (torchrun, PET_*, OMPI_*, SLURM_*)."""
+    found, bad = cluster.detect(os.environ if environ is None else environ)
+    problems += bad
+    if found is None:
+        return recipe, None
+    distributed, bad, said = cluster.apply(recipe.distributed, found)
+    problems += bad
+    notes += said
+    return recipe.model_copy(update={"distributed": distributed}), found
+
+
+def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
     `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
-    not checked then)."""
+    not checked then); `environ` is read for a launcher's variables (`ftune.plan.cluster`; default os.environ)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
     recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
     problems += adapter_problems
     notes: list[str] = []
+    recipe, job = _from_launcher(recipe, environ, problems, notes)
 
     num_processes, device = accelerate.resolve_num_processes(recipe.distributed, gpus)
     world_size = num_processes * recipe.distributed.num_machines
@@ -158,9 +172,11 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         resume_from=resume_from,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
         cpu_threads=threads,
+        cluster=job,
         launch=LaunchSpec(
             accelerate_config=config,
-            command=accelerate.launch_command(run.accelerate_config, run.plan, python=sys.executable),
+            command=accelerate.launch_command(run.node(recipe.distributed.machine_rank).accelerate_config,
+                                              run.node(recipe.distributed.machine_rank).plan, python=sys.executable),
             env=_worker_env(threads, run) | tracker_env(recipe),
         ),
         notes=notes,

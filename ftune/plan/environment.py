@@ -159,7 +159,7 @@ def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:
     if root in special:
         return [Problem.at("output.dir", f"{root} is {special[root]}; a run dir must be a folder of its own",
                            f"use a subfolder, e.g. `output.dir=runs/{recipe.name}`")]
-    if root.is_dir() and not run.is_owned() and any(p.name != run.lock.name for p in root.iterdir()):
+    if root.is_dir() and not run.is_owned() and run.foreign_entries():
         found.append(Problem.at("output.dir", f"{root} exists and was not created by ftune (it has no "
                                 f"{run.marker.name}); ftune writes and deletes only in folders it created",
                                 "choose a new output.dir, or an empty folder"))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.plan.batching import Collator
+from ftune.plan.cluster import ClusterEnv
 from ftune.plan.gguf import GgufSource
 from ftune.plan.threads import CpuThreads
 from ftune.recipe.schema import Recipe
@@ -103,8 +104,16 @@ class Plan(BaseModel):
     cpu_threads: CpuThreads | None = None
     """CPU runs: compute threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`); None on CUDA."""
     launch: LaunchSpec
+    cluster: ClusterEnv | None = None
+    """The job's shape as the launcher's environment gave it (torchrun, Kubeflow PET_*, MPI, Slurm), with the
+    variable each value came from; None when `ftune run` was started outside any launcher."""
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
+
+    @property
+    def machine_rank(self) -> int:
+        """This node's rank in a multi-node job (0 on one machine)."""
+        return self.recipe.distributed.machine_rank
 
     @property
     def run(self) -> RunDir:

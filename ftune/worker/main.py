@@ -39,6 +39,8 @@ def run_stages(plan: Plan) -> dict:
     quiet_libraries()
     distributed.prepare(plan)
     args = train.training_arguments(plan)  # sets up the process group
+    distributed.check_world(plan, args.world_size)
+    distributed.record_hosts()
     main = args.process_index == 0
     console = Console(stderr=False, highlight=False) if main else None
 
@@ -166,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
             distributed.close()
         except Terminated:
             raise terminated_error(None, None) from None
-        except OSError as err:
-            full = disk_full(err, run.root)
-            if full is None:
+        except Exception as err:  # noqa: BLE001 - a full disk, or a peer rank that stopped: user-facing errors
+            known = (disk_full(err, run.root) if isinstance(err, OSError) else None) or distributed.peer_stopped(
+                err, plan)
+            if known is None:
                 raise
-            raise full from err
+            raise known from err
         return 0
     except FtuneError as err:
         _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,
