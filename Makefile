@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup demo test test-fast fuzz schemas bench bench-gpu clean
+.PHONY: setup demo test test-all test-fast fuzz schemas bench bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: setup
 # collection order (the few-test, long distributed/e2e files first, the many short unit files last to fill the
 # gaps) instead of most-tests-first, which left the long e2e files for the end (measured: 9:43 -> 8:50)
 test: setup
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not extended" tests
+
+# everything, the `extended` end-to-end runs too (about twice `make test`'s time on 2 cores)
+test-all: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup

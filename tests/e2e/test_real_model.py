@@ -110,6 +110,7 @@ def test_the_rule_is_learned_on_held_out_prompts_and_knowledge_kept(real):
     real["after"] = [r["completion"] for r in after]
 
 
+@pytest.mark.extended
 def test_merge_generate_and_export_gguf_round_trip(real):
     """merge -> generate equals the adapter; export f16 of the merged folder, verified; the GGUF reloaded through
     transformers answers 20 prompts (10 held-out, 10 trained) greedily exactly as the merged model does."""

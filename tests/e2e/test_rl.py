@@ -91,7 +91,7 @@ def rl_runs(work) -> dict:
     return get
 
 
-@pytest.mark.parametrize("objective", ["grpo", "rloo"])
+@pytest.mark.parametrize("objective", ["grpo", pytest.param("rloo", marks=pytest.mark.extended)])
 def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work):
     out = rl_runs(objective)
     logs = [r for r in metrics(out) if "reward" in r]
@@ -138,6 +138,7 @@ def reward_run(work, tiny_model_dir) -> Path:
     return out
 
 
+@pytest.mark.extended
 def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
     """Held-out pairwise accuracy from chance to >= 0.9, then the model's logit is the reward of a GRPO run."""
     evals = [r for r in metrics(reward_run) if "eval_accuracy" in r]

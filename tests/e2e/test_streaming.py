@@ -75,15 +75,3 @@ def test_streaming_trains_from_shards_and_resumes_after_a_kill_identically(tmp_p
     assert resumed.code == 0, resumed.text
     again = _step_losses(tmp_path / "runs/killed")
     assert again == losses  # every step, the ones before the kill and the resumed ones, equal to the whole run
-
-
-def test_a_bad_line_halfway_names_the_file_and_line(tmp_path, tiny_model_dir):
-    pattern = _shards(tmp_path / "shards")
-    bad = tmp_path / "shards/shard-2.jsonl"
-    lines = bad.read_text().splitlines()
-    lines[40] = '{"text": "cut off'
-    bad.write_text("\n".join(lines) + "\n")
-    path = write_recipe(tmp_path, _recipe(tiny_model_dir, pattern, "runs/bad"), "bad.yaml")
-    out = ftune("run", str(path), "train.max_steps=400", cwd=tmp_path, timeout=600)
-    assert out.code == 1, out.text
-    assert f"line 41 of {bad}" in out.text and "is not valid JSON" in out.text and "Traceback" not in out.text

@@ -161,3 +161,26 @@ def test_a_hub_name_that_cannot_be_reached_is_a_clear_error(tok, tmp_path):
     with pytest.raises(Exception, match=r"could not load the hub dataset 'nobody/nothing'") as info:
         make(tok, tmp_path, [{"path": "nobody/nothing"}])
     assert "HF_DATASETS_OFFLINE" in info.value.hint
+
+
+def test_a_streamed_bad_line_halfway_names_the_file_and_line(tok, tmp_path):
+    """Streaming reads JSONL itself: a line that is not JSON, past the first batch, stops with its file and line."""
+    from ftune.recipe.schema import DataSource
+    from ftune.worker.data.errors import DataError
+    from ftune.worker.data.formats import Context
+    from ftune.worker.data.sources import Source
+    from ftune.worker.data.stream import BATCH, _samples
+
+    good = tmp_path / "a.jsonl"
+    good.write_text("".join(json.dumps({"text": f"the cat sat {i}"}) + "\n" for i in range(30)))
+    bad = tmp_path / "b.jsonl"
+    lines = [json.dumps({"text": f"a dog ran {i}"}) for i in range(BATCH + 50)]
+    lines[BATCH + 10] = '{"text": "cut off'
+    bad.write_text("\n".join(lines) + "\n")
+    src = Source(DataSource(path=str(tmp_path / "*.jsonl")), "data.train[0]", str(tmp_path / "*.jsonl"), "json")
+    rows = _samples([str(good), str(bad)], src, Context(tok, 32, "all", ""), seed=0, pack_to=None)
+    with pytest.raises(DataError) as err:
+        for _ in rows:
+            pass
+    assert f"line {BATCH + 11} of {bad}" in err.value.message and "is not valid JSON" in err.value.message
+    assert (err.value.location.file, err.value.location.line) == (str(bad), BATCH + 11)

@@ -61,6 +61,7 @@ def test_cli_refuses_an_existing_file_and_an_unwired_architecture(tiny_model_dir
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_dir_is_merged_on_the_fly_and_exported(tiny_model_dir, text_data_file, tmp_path):
     """A LoRA run dir: merged in the temp dir (not inside the run, which the output policy keeps to the run's own
     files), exported beside final/ as <name>-f16.gguf, verified; the run dir gains only that file."""
