@@ -16,13 +16,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ftune.plan.compile import compile_plan
-    from ftune.plan.preflight import preflight
     from ftune.recipe import load_recipe
 
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
-    plan = compile_plan(loaded)
-    preflight(loaded, plan)
+    plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
     command = shlex.join(plan.launch.command)
     if args.dry_run:
         console.print_json(plan.model_dump_json())

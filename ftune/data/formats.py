@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftune.plugins import installed, load_object
-from ftune.worker.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
-from ftune.worker.data.masking import (
+from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
+from ftune.data.masking import (
     IGNORE,
     labels_from_spans,
     prompt_completion_labels,
     trainable,
     truncate,
 )
-from ftune.worker.data.sources import Source
+from ftune.data.sources import Source
 
 ALPACA_TEMPLATE = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "

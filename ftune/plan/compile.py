@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 from ftune import __version__, adapter
+from ftune.data.check import check_fields
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, environment, preference
+from ftune.plan import accelerate, batching, environment, preference, preflight, quantization
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
 from ftune.plan.trackers import tracker_env
-from ftune.plan.trainer import training_arguments
+from ftune.plan.trainer import checkpointing_owner, training_arguments
 from ftune.recipe.objectives import objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import BNB_OPTIMIZERS
@@ -83,7 +84,10 @@ def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem], notes:
 def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
-    `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
+    Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: the
+    environment (`ftune.plan.environment`), the data files' fields (`ftune.data.check`) and the model's
+    structure on the meta device (`ftune.plan.preflight`; without `check_inputs` only when the model's config is
+    local). `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
     not checked then)."""
     written = loaded.recipe
@@ -109,6 +113,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                                                                                     recipe_dir))
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
+    problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
+    if not any(p.path == "model.path" for p in problems) and (check_inputs or preflight.config_is_local(recipe)):
+        problems += preflight.problems(recipe, device)  # the model on the meta device
     if problems:
         raise loaded.error(problems)
 
@@ -129,6 +136,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                                   accelerate_config=config, resuming=resume_from is not None)
                | preference.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
+    effective_batch = train.per_device_batch_size * train.gradient_accumulation_steps * world_size
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -139,10 +147,12 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         num_processes=num_processes,
         world_size=world_size,
         mixed_precision=mp,
-        effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
+        effective_batch_size=effective_batch,
         tokenizer_path=tokenizer_source(written),
         model_load=load,
-        collator=batching.collator(recipe),
+        data=batching.data_plan(recipe, step_samples=effective_batch),
+        activation_checkpointing=checkpointing_owner(trainer),
+        upcast_non_quantized=recipe.quantization is not None and quantization.upcasts(recipe),
         trainer=trainer,
         uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,
         config_class=obj.config_path,

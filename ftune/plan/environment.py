@@ -16,6 +16,7 @@ from ftune.plan import quantization
 from ftune.recipe.load import looks_local
 from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
+from ftune.recipe.sources import sources
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
 
@@ -38,17 +39,13 @@ def inputs(recipe: Recipe) -> list[Problem]:
         found.append(Problem.at("model.path", f"{model_path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
-    sources = [("data.train", recipe.data.train)]
-    if isinstance(recipe.data.eval, list):
-        sources.append(("data.eval", recipe.data.eval))
-    for prefix, items in sources:
-        for i, src in enumerate(items):
-            if src.type == "hub":
-                continue
-            if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
-                found.append(Problem.at(f"{prefix}.{i}.path", f"data file not found: {src.path}",
-                                        "paths are relative to the working directory "
-                                        f"({os.getcwd()}); check the spelling or run from the project root"))
+    for key, src in sources(recipe):
+        if src.type == "hub":
+            continue
+        if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
+            found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
+                                    "paths are relative to the working directory "
+                                    f"({os.getcwd()}); check the spelling or run from the project root"))
     return found
 
 

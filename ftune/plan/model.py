@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ftune.plan.batching import Collator
+from ftune.plan.batching import Collator, DataPlan
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
@@ -69,9 +69,16 @@ class Plan(BaseModel):
     tokenizer_path: str
     """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
     model_load: ModelLoad
-    collator: Collator = "padding"
-    """How the data stage batches rows (`ftune.plan.batching`): padding | position_ids | block_mask |
-    padding_free (packed rows flattened into one row with no pad token, for flash/flex attention)."""
+    data: DataPlan
+    """What the data stage carries out (`ftune.plan.batching`): the collator (padding | position_ids | block_mask
+    | padding_free), packing, the cache root, samples per optimizer step."""
+    activation_checkpointing: Literal["trainer", "fsdp"] | None = None
+    """Who checkpoints activations, never both: the Trainer (`train.gradient_checkpointing`, on the model; k-bit
+    preparation turns it on the same way), FSDP (`distributed.fsdp.activation_checkpointing`, wrapped after
+    sharding; it replaces the Trainer's), or nobody."""
+    upcast_non_quantized: bool = False
+    """With a quantized model: k-bit preparation upcasts the unquantized weights to fp32 (peft's default; not
+    under FSDP, one dtype per shard). `ftune.plan.quantization.upcasts` decides it."""
     trainer: dict[str, Any]
     """The exact keyword arguments of `config_class` (TrainingArguments or a TRL subclass of it); the worker
     passes them through unchanged."""
@@ -92,6 +99,11 @@ class Plan(BaseModel):
     launch: LaunchSpec
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
+
+    @property
+    def collator(self) -> Collator:
+        """How the data stage batches rows (`data.collator`)."""
+        return self.data.collator
 
     @property
     def run(self) -> RunDir:

@@ -59,8 +59,9 @@ class LoadedRecipe:
 
     def locate(self, path: str) -> Location:
         """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
-        wrote; else the recipe file. Every error about a recipe key is located through this."""
-        probe = path
+        wrote; else the recipe file. Every error about a recipe key is located through this. A list index may
+        be written either way: `data.train[0].path` (as problems spell it) or `data.train.0.path`."""
+        probe = re.sub(r"\[(\d+)\]", r".\1", path)
         while probe:
             where = self.origins.get(probe)
             if where is not None and where != DEFAULT:

@@ -57,7 +57,7 @@ def run_stages(plan: Plan) -> dict:
     console = Console(stderr=False, highlight=False) if main else None
 
     tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(recipe, tok, collator=plan.collator, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
+    bundle = data.build(recipe, tok, plan.data, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
                         log=console.print if console else (lambda *a, **k: None))
     model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None
@@ -65,7 +65,8 @@ def run_stages(plan: Plan) -> dict:
         from ftune.estimate.quant import describe, describe_line
         from ftune.worker import quantize
 
-        model = quantize.prepare(model, recipe)
+        model = quantize.prepare(model, upcast=plan.upcast_non_quantized,
+                                 checkpointing=plan.activation_checkpointing == "trainer")
         quant_line = describe_line(describe(recipe, model))
     model, counts = apply_method(model, plan, tokenizer.trained_token_ids(tok, recipe.model))
     if main and save.converts_initial(plan):

@@ -23,10 +23,11 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
         table.add_row("quantized", quantization)
     table.add_row("parameters", f"{counts.trainable:,} trainable / {counts.total:,} total ({counts.percent:.4f}%)")
     table.add_row("data", f"{len(bundle.train):,} train rows" + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
-    table.add_row("batch", f"{plan.effective_batch_size} effective = {r.train.per_device_batch_size} per device "
-                  f"× {r.train.gradient_accumulation_steps} accumulation × {plan.world_size} processes")
-    steps = f"{r.train.max_steps} max steps" if r.train.max_steps else f"{r.train.epochs} epochs"
-    table.add_row("schedule", f"{steps}, lr {r.train.learning_rate:g} ({r.train.lr_scheduler}), seed {r.train.seed}")
+    t = plan.trainer  # what runs, as the Plan gives it to the trainer
+    table.add_row("batch", f"{plan.effective_batch_size} effective = {t['per_device_train_batch_size']} per device "
+                  f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} processes")
+    steps = f"{t['max_steps']} max steps" if t["max_steps"] > 0 else f"{t['num_train_epochs']:g} epochs"
+    table.add_row("schedule", f"{steps}, lr {t['learning_rate']:g} ({t['lr_scheduler_type']}), seed {t['seed']}")
     table.add_row("devices", f"{plan.world_size} × {plan.device} ({r.distributed.strategy}), precision {plan.mixed_precision}")
     table.add_row("run dir", plan.run_dir)
     if plan.resume_from:

@@ -8,8 +8,8 @@ import pytest
 
 from ftune.chat import BUILTIN, builtin, resolve
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
-from ftune.worker.data.formats import render_with_spans
+from tests.data_stage import build
+from ftune.data.formats import render_with_spans
 from ftune.worker.tokenizer import apply_tokens, trained_token_ids
 
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
@@ -102,7 +102,7 @@ def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_
 
 
 def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
     from ftune.worker.tokenizer import load
 
     def recipe(**data):

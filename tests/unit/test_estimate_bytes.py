@@ -225,7 +225,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
     from ftune.modeling import build_meta_model
-    from ftune.plan.quantization import bnb_config
+    from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
     r = Recipe.model_validate({
@@ -241,7 +241,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=bnb_config(r.quantization),
                                                  dtype=torch.float32, attn_implementation="sdpa")
-    model = method_module("lora").inject(quantize.prepare(model, r), r.peft, "causal-lm")
+    model = method_module("lora").inject(quantize.prepare(model, upcast=upcasts(r), checkpointing=False), r.peft, "causal-lm")
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}

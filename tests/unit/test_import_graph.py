@@ -5,12 +5,13 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   1 plugins                                                    what installed packages register
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter   shared by both sides
   3 recipe                                                     the recipe language
-  4 plan, importers                                            decisions before launch
-  5 estimate                                                   what a recipe will cost
-  6 launch | worker                                            parent side | child side: never each other
-  7 infer                                                      after training: merge, generation, chat (over worker)
-  8 cli                                                        the commands
-  9 demo                                                       runs the commands
+  4 data                                                       data files read lightly: both sides (checks, formats)
+  5 plan, importers                                            decisions before launch
+  6 estimate                                                   what a recipe will cost
+  7 launch | worker                                            parent side | child side: never each other
+  8 infer                                                      after training: merge, generation, chat (over worker)
+  9 cli                                                        the commands
+  10 demo                                                      runs the commands
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ LAYERS = {
     "plugins": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2,
     "recipe": 3,
-    "plan": 4, "importers": 4,
-    "estimate": 5,
-    "launch": 6, "worker": 6,
-    "infer": 7,
-    "cli": 8,
-    "demo": 9,
+    "data": 4,
+    "plan": 5, "importers": 5,
+    "estimate": 6,
+    "launch": 7, "worker": 7,
+    "infer": 8,
+    "cli": 9,
+    "demo": 10,
 }
 
 

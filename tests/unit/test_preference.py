@@ -154,7 +154,7 @@ def test_missing_trl_is_a_located_plan_error(tmp_path, monkeypatch):
 def _bundle(tmp_path, tokenizer_dir, rows, fmt="preference", **data):
     from transformers import AutoTokenizer
 
-    from ftune.worker.data import build
+    from tests.data_stage import build
 
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     objective = "kto" if fmt == "unpaired-preference" else "dpo"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.worker.data import packing
-from ftune.worker.data.errors import DataError, row_location
-from ftune.worker.data.formats import (
+from ftune.data.errors import DataError, row_location
+from ftune.data.formats import (
     ANOMALIES,
     Context,
     check_columns,
@@ -23,7 +23,7 @@ from ftune.worker.data.formats import (
     required_fields,
 )
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
-from ftune.worker.data.sources import Source, load
+from ftune.data.sources import Source, load
 from ftune.worker.data.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable"]
@@ -173,15 +173,16 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
-               template: str, scratch: Path) -> tuple[DataReport, list[str] | None]:
-    """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report."""
+               template: str, scratch: Path, packs: bool) -> tuple[DataReport, list[str] | None]:
+    """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report; `packs` is the Plan's
+    packing decision (`DataPlan.packing`)."""
     import numpy as np
 
     data, seed = recipe.data, recipe.train.seed
     loaded = [(s, load(s, scratch)) for s in train_srcs]
     names = infer_label_names(recipe, loaded) if recipe.model.task == "sequence-classification" else None
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, names, recipe.model.num_labels)
-    report = DataReport(max_seq_length=data.max_seq_length, packing=data.packing, label_names=names)
+    report = DataReport(max_seq_length=data.max_seq_length, packing=packs, label_names=names)
 
     train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=lambda src, ds, s: encode_source(
         src, ds if ds is not None else load(src, scratch), ctx, recipe, scratch, s))
@@ -195,7 +196,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     train = train.remove_columns(BOOKKEEPING)
     evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
 
-    if data.packing:
+    if packs:
         train, report.fill = packing.pack(train, data.max_seq_length)
         report.packed_rows = len(train)
         if data.shuffle:
