@@ -11,6 +11,11 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
+CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384,
+          "max_position_embeddings": 512}
+"""A tiny Llama's config.json alone (no weights): enough for the compiler's checks on the meta device."""
+
 WORDS = (
     "the cat sat on a mat and the dog ran in the park while birds sang songs about rain sun wind "
     "people read books write code train models fine tune small networks learn fast answer questions"

@@ -95,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from ftune.plan.compile import compile_plan
 
     loaded = load_recipe(args.recipe, args.overrides)
-    plan = compile_plan(loaded, check_inputs=False)  # the data decisions (and every pre-launch check) of a run
+    n = loaded.recipe.distributed.num_processes
+    gpus = n if isinstance(n, int) and loaded.recipe.distributed.strategy != "none" else 1
+    # the data decisions (and every pre-launch check) of a run, planned for the recipe's own layout, as
+    # `ftune plan --gpus N` does: the data of a GPU recipe can be inspected on a laptop
+    plan = compile_plan(loaded, check_inputs=False, gpus=gpus)
     recipe = plan.recipe
     if args.format == "json":
         import datasets

@@ -114,7 +114,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
     problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
-    if not any(p.path == "model.path" for p in problems) and (check_inputs or preflight.config_is_local(recipe)):
+    model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
+    if model_known and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a model already refused
         problems += preflight.problems(recipe, device)  # the model on the meta device
     if problems:
         raise loaded.error(problems)

@@ -15,6 +15,7 @@ from ftune.errors import RecipeError, UsageError
 from ftune.plan.compile import compile_plan
 from ftune.recipe import MASK, load_recipe
 from ftune.recipe._secrets import is_secret_key, shown_override
+from ftune.tiny import CONFIG
 
 TOKEN = "hf_VERYsecretVALUE123"
 GEN = "FTUNE_SECRET_MODEL_HUB_TOKEN"
@@ -25,7 +26,7 @@ def recipe(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights
     (tmp_path / "d.jsonl").write_text('{"text": "hello"}\n')
     path = tmp_path / "r.yaml"
     path.write_text(f"name: t\nmodel:\n  path: {model}\ndata:\n  train:\n    - path: d.jsonl\ntrain:\n  max_steps: 2\n"
