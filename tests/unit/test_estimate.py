@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ftune.errors import FtuneError
-from ftune.estimate.estimate import estimate, parse_bytes, resolve_config
+from ftune.estimate.estimate import estimate, parse_bytes
+from ftune.estimate.meta import resolve_config
 from ftune.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]

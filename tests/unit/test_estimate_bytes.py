@@ -99,7 +99,8 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.estimate.estimate import _apply_method, _build, resolve_config
+    from ftune.estimate.estimate import _apply_method
+    from ftune.estimate.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
@@ -221,7 +222,8 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.estimate.estimate import _apply_method, _build, _quantize_layout, resolve_config
+    from ftune.estimate.estimate import _apply_method, _quantize_layout
+    from ftune.estimate.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
     from ftune.modeling import build_meta_model

@@ -10,7 +10,8 @@ import pytest
 from ftune.cli.main import main
 from ftune.errors import FtuneError
 from ftune.estimate import catalog
-from ftune.estimate.estimate import _build, estimate, resolve_config
+from ftune.estimate.estimate import estimate
+from ftune.estimate.meta import _build, resolve_config
 from ftune.recipe.schema import Recipe
 
 CATALOG = Path(catalog.__file__).resolve().parent.parent / "catalog"
