@@ -1,6 +1,8 @@
 """The worker: `accelerate launch ... -m ftune.worker <run>/plan.json` runs the stages in order.
 
-It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
+The order, written once (here and in docs/ARCHITECTURE.md), as `run_stages` runs it:
+distributed (the CPU FSDP shim, the process group) → tokenizer → data → model → quantize (k-bit preparation,
+when quantized) → peft → train → save. It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
 launcher can report them without a traceback; the traceback is kept there for --debug.
 """
 

@@ -1,4 +1,4 @@
-"""Stage 1: the tokenizer, from where the plan says (`plan.tokenizer_path`: `model.tokenizer`, else `model.path`)."""
+"""The tokenizer, from where the plan says (`plan.tokenizer_path`: `model.tokenizer`, else `model.path`)."""
 
 from __future__ import annotations
 
