@@ -176,28 +176,28 @@ def _compile(loaded, gpus: int | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    keys: list[str] = []  # the recipe key an estimate error was located at
     try:
-        return _plan(args, keys)
+        return _plan(args)
     except FtuneError as err:
         if args.format != "json":
             raise
-        print(json.dumps(errors_json(args.recipe, err, keys[0] if keys else ""), indent=2))
+        print(json.dumps(errors_json(args.recipe, err), indent=2))
         return err.exit_code
 
 
-def errors_json(recipe_file: str, err: FtuneError, key: str = "") -> dict:
+def errors_json(recipe_file: str, err: FtuneError) -> dict:
     """A failed plan as `--format json` prints it: the recipe, and its errors as `validate --format json` has them."""
     from ftune.errors import Location, Problem, RecipeError
 
     file = str(Path(recipe_file).resolve())
     problems = err.problems if isinstance(err, RecipeError) else [
-        Problem(err.message, key, err.hint, err.location or Location(file))]
+        Problem(err.message, "", err.hint, err.location or Location(file))]
     fields = ("file", "line", "column", "path", "message", "hint")
     return {"recipe": file, "errors": [{k: v for k, v in p.as_json().items() if k in fields} for p in problems]}
 
 
-def _plan(args: argparse.Namespace, keys: list[str]) -> int:
+def _plan(args: argparse.Namespace) -> int:
+    from ftune.errors import RecipeError
     from ftune.estimate.estimate import estimate, parse_bytes
     from ftune.recipe import load_recipe
 
@@ -215,12 +215,8 @@ def _plan(args: argparse.Namespace, keys: list[str]) -> int:
     try:
         est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
                        gpu_memory=gpu_memory, device=device)
-    except FtuneError as err:  # point at the key where the recipe sets it
-        where = err.location.origin if err.location else None
-        if where in loaded.origins:
-            err.location = loaded.locate(where)
-            keys.append(where)
-        raise
+    except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
+        raise loaded.error(err.problems) from None
     data = count_data(recipe, plan.world_size, plan.tokenizer_path, plan.trainer["num_train_epochs"])
     if args.format == "json":
         out = {

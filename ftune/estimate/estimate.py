@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ftune.errors import FtuneError, Location
+from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.meta import DTYPES, _build, resolve_config
 from ftune.estimate.memory import (
     Layout,
@@ -94,19 +94,19 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
         if trained_tokens and cfg.method == "lora":  # as the worker's peft stage
             return method_module(cfg.method).inject(model, cfg, recipe.model.task, trained_tokens=trained_tokens)
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
-    except FtuneError as e:  # e.g. freeze's "matches no parameter": say which key
-        if e.location is None:
-            e.location = Location(origin="peft.trainable" if cfg.method == "freeze" else "peft")
+    except RecipeError:
         raise
+    except FtuneError as e:  # e.g. freeze's "matches no parameter": at the key that says what to train
+        if e.location is not None:
+            raise
+        key = "peft.trainable" if cfg.method == "freeze" else "peft"
+        raise RecipeError([Problem.at(key, e.message.removeprefix(f"{key} "), e.hint)]) from None
     except ValueError as e:
         if "target" not in str(e).lower() and "not found" not in str(e).lower():
             raise
         wanted = cfg.target_modules if isinstance(cfg.target_modules, str) else ", ".join(cfg.target_modules)
-        raise FtuneError(
-            f"peft.target_modules ({wanted}) matches no module of the model",
-            hint=f"the model's linear layers are: {', '.join(linear)}",
-            location=Location(origin="peft.target_modules"),
-        ) from None
+        raise RecipeError([Problem.at("peft.target_modules", f"({wanted}) matches no module of the model",
+                                      f"the model's linear layers are: {', '.join(linear)}")]) from None
 
 
 def _quantize_layout(model, recipe: Recipe) -> set[int]:

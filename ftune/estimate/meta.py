@@ -1,11 +1,12 @@
 """The recipe's base model on the meta device, from its config alone (no weights): which config.json to read
-(the model's own, the offline HF cache, `model.config`, the bundled catalog), its dtype, and the build."""
+(the model's own, the offline HF cache, `model.config`, the bundled catalog), its dtype, and the build.
+A problem at a recipe key is a `RecipeError` of unlocated `Problem`s: the caller locates them in its recipe."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ftune.errors import FtuneError, Location
+from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate import catalog
 from ftune.recipe.schema import Recipe
 
@@ -42,13 +43,13 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
         return found[1], f"catalog {found[1].name}"
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
-    raise FtuneError(
-        f"no config found for model.path {path!r}: not a local folder, not in the HF cache, not in the catalog",
-        hint=f"{guess}set model.config to a local config.json of the model, or fetch it once "
+    raise RecipeError([Problem.at(
+        "model.path",
+        f"no config found for {path!r}: not a local folder, not in the HF cache, not in the catalog",
+        f"{guess}set model.config to a local config.json of the model, or fetch it once "
         f"(`hf download {path} config.json`); the catalog (docs/plan.md) matches a name under its own org "
         f"or a mirror ({', '.join(catalog.MIRROR_ORGS)})",
-        location=Location(origin="model.path"),
-    )
+    )])
 
 
 def _own_config(value: str) -> tuple[Path, str]:
@@ -57,9 +58,8 @@ def _own_config(value: str) -> tuple[Path, str]:
     if file.is_dir():
         file = file / "config.json"
     if not file.is_file():
-        raise FtuneError(f"model.config {value!r} does not exist", hint="name a config.json (or a folder holding "
-                         "one); a relative path is relative to the working directory",
-                         location=Location(origin="model.config"))
+        raise RecipeError([Problem.at("model.config", f"{value!r} does not exist", "name a config.json (or a folder "
+                                      "holding one); a relative path is relative to the working directory")])
     return file, f"model.config {file}"
 
 

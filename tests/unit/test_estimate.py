@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftune.errors import FtuneError
+from ftune.errors import FtuneError, RecipeError
 from ftune.estimate.estimate import estimate, parse_bytes
 from ftune.estimate.meta import resolve_config
 from ftune.recipe.schema import Recipe
@@ -94,18 +94,20 @@ def test_freeze_counts_only_matching_parameters():
 
 
 def test_unmatched_target_modules_list_the_linear_layers():
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:  # a problem at the key; the CLI locates it in the recipe
         plan(make("meta-llama/Llama-2-7b-hf", {"method": "lora", "target_modules": ["query", "value"]}))
-    assert "peft.target_modules (query, value) matches no module" in err.value.message
-    assert err.value.hint == ("the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, "
+    (p,) = err.value.problems
+    assert p.path == "peft.target_modules" and "(query, value) matches no module" in p.message
+    assert p.hint == ("the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, "
                               "q_proj, up_proj, v_proj")
 
 
 def test_unknown_hub_id_says_how_to_plan_it():
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:
         resolve_config(make("someone/unknown-7b"))
-    assert "no config found for model.path 'someone/unknown-7b'" in err.value.message
-    assert err.value.hint.startswith("set model.config to a local config.json of the model, or fetch it once "
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "no config found for 'someone/unknown-7b'" in p.message
+    assert p.hint.startswith("set model.config to a local config.json of the model, or fetch it once "
                                      "(`hf download someone/unknown-7b config.json`)")
 
 
