@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup demo test test-fast schemas bench bench-gpu clean
+.PHONY: setup demo test test-fast fuzz schemas bench bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not distributed" tests
+
+# The CLI-wide fuzz test with more draws than `make test` gives it (200 per command there).
+FUZZ_EXAMPLES ?= 2000
+fuzz: setup
+	FTUNE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/faults/test_cli_fuzz.py
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Location
+from ftune.outputs import ADAPTER_CONFIG, RECORD  # noqa: F401  (ftune's file names live with the output policy)
 
-ADAPTER_CONFIG = "adapter_config.json"
-RECORD = "ftune.json"
-"""final/ftune.json (the save stage) and <merged>/ftune.json (merge) record what the folder holds."""
 PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
 """ftune's model.task -> peft's task_type."""
 
@@ -67,6 +65,33 @@ def read(folder: Path, hint: str | None = None) -> SavedAdapter:
     folder = Path(folder)
     record = read_json(folder / RECORD, hint) if (folder / RECORD).is_file() else {}
     return SavedAdapter(folder, read_json(folder / ADAPTER_CONFIG, hint), record)
+
+
+CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "peft_type": (str,), "base_model_name_or_path": (str, type(None)), "task_type": (str, type(None)),
+    "r": (int,), "lora_alpha": (int, float), "lora_dropout": (int, float), "target_modules": (list, str, type(None)),
+    "modules_to_save": (list, type(None)), "num_virtual_tokens": (int,), "fan_in_fan_out": (bool,),
+}
+"""Types peft reads these adapter_config.json keys as (a wrong type fails deep inside peft, unlocated)."""
+
+
+def checked_config(folder: Path) -> dict:
+    """adapter_config.json of `folder`, whole (valid JSON, an object) and with the types peft expects, or a located
+    error naming the key: a truncated or hand-edited file is the user's to fix, never an internal error."""
+    file = Path(folder) / ADAPTER_CONFIG
+    hint = "the adapter's config was cut short or edited: copy it again from the run that saved it"
+    config = read_json(file, hint)
+    for key, types in CONFIG_TYPES.items():
+        value = config.get(key)
+        if key in config and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            want = " or ".join("null" if t is type(None) else {"str": "a string", "int": "an integer", "float":
+                               "a number", "list": "a list", "bool": "true/false"}[t.__name__] for t in types)
+            raise FtuneError(f"{file}: `{key}` is {value!r}, expected {want}", hint=hint,
+                             location=Location(file=str(file)))
+    if "peft_type" not in config:
+        raise FtuneError(f"{file} has no `peft_type`: not a peft adapter config", hint=hint,
+                         location=Location(file=str(file)))
+    return config
 
 
 def unplaced_lora_tensors(model, folder: Path) -> list[str]:

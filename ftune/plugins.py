@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from ftune.errors import FtuneError
+from ftune.errors import FtuneError, Location
 
 GROUP = "ftune.plugins"
 
@@ -54,13 +54,60 @@ class Plugin:
     """Set by discovery: the distribution's version (part of the data cache key for formats)."""
 
 
+KINDS = {"callbacks": "callback", "methods": "method", "formats": "format"}
+"""The registries a plugin can add to: a `Plugin` field -> the name of one entry in messages. A new registry
+(rewards, ...) is a field of `Plugin` and a row here; its built-in table reaches plugins only through `merged`,
+which refuses a plugin name that shadows a built-in one, so the guard comes with the registry."""
+
+
 @dataclass(frozen=True)
 class Registry:
-    callbacks: dict[str, CallbackPlugin]
-    methods: dict[str, str]
-    formats: dict[str, FormatPlugin]
+    by_kind: dict[str, dict[str, Any]]
+    """`KINDS` key -> registered name -> what the plugin registered."""
     versions: dict[str, str]
     """Registered name -> '<distribution> <version>' that provides it."""
+
+    @property
+    def callbacks(self) -> dict[str, CallbackPlugin]:
+        return self.by_kind["callbacks"]
+
+    @property
+    def methods(self) -> dict[str, str]:
+        return self.by_kind["methods"]
+
+    @property
+    def formats(self) -> dict[str, FormatPlugin]:
+        return self.by_kind["formats"]
+
+
+class PluginError(FtuneError):
+    """A plugin that failed to load or registers a name it can't have; names the distribution and entry point."""
+
+
+def _located(ep) -> Location:
+    """Where an entry point's code is: the module file it names (when it can be found without importing it)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(ep.value.partition(":")[0].strip())
+    except (ImportError, ValueError, AttributeError):
+        spec = None
+    origin = getattr(spec, "origin", None)
+    return Location(file=origin) if origin and origin not in ("built-in", "frozen") else Location(origin="plugin")
+
+
+def _load(ep, dist: str):
+    """The entry point's object, guarded: plugin code that raises anything, `sys.exit()` included, is a located
+    error naming it (exit 1) and never ends ftune with the plugin's own exit status."""
+    try:
+        return ep.load()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - SystemExit too: a plugin can't fake a pass (exit 0) or a failure
+        what = f"called sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+        raise PluginError(f"plugin entry point {ep.name} = {ep.value} ({dist}) failed to load: {what}",
+                          hint=f"fix or uninstall {dist.split()[0]} (entry point {ep.name} in group {GROUP})",
+                          location=_located(ep)) from None
 
 
 @cache
@@ -68,35 +115,51 @@ def installed() -> Registry:
     """Every installed plugin's registrations, merged; a name registered twice is an error naming both."""
     from importlib.metadata import entry_points
 
-    callbacks: dict[str, CallbackPlugin] = {}
-    methods: dict[str, str] = {}
-    formats: dict[str, FormatPlugin] = {}
+    by_kind: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
     versions: dict[str, str] = {}
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else ep.name
-        try:
-            plugin = ep.load()
-        except Exception as err:  # noqa: BLE001 - a broken plugin is the user's to fix: say which
-            raise FtuneError(f"plugin {ep.name} ({dist}) failed to load: {type(err).__name__}: {err}",
-                             hint=f"fix or uninstall it (entry point {ep.value} in group {GROUP})") from None
+        plugin = _load(ep, dist)
         if not isinstance(plugin, Plugin):
-            raise FtuneError(f"plugin {ep.name} ({dist}): {ep.value} is not an ftune.plugins.Plugin",
-                             hint="the entry point must name a Plugin(...) object")
-        for kind, table, own in (("callback", callbacks, plugin.callbacks), ("method", methods, plugin.methods),
-                                 ("format", formats, plugin.formats)):
+            raise PluginError(f"plugin entry point {ep.name} = {ep.value} ({dist}) is not an ftune.plugins.Plugin",
+                              hint="the entry point must name a Plugin(...) object", location=_located(ep))
+        for kind, one in KINDS.items():
+            own = getattr(plugin, kind)
+            if not isinstance(own, dict) or not all(isinstance(k, str) for k in own):
+                raise PluginError(f"plugin entry point {ep.name} ({dist}): Plugin.{kind} is not a dict of names",
+                                  location=_located(ep))
             for name, value in own.items():
-                if name in table:
-                    raise FtuneError(f"{kind} '{name}' is registered by two plugins: {versions[name]} and {dist}",
-                                     hint="uninstall one of them")
-                table[name] = value
+                if name in versions:
+                    raise PluginError(f"{one} '{name}' is registered by two plugins: {versions[name]} and {dist}",
+                                      hint="uninstall one of them", location=_located(ep))
+                by_kind[kind][name] = value
                 versions[name] = dist
-    return Registry(callbacks, methods, formats, versions)
+    return Registry(by_kind, versions)
+
+
+def merged(kind: str, builtin: dict[str, Any] | tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """A registry: its built-in entries, then the installed plugins' entries of `kind` (a `KINDS` key). A plugin
+    name that is built in is refused (naming the plugin), never silently shadowing the built-in."""
+    registry = installed()
+    plugged = registry.by_kind[kind]
+    table = dict(builtin) if isinstance(builtin, dict) else {name: None for name in builtin}
+    taken = sorted(set(plugged) & set(table))
+    if taken:
+        raise PluginError(f"plugin {registry.versions[taken[0]]} registers {KINDS[kind]} '{taken[0]}', which is "
+                          "built in", hint=f"rename the plugin's {KINDS[kind]}; built-in {kind}: {', '.join(table)}")
+    return {**table, **plugged}
 
 
 def load_object(spec: str):
-    """'module:attribute' -> the object (plugin code, imported where it runs)."""
+    """'module:attribute' -> the object (plugin code, imported where it runs; a `sys.exit` in it is an error)."""
     module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001
+        what = f"called sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+        raise PluginError(f"plugin code {spec} failed to load: {what}", hint="fix or uninstall the plugin") from None
 
 
 def make_callbacks(specs) -> list:

@@ -6,26 +6,12 @@ reach the run dir through `RunDir`, so no module spells out `"final"` or `"check
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-RUN_MARKER = "ftune_run.json"
-"""Written at the top of a run dir when ftune creates (or adopts an empty) folder: ftune deletes or writes
-only inside folders holding it."""
-
-LOCK_FILE = ".ftune.lock"
-"""Held (flock) by the live ftune process of a run dir; holds its pid, host and start time."""
-
-COMPLETE_MARKER = "ftune_complete.json"
-"""Written into a checkpoint or final/ once everything in it is on disk; resume and reuse trust only marked ones."""
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary name and rename it: a crash never leaves a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+# ftune's markers and the one atomic writer live with the output policy (ftune.outputs); re-exported here
+from ftune.outputs import CHECKPOINTS, COMPLETE_MARKER, FINAL, LOCK_FILE, PLAN, RUN_MARKER  # noqa: F401
+from ftune.outputs import write_json_atomic  # noqa: F401
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -66,7 +52,7 @@ class RunDir:
 
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / PLAN
 
     @property
     def accelerate_config(self) -> Path:
@@ -79,11 +65,11 @@ class RunDir:
     # outputs, written by the workers
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / CHECKPOINTS
 
     @property
     def final(self) -> Path:
-        return self.root / "final"
+        return self.root / FINAL
 
     @property
     def merged(self) -> Path:

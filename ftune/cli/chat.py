@@ -32,10 +32,13 @@ def run(args: argparse.Namespace) -> int:
     check_decoding(args)
     extra = dispatch(args)
     console = Console(highlight=False, soft_wrap=True)
-    lo = load_for_generation(resolve(args.target, allow_model=True), extra=extra)
+    target = resolve(args.target, allow_model=True)
+    lo = load_for_generation(target, extra=extra)
     session = Session(lo, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, system=args.system)
-    tty = sys.stdin.isatty()
+                      seed=args.seed, system=args.system, inputs=(target.model_dir,),
+                      on_note=lambda note: console.print(f"[dim]{escape(note)}[/dim]"))
+    stdin = sys.stdin  # None when the process started with stdin closed: no input, the chat ends at once
+    tty = stdin is not None and not stdin.closed and stdin.isatty()
     console.print(f"[bold]chat[/bold] with {escape(lo.description)} ({lo.fmt.format} prompts)")
     if lo.fmt.format != "chat":
         console.print("[yellow]note[/yellow]: the run trained on single-turn prompts; each message is answered alone")
@@ -43,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     while True:
         if tty:
             console.print("[bold cyan]you>[/bold cyan] ", end="")
-        line = sys.stdin.readline()
+        try:
+            line = stdin.readline() if stdin is not None else ""
+        except (OSError, ValueError):  # a closed or unreadable stdin ends the chat like end of input
+            line = ""
         if not line:
             break
         line = line.rstrip("\n")
@@ -58,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[red]{escape(err.render())}[/red]")
             continue
         console.print("[bold green]model>[/bold green] ", end="")
-        session.reply(line, on_text=lambda t: console.print(escape(t), end=""))
+        try:
+            session.reply(line, on_text=lambda t: console.print(escape(t), end=""))
+        except FtuneError as err:  # a turn that does not fit the context: say so, keep the conversation
+            console.print(f"\n[red]{escape(err.render())}[/red]")
+            continue
         console.print()
     return 0

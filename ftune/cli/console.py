@@ -11,8 +11,8 @@ from typing import TextIO
 from ftune.errors import FtuneError, Problem
 
 
-def _rich_console(stream: TextIO):
-    if not stream.isatty():
+def _rich_console(stream: TextIO | None):
+    if stream is None or stream.closed or not stream.isatty():  # None: the process started with that fd closed
         return None
     from rich.console import Console
 
@@ -67,3 +67,31 @@ def print_line(text: str, stream: TextIO | None = None, style: str | None = None
     from rich.markup import escape
 
     console.print(f"[{style}]{escape(text)}[/]")
+
+
+def write_stdout(text: str) -> None:
+    """Write a command's result to stdout; a full disk, a closed or failing stdout is a user error (exit 2), and
+    stdout is pointed at /dev/null so Python's own flush at exit can't fail a second time."""
+    import os
+
+    from ftune.errors import UsageError
+
+    stream = sys.stdout
+    try:
+        if stream is None or getattr(stream, "ftune_closed", False):
+            raise OSError("standard output is closed")
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as err:
+        if stream is not None and not getattr(stream, "ftune_closed", False):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UsageError(f"can't write to standard output: {reason}",
+                         hint="write to a file with -o FILE, or check the disk the output goes to") from None

@@ -61,6 +61,26 @@ def dispatch(args: argparse.Namespace) -> dict:
     return dispatch_kwargs(args.device_map, caps or None, args.offload_dir)
 
 
+def _check_prompt_row(row: dict, path: str, n: int) -> None:
+    """Text where text is expected (a list would be stringified into the prompt), messages as {role, content}."""
+    from ftune.typed import not_text
+
+    where = Location(file=path, line=n)
+    for key in ("prompt", "instruction", "input"):
+        if key in row and (wrong := not_text(row[key])) is not None:
+            raise UsageError(f"`{key}` holds {wrong[0]}, not text", hint=wrong[1], location=where)
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise UsageError("`messages` must be a non-empty list of {role, content}", location=where)
+        for k, m in enumerate(messages, 1):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+                raise UsageError(f"message {k} needs `role` (text) and `content`", location=where)
+            if (wrong := not_text(m["content"])) is not None:
+                raise UsageError(f"message {k}'s `content` holds {wrong[0]}, not text", hint=wrong[1],
+                                 location=where)
+
+
 def read_prompts(path: str) -> list:
     file = Path(path)
     if not file.is_file():
@@ -78,6 +98,7 @@ def read_prompts(path: str) -> list:
         if not isinstance(row, dict) or not {"prompt", "instruction", "messages"} & set(row):
             raise UsageError("a prompt row needs `prompt`, `instruction` or `messages`",
                              location=Location(file=path, line=n))
+        _check_prompt_row(row, path, n)
         prompts.append(row)
     if not prompts:
         raise UsageError(f"{path} holds no prompts")
@@ -85,17 +106,24 @@ def read_prompts(path: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftune.infer.load import load_for_generation
+    import sys
+
+    from ftune.infer.load import clamp_new_tokens, load_for_generation
     from ftune.infer.source import resolve
     from ftune.worker.generation import encode_prompt, generate
 
     check_decoding(args)
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
-    prompts = read_prompts(args.file) if args.file else list(args.prompt)
+    prompts = read_prompts(args.file) if args.file is not None else list(args.prompt or [])
     target = resolve(args.target, allow_model=True)
     lo = load_for_generation(target, extra=extra)
     encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
-    completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=args.max_new_tokens,
+    max_new, note = clamp_new_tokens(lo.model, max(len(e) for e in encoded), args.max_new_tokens)
+    if note:
+        print(note, file=sys.stderr)
+    completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=max_new,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
     if args.format == "json":
         rows = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
-from ftune.errors import EXIT_INVALID, EXIT_OK, UsageError
+from ftune.errors import EXIT_INVALID, EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,27 +21,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("peer", choices=list(PEERS), metavar="PEER", help=f"the config's tool: {', '.join(PEERS)}")
     parser.add_argument("file", metavar="FILE", help="the peer's YAML config")
     parser.add_argument("-o", "--output", metavar="OUT", help="write the recipe here (default: stdout)")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it is a recipe `ftune import` wrote")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ftune import outputs
+    from ftune.cli.console import write_stdout
     from ftune.importers import convert
     from ftune.importers import validate
 
+    out = outputs.check_output(args.output, outputs.RECIPE, inputs=[args.file], force=args.force) \
+        if args.output is not None else None  # before anything is read: never the peer config itself
     imported = convert(args.peer, args.file)
     command = shlex.join(["ftune", "import", args.peer, imported.source] + (["-o", args.output] if args.output else []))
     text = imported.yaml(command)
     where = args.output or "<stdout>"
     problems = validate(text, where)
-    if args.output:
-        out = Path(args.output)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"can't write {args.output}: {err}", hint="check the folder and its permissions") from None
+    if out is not None:
+        outputs.write_text(out, text)  # atomic: a full disk leaves the old file (or none), never a cut one
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_stdout(text)
     for u in imported.unmapped:
         print(f"{imported.source}:{u.line or 1}: not imported: {u.key}: {u.reason}", file=sys.stderr)
     n = len(imported.unmapped)

@@ -13,7 +13,6 @@ import argparse
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from ftune.errors import EXIT_OK, FtuneError, UsageError
 
@@ -38,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partition", help="#SBATCH --partition")
     parser.add_argument("--time", help="#SBATCH --time, e.g. 24:00:00")
     parser.add_argument("-o", "--output", metavar="FILE", help="write the script here (default: stdout)")
+    parser.add_argument("--force", action="store_true", help="replace FILE if it is a script launch-script wrote")
 
 
 def _check(args: argparse.Namespace):
@@ -126,17 +126,24 @@ def script(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args: argparse.Namespace) -> int:
-    text = script(args)
-    if not args.output:
-        sys.stdout.write(text)
+def write(args: argparse.Namespace, text: str, submit: str) -> int:
+    """Every target's script goes out here: to stdout, or to `-o FILE` through the output policy (never the
+    recipe, a run dir or a model; replaced only with --force and only if launch-script wrote it), atomically."""
+    from ftune import outputs
+    from ftune.cli.console import write_stdout
+
+    if args.output is None:
+        write_stdout(text)
         return EXIT_OK
-    out = Path(args.output)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        out.chmod(0o755)
-    except OSError as err:
-        raise UsageError(f"can't write {args.output}: {err}", hint="check the folder and its permissions") from None
-    print(f"wrote {args.output}: {args.nodes} node(s); submit with `sbatch {args.output}`", file=sys.stderr)
+    out = outputs.check_output(args.output, outputs.SCRIPT, inputs=[args.recipe], force=args.force)
+    outputs.write_text(out, text, mode=0o755)
+    print(f"wrote {args.output}: {args.nodes} node(s); submit with `{submit} {args.output}`", file=sys.stderr)
     return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output is not None:  # refused before the recipe is even loaded
+        from ftune import outputs
+
+        outputs.check_output(args.output, outputs.SCRIPT, inputs=[args.recipe], force=args.force)
+    return write(args, script(args), "sbatch")

@@ -110,7 +110,32 @@ def _find_command(argv: list[str]) -> str | None:
     return None
 
 
+def _io_error(err: OSError) -> bool:
+    """An OSError about a path or a device the user named (a name too long, a full disk, no permission): exit 2,
+    the documented I/O error, rather than an internal error."""
+    import errno
+
+    return err.filename is not None or err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG,
+                                                     errno.EACCES, errno.EPERM, errno.EIO)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; with stdin or stdout closed at start (Python sets them to None), they read as empty and
+    write nowhere, and a command whose result is its output (`import`, `launch-script`) says it can't write it."""
+    closed = [name for name in ("stdin", "stdout") if getattr(sys, name) is None]
+    for name in closed:
+        stream = open(os.devnull, "r" if name == "stdin" else "w")
+        stream.ftune_closed = True  # type: ignore[attr-defined]  (read by console.write_stdout)
+        setattr(sys, name, stream)
+    try:
+        return _main(argv)
+    finally:
+        for name in closed:
+            getattr(sys, name).close()
+            setattr(sys, name, None)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
@@ -142,12 +167,30 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ftune validate ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except OSError as err:
+        if debug or not _io_error(err):
+            return _internal(err, debug)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"ftune: error: {where}{err.strerror or err}", file=sys.stderr)
+        print("    hint: check the path, the disk and the permissions (an I/O error, exit 2)", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as err:
+        if debug or "home directory" not in str(err):
+            return _internal(err, debug)
+        # Path.expanduser on `~name` for a user that does not exist
+        print(f"ftune: error: a path starting with ~ names an unknown user's home ({err})", file=sys.stderr)
+        print("    hint: write the path out, or use ~/ for your own home", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as err:  # a bug or an unexpected library failure: short message unless --debug
-        if debug:
-            raise
-        print(f"ftune: internal error: {type(err).__name__}: {err}", file=sys.stderr)
-        print("    hint: rerun with --debug for the traceback, and report it", file=sys.stderr)
-        return EXIT_RUNTIME
+        return _internal(err, debug)
+
+
+def _internal(err: Exception, debug: bool) -> int:
+    if debug:
+        raise err
+    print(f"ftune: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    print("    hint: rerun with --debug for the traceback, and report it", file=sys.stderr)
+    return EXIT_RUNTIME
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default: <run dir>/merged)")
     p.add_argument("--dtype", choices=DTYPES, help="dtype of the merged weights (default: model.dtype, else bfloat16)")
     p.add_argument("--shard-size", default="5GB", help="largest safetensors shard (default: 5GB)")
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder, if it is a merge ftune wrote")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
@@ -41,14 +41,16 @@ def _run_lock(target):
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from ftune.estimate.memory import parse_bytes
     from ftune.infer.merge import merge
     from ftune.infer.source import resolve
 
+    shard_size = parse_bytes(args.shard_size, "--shard-size", decimal=True)  # before anything is loaded
     target = resolve(args.target, args.overrides)
     say = (lambda s: print(s, file=sys.stderr)) if args.format == "json" else print
     with _run_lock(target):  # not while `ftune run` trains into the same run dir
         result = merge(target, out=Path(args.out) if args.out else None, dtype=args.dtype,
-                       shard_size=args.shard_size, force=args.force, log=say)
+                       shard_size=shard_size, force=args.force, log=say)
     if args.format == "json":
         print(json.dumps(asdict(result), indent=2))
         return 0

@@ -201,9 +201,9 @@ def _plan(args: argparse.Namespace) -> int:
     from ftune.estimate.estimate import estimate, parse_bytes
     from ftune.recipe import load_recipe
 
+    gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory") if args.gpu_memory is not None else None
     loaded = load_recipe(args.recipe, args.overrides)
     recipe = loaded.recipe
-    gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory else None
     gpus = args.gpus
     if gpus is None and gpu_memory is not None:
         n = recipe.distributed.num_processes

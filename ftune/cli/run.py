@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys, e.g. train.max_steps=10")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the launch command; train nothing")
+
+
+def _check_preference_data(loaded) -> None:
+    """Degenerate preference data (identical pairs, one-sided KTO labels): refused before launch, or warned."""
+    import re
+
+    from ftune.errors import Problem
+    from ftune.data.check import preference_balance
+
+    found = preference_balance(loaded.recipe)
+    errors = [Problem.at(re.sub(r"\[(\d+)\]", r".\1", p), m, h) for p, m, h, sev in found if sev == "error"]
+    if errors:
+        raise loaded.error(errors)
+    for path, message, hint, _ in found:
+        print(f"warning: {path}: {message}\n    hint: {hint}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
     plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    _check_preference_data(loaded)
     command = shlex.join(plan.launch.command)
     if args.dry_run:
         console.print_json(plan.model_dump_json())

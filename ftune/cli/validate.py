@@ -143,15 +143,18 @@ def check_file(file: Path, check_paths: bool) -> Report:
 def field_problems(loaded) -> list[Problem]:
     """--check-paths: the compiler's own check of the data files (`ftune.data.check`: fields, formats, roles in
     their first rows), so `validate --check-paths` refuses the data `plan` and `run` refuse."""
-    from ftune.data.check import check_fields
+    from ftune.data.check import check_fields, preference_balance
     from ftune.recipe.load import display
 
+    found = list(check_fields(loaded.recipe))
+    found += [Problem(message, path, hint, severity=severity)
+              for path, message, hint, severity in preference_balance(loaded.recipe)]
     problems = []
-    for p in loaded.error(check_fields(loaded.recipe)).problems:
+    for p in loaded.error(found).problems:
         where = p.location
         if where.file:
             where = Location(display(where.file), where.line, where.column)
-        problems.append(Problem(p.message, p.path, p.hint, where))
+        problems.append(Problem(p.message, p.path, p.hint, where, p.severity))
     return problems
 
 

@@ -1,9 +1,10 @@
 """The pre-launch checks on the data files: does each local source have the fields, format and roles it needs?
 
-Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`) and by `ftune validate --check-paths`, so all of
-them refuse the same data. Light on purpose: it reads the first rows with the standard library (pyarrow for
-Parquet), never `datasets` or a tokenizer. A file that does not exist is not reported here: the compiler's
-input check (`ftune.plan.environment.inputs`) says so, once.
+Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`, `ftune data`) and by `ftune validate --check-paths`,
+so all of them refuse the same data. Light on purpose: it reads the first rows with the standard library
+(pyarrow for Parquet), never `datasets` or a tokenizer. A file that does not exist is not reported here: the
+compiler's input check (`ftune.plan.environment.inputs`) says so, once. `preference_balance` (degenerate
+preference pairs) still runs from `ftune run` and `validate --check-paths` only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from ftune.errors import Problem
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
+from ftune.typed import not_text
 from ftune.data.errors import DataError, field_hint
 from ftune.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
 from ftune.data.sources import peek, resolve
@@ -48,6 +50,7 @@ def check_fields(recipe: Recipe) -> list[Problem]:
             ))
         if missing:
             continue
+        problems += _check_text_fields(where, spec, src, rows)
         if spec.format == "chat":
             problems += _check_messages(where, spec, rows)
         if spec.format == "classification" and recipe.model.labels:
@@ -60,6 +63,20 @@ def check_fields(recipe: Recipe) -> list[Problem]:
                                      "add it to model.labels, or fix the row"))
                     break
     return problems
+
+
+TEXT_FIELDS = {"text": ("text",), "instruction": ("instruction", "input", "output"), "classification": ("text",)}
+
+
+def _check_text_fields(where: str, spec, src, rows: list[dict]) -> list[Problem]:
+    """A list or an object where the format reads text (token ids, image parts): refused, not stringified."""
+    for key in TEXT_FIELDS.get(spec.format, ()):
+        col = getattr(spec.fields, key)
+        for n, row in enumerate(rows, start=1):
+            if (wrong := not_text(row.get(col))) is not None:
+                return [Problem.at(f"{where}.fields.{key}", f"row {n} of {spec.path}: `{col}` holds {wrong[0]}, not text",
+                         wrong[1])]
+    return []
 
 
 def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
@@ -75,9 +92,12 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
                 return [Problem.at(f"{where}.fields.role",
                          f"row {n} of {spec.path}: a message lacks `{f.role}`/`{f.content}` (has: {keys})",
                          "sharegpt data: `fields: {messages: conversations, role: from, content: value}`")]
-            if mapping.get(m[f.role]) not in ROLES:
+            if not isinstance(m[f.role], str) or mapping.get(m[f.role]) not in ROLES:
                 return [Problem.at(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
                          f"map it, e.g. `roles: {{{m[f.role]}: assistant}}`")]
+            if (wrong := not_text(m[f.content])) is not None:
+                return [Problem.at(f"{where}.fields.content", f"row {n} of {spec.path}: a message's `{f.content}` holds "
+                         f"{wrong[0]}, not text", wrong[1])]
     return []
 
 
@@ -86,3 +106,59 @@ def _strip(message: str, where: str) -> str:
         if message.startswith(prefix):
             return message[len(prefix):]
     return message
+
+
+IDENTICAL_REFUSE = 0.5
+"""Share of preference pairs with chosen == rejected above which a run is refused (below it: a warning). Such a
+pair carries no preference: its DPO loss is log 2 = 0.6931 whatever the model does."""
+BALANCE_ROWS = 200_000
+"""Rows read per source for the balance check (the whole file below this)."""
+
+
+def _row_list(numbers: list[int], limit: int = 8) -> str:
+    shown = ", ".join(str(n) for n in numbers[:limit])
+    return shown + (f", ... ({len(numbers) - limit} more)" if len(numbers) > limit else "")
+
+
+def preference_balance(recipe: Recipe) -> list[tuple[str, str, str | None, str]]:
+    """(path in recipe, message, hint, severity) for degenerate preference data in each local train source:
+    pairs whose chosen equals rejected, and KTO labels that are all desirable or all undesirable. Read with the
+    light reader before launch, so a run that can't learn anything is refused instead of training a flat loss."""
+    found: list[tuple[str, str, str | None, str]] = []
+    for i, spec in enumerate(recipe.data.train):
+        if spec.format not in ("preference", "unpaired-preference"):
+            continue
+        where = f"data.train[{i}]"
+        try:
+            src = resolve(spec, where)
+            peeked = peek(src, BALANCE_ROWS) if src.local else None
+        except DataError:
+            continue  # a missing or unreadable file is reported by the path checks
+        if not peeked or not peeked[1]:
+            continue
+        rows, f = peeked[1], spec.fields
+        if spec.format == "preference":
+            same = [n for n, row in enumerate(rows, 1) if f.chosen in row and row.get(f.chosen) == row.get(f.rejected)]
+            if not same:
+                continue
+            share = len(same) / len(rows)
+            severity = "error" if share > IDENTICAL_REFUSE else "warning"
+            found.append((f"{where}.path", f"{len(same)} of {len(rows)} rows of {spec.path} ({share:.0%}) have "
+                          f"`{f.chosen}` equal to `{f.rejected}` (rows {_row_list(same)}): such a pair teaches no "
+                          "preference (its loss stays at log 2 = 0.693)",
+                          "remove those rows or fix how the pairs were built"
+                          + (f"; more than {IDENTICAL_REFUSE:.0%} of them refuses the run" if severity == "warning"
+                             else ""), severity))
+        else:
+            labels = [row.get(f.label) for row in rows]
+            desirable = [n for n, v in enumerate(labels, 1) if v is True]
+            undesirable = [n for n, v in enumerate(labels, 1) if v is False]
+            if desirable and undesirable:
+                continue
+            side = "desirable (true)" if desirable else "undesirable (false)"
+            found.append((f"{where}.fields.label", f"all {len(desirable) + len(undesirable)} labelled rows of "
+                          f"{spec.path} are {side}: KTO learns from the contrast between desirable and undesirable "
+                          "completions, so one-sided labels train nothing (a flat loss)",
+                          "add rows with the other label (`{f.label}: true` and `false`), or use `train.objective: "
+                          "sft` on the desirable rows".replace("{f.label}", f.label), "error"))
+    return found

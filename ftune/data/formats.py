@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftune.plugins import installed, load_object
+from ftune.typed import not_text
 from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.data.masking import (
     IGNORE,
@@ -166,6 +167,8 @@ def _strings(batch: dict, col: str, idx: list[int], fail, *, optional: bool = Fa
                 v = ""
             else:
                 raise fail(i, f"field `{col}` is empty (null)")
+        if (wrong := not_text(v)) is not None:  # never trained as the string "[1, 2, 3]"
+            raise fail(i, f"field `{col}` holds {wrong[0]}, not text", hint=wrong[1])
         out.append(v if isinstance(v, str) else str(v))
     return out
 
@@ -225,6 +228,8 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
     mapping = {**DEFAULT_ROLE_MAP, **(src.spec.roles or {})}
     if not isinstance(messages, list):
         raise fail(i, f"field `{f.messages}` must be a list of messages, got {type(messages).__name__}")
+    if messages and (wrong := not_text(messages)) is not None and wrong[0] == "a list of token ids":
+        raise fail(i, f"field `{f.messages}` holds {wrong[0]}, not messages", hint=wrong[1])
     out = []
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or f.role not in m or f.content not in m:
@@ -234,13 +239,15 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
                 f"message {k + 1} needs keys `{f.role}` and `{f.content}`, has: {keys}",
                 hint="set `fields: {role: ..., content: ...}` (sharegpt data: `{role: from, content: value}`)",
             )
-        role = mapping.get(m[f.role])
+        role = mapping.get(m[f.role]) if isinstance(m[f.role], str) else None
         if role not in ROLES:
             raise fail(
                 i,
                 f"message {k + 1} has unknown role {m[f.role]!r} (known: {', '.join(sorted(mapping))})",
                 hint=f"map it in the source, e.g. `roles: {{{m[f.role]}: assistant}}`",
             )
+        if (wrong := not_text(m[f.content])) is not None:  # content parts (images) would be stringified
+            raise fail(i, f"message {k + 1}'s `{f.content}` holds {wrong[0]}, not text", hint=wrong[1])
         out.append({"role": role, "content": "" if m[f.content] is None else str(m[f.content])})
     return out
 

@@ -41,6 +41,11 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
     found = catalog.lookup(path)
     if found is not None:
         return found[1], f"catalog {found[1].name}"
+    if str(path).lower().endswith(".gguf"):  # a llama.cpp file: there is nothing to download to make it trainable
+        raise RecipeError([Problem.at("model.path", f"{path!r} is a GGUF file (llama.cpp's format): ftune fine-tunes "
+                                      "Hugging Face models (config.json and safetensors weights)",
+                                      "point model.path at the original HF model folder (or its hub id) the GGUF "
+                                      "was converted from")])
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise RecipeError([Problem.at(
@@ -56,6 +61,9 @@ def _own_config(value: str) -> tuple[Path, str]:
     """`model.config`: a config.json, or a folder holding one."""
     file = Path(value).expanduser()
     if file.is_dir():
+        if not (file / "config.json").is_file():
+            raise RecipeError([Problem.at("model.config", f"{value!r} is a folder with no config.json in it",
+                                          "name the model's config.json, or a folder holding one")])
         file = file / "config.json"
     if not file.is_file():
         raise RecipeError([Problem.at("model.config", f"{value!r} does not exist", "name a config.json (or a folder "

@@ -107,6 +107,10 @@ class Context:
 
 
 # ------------------------------------------------------------------------------------------ reading
+MAX_CONFIG_BYTES = 4 << 20
+"""A peer config is a few kB; anything past this is not one (and is never read whole)."""
+
+
 def read(peer: str, file: str | Path) -> tuple[dict, dict[PeerPath, int]]:
     """The peer config as plain data and the line of each key; a located FtuneError (exit 1) when it can't be read."""
     from ftune.recipe import parse_yaml
@@ -115,7 +119,12 @@ def read(peer: str, file: str | Path) -> tuple[dict, dict[PeerPath, int]]:
     shown = str(file)
     if path.is_dir():
         raise FtuneError(f"{shown} is a directory", hint=f"give the {peer} config file", location=Location(shown))
+    if path.exists() and not path.is_file():  # /dev/full, a FIFO: reading would never end
+        raise FtuneError(f"{shown} is not a regular file", hint=f"give the {peer} config file", location=Location(shown))
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise FtuneError(f"{shown} is {path.stat().st_size:,} bytes; a {peer} config is at most "
+                             f"{MAX_CONFIG_BYTES:,}", hint=f"give the {peer} config file", location=Location(shown))
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FtuneError(f"{peer} config not found: {shown}", hint="check the path", location=Location(shown)) from None

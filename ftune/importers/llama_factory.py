@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ftune.errors import FtuneError, Location
 from ftune.importers._core import (
     NOTHING,
     Context,
@@ -226,14 +227,25 @@ def _dataset_info(ctx: Context) -> tuple[dict | None, Path]:
         info = (base / folder / "dataset_info.json") if not folder.is_absolute() else folder / "dataset_info.json"
         if info.is_file():
             try:
-                return json.loads(info.read_text(encoding="utf-8")), info
-            except (OSError, ValueError):
-                return None, info
+                data = json.loads(info.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:  # never silently ignored: every dataset name would be misread
+                raise FtuneError(f"{info} is not valid JSON: {err.msg}", hint="fix the file LLaMA-Factory reads "
+                                 "dataset names from", location=Location(str(info), err.lineno, err.colno)) from None
+            except (OSError, UnicodeDecodeError) as err:
+                raise FtuneError(f"can't read {info}: {err}", location=Location(str(info))) from None
+            if not isinstance(data, dict):
+                raise FtuneError(f"{info} is not a JSON object of dataset names",
+                                 hint="LLaMA-Factory's dataset_info.json maps each name to {file_name, ...}",
+                                 location=Location(str(info), 1, 1))
+            return data, info
     return None, folder / "dataset_info.json"
 
 
 def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretraining: bool) -> dict | None:
     folder = str(ctx.config.get("dataset_dir", "data"))
+    if entry is not None and not isinstance(entry, dict):
+        ctx.skip(path, f"{name!r}: its dataset_info.json entry is {type(entry).__name__}, not an object")
+        return None
     if entry is None:
         ctx.note(path, f"{name!r} is not described in {folder}/dataset_info.json (not found or not listed): "
                  "imported as a hub dataset name in LLaMA-Factory's default (alpaca) formatting")
@@ -253,6 +265,10 @@ def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretrai
     columns = entry.get("columns") or {}
     tags = entry.get("tags") or {}
     formatting = entry.get("formatting", "alpaca")
+    for key, value in (("columns", columns), ("tags", tags)):
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            ctx.skip(path, f"{name!r}: its {key!r} in dataset_info.json must map names to column names (strings)")
+            return None
     fields: dict[str, str] = {}
     if pretraining:
         out["format"] = "text"
@@ -295,13 +311,23 @@ def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretrai
 
 def _sources(key: str, ctx: Context, info: dict | None, pretraining: bool) -> list[dict]:
     value = ctx.config.get(key)
+    if value is not None and not isinstance(value, (str, list)):
+        ctx.skip((key,), f"{key} must be a dataset name or a list of them, got {type(value).__name__}")
+        return []
     names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value or [])
     out = []
     for name in names:
+        if not isinstance(name, str):
+            ctx.skip((key,), f"{key}: {name!r} is not a dataset name")
+            continue
         converted = _source(name, (info or {}).get(name), ctx, (key,), pretraining)
         if converted is not None:
             out.append(converted)
     limit = ctx.config.get("max_samples")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        if key == "dataset":  # said once, for both dataset and eval_dataset
+            ctx.skip(("max_samples",), f"max_samples must be a whole number, got {limit!r}")
+        limit = None
     if limit and out:
         for source in out:  # LLaMA-Factory truncates each dataset to max_samples
             source["limit"] = int(limit)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftune.errors import UsageError
+from ftune import outputs
+from ftune.errors import FtuneError, UsageError
 from ftune.infer.load import Loaded
 
 HELP = ("/reset  start over · /system TEXT  set the system prompt · /set temperature=0.7 (also top_p, "
@@ -29,6 +30,10 @@ class Session:
     seed: int | None = None
     system: str | None = None
     messages: list[dict] = field(default_factory=list)
+    inputs: tuple[Path, ...] = ()
+    """What the session read (the model folder): /save never writes there."""
+    on_note: Callable[[str], None] = lambda s: None
+    """Where notes go (generation clamped to the model's context)."""
 
     def conversation(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -66,15 +71,15 @@ class Session:
         if name == "/save":
             if not arg:
                 raise UsageError("/save needs a file name, e.g. /save chats.jsonl")
-            path = Path(arg).expanduser()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a") as f:
-                f.write(json.dumps({"messages": self.conversation()}, ensure_ascii=False) + "\n")
-            return f"saved {len(self.messages)} messages to {path} (a `format: chat` row)"
+            # the output policy: never a folder, a run's or model's files, or a file that isn't a chat log
+            path = outputs.check_output(arg, outputs.CHAT_LOG, inputs=self.inputs, flag="/save")
+            outputs.append_line(path, json.dumps({"messages": self.conversation()}, ensure_ascii=False))
+            return f"saved {len(self.messages)} messages to {arg} (a `format: chat` row)"
         raise UsageError(f"unknown command {name}", hint=HELP)
 
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> str:
         """The model's answer to `text` (streamed to `on_text` as it is decoded), added to the conversation."""
+        from ftune.infer.load import clamp_new_tokens
         from ftune.worker.generation import encode_prompt, generate
 
         self.messages.append({"role": "user", "content": text})
@@ -89,8 +94,15 @@ class Session:
                 on_text(piece)
 
         prompt = encode_prompt(lo.fmt, lo.tokenizer, {"messages": self.conversation()})
+        try:
+            max_new, note = clamp_new_tokens(lo.model, len(prompt), self.max_new_tokens)
+        except FtuneError:
+            self.messages.pop()  # the turn that did not fit: the conversation stays as it was
+            raise
+        if note:
+            self.on_note(note)
         [completion] = generate(lo.model, lo.tokenizer, [prompt], stop_ids=lo.stop_ids,
-                                max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                                max_new_tokens=max_new, temperature=self.temperature, top_p=self.top_p,
                                 seed=self.seed, streamer=_streamer(lo.tokenizer, stream))
         self.messages.append({"role": "assistant", "content": completion.text})
         return completion.text

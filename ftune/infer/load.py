@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftune import adapter
-from ftune.errors import FtuneError
+from ftune.errors import FtuneError, Location
 from ftune.infer.source import Target
 
 READ_HINT = "the folder was cut short or edited: copy it again, or pass --model with another checkpoint"
@@ -132,10 +132,37 @@ def load_tokenizer(target: Target):
         return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"))
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(target.model_dir))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(target.model_dir))
+    except (OSError, ValueError, TypeError, KeyError) as err:  # no tokenizer files, or ones transformers can't read
+        raise FtuneError(f"{target.model_dir} holds no tokenizer ftune can load: {str(err).splitlines()[0][:200]}",
+                         hint="copy the model's tokenizer files (tokenizer.json, tokenizer_config.json, ...) into the "
+                         "folder", location=Location(file=str(target.model_dir))) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     return tok
+
+
+def context_length(model) -> int | None:
+    """Positions the model has (max_position_embeddings of its text config), or None when it doesn't say."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(text, "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def clamp_new_tokens(model, prompt_tokens: int, requested: int) -> tuple[int, str | None]:
+    """New tokens to generate after a prompt of `prompt_tokens`: at most what the model's context has left, with a
+    note when that is fewer than asked. A prompt that fills the context is an error."""
+    limit = context_length(model)
+    if limit is None or prompt_tokens + requested <= limit:
+        return requested, None
+    room = limit - prompt_tokens
+    if room < 1:
+        raise FtuneError(f"the prompt is {prompt_tokens} tokens, and the model's context is {limit} "
+                         "(max_position_embeddings): no room to generate", hint="shorten the prompt")
+    return room, (f"note: generating at most {room} new tokens, not {requested}: the prompt ({prompt_tokens} tokens) "
+                  f"and the answer must fit the model's context of {limit} positions")
 
 
 def dispatch_kwargs(device_map: str | None, max_memory: dict | None, offload_dir: str | None) -> dict:

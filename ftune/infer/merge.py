@@ -11,16 +11,16 @@ finished.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ftune import outputs
 from ftune.adapter import ADAPTER_CONFIG
 from ftune.errors import FtuneError, Location, RunError, UsageError
-from ftune.infer.source import PARTIAL, RECORD, Target
-from ftune.rundir import is_complete, mark_complete
+from ftune.infer.source import RECORD, Target
+from ftune.rundir import RunDir, mark_complete
 
 DTYPES = ("bfloat16", "float16", "float32")
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
@@ -110,29 +110,37 @@ def refuse_unmergeable(target: Target) -> str:
     return peft.merge
 
 
-def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, shard_size: str = "5GB",
+def check_out(target: Target, out: Path | None, force: bool) -> Path:
+    """Where the merge goes (default: <run>/merged), through the output policy: never the run's final/ or
+    checkpoints/, its base model, another run dir, or a folder ftune did not write (ftune.outputs)."""
+    base = Path(target.plan.recipe.model.path).expanduser()
+    protected = [(base, "the adapter's base model")] if base.exists() else []
+    return outputs.check_output(out if out is not None else RunDir(target.model_dir.parent).merged, outputs.MERGED,
+                                inputs=[target.model_dir], protected=protected, force=force, flag="--out")
+
+
+def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, shard_size: int | str = "5GB",
           force: bool = False, log: Callable[[str], None] = lambda s: None) -> MergeResult:
     """Write the merged (or re-sharded) model of `target` to `out` (default: <run>/merged), verified."""
     action = refuse_unmergeable(target)
     plan = target.plan
     dtype = dtype or default_dtype(plan)
-    out = (out or target.model_dir.parent / "merged").resolve()
-    if out.exists() and not force:
-        state = "a finished merge" if is_complete(out) else "something ftune did not finish writing"
-        raise UsageError(f"{out} already exists ({state})", hint="pass --force to replace it, or --out DIR",
-                         location=Location(file=str(out)))
-    for stale in out.parent.glob(f".{out.name}{PARTIAL}*"):  # left by a killed merge: never a result
+    out = check_out(target, out, force)
+    for stale in outputs.stale_partials(out):  # left by a killed merge: never a result
         log(f"removing {stale.name}, left by an interrupted merge")
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f".{out.name}{PARTIAL}{os.getpid()}"
+    tmp = outputs.partial_folder(out)
     try:
-        return _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, log)
-    except BaseException:
+        return _write_verified(target, plan, action, dtype, shard_size, out, tmp, log)
+    except OSError as err:
+        if err.errno not in outputs.WRITE_ERRNOS:
+            raise
+        raise outputs.io_error(err, out) from None
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
-def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, log) -> MergeResult:
+def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> MergeResult:
     import transformers
 
     from ftune.infer.load import load_tokenizer, quiet_libraries
@@ -192,7 +200,5 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, force, lo
     result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
                          len(samples), sample_source, files)
     mark_complete(tmp, asdict(result))
-    if out.exists() and force:
-        shutil.rmtree(out)
-    tmp.rename(out)
+    outputs.publish_folder(tmp, out)  # an existing out is a finished merge (check_out), replaced only now
     return result

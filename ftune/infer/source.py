@@ -9,10 +9,8 @@ from pathlib import Path
 from ftune import adapter
 from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
+from ftune.outputs import PARTIAL  # noqa: F401  (a merge writes into `.<name>.partial-<pid>`, then renames it)
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
-
-PARTIAL = ".partial-"
-"""A merge writes into `.<name>.partial-<pid>` next to its output and renames it when verified."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,22 @@ def _final(run: RunDir, plan) -> Target:
         raise FtuneError(f"{final} is incomplete (no {COMPLETE_MARKER}): its save was interrupted or failed",
                          hint="run `ftune run RECIPE` again to save it; the checkpoints are kept",
                          location=Location(file=str(final)))
+    if adapter.is_adapter(final):
+        adapter.checked_config(final)  # before anything is loaded: a cut-short config is named, not a traceback
+        _base_present(plan, final)
     return Target(final, plan, _record(final))
+
+
+def _base_present(plan, final: Path) -> None:
+    """The base an adapter goes on is where the run found it (else transformers reads the path as a repo id)."""
+    from ftune.recipe.load import looks_local
+
+    base = str(plan.recipe.model.path)
+    if looks_local(base) and not Path(base).expanduser().exists():
+        raise FtuneError(f"the adapter in {final} goes on the base model {base}, which is no longer there (moved or "
+                         "deleted)", hint="put the base back at that path, or pass the run's recipe with "
+                         "model.path=NEW_PATH (e.g. `ftune merge runs/x/recipe.resolved.yaml model.path=...`)",
+                         location=Location(file=str(final / adapter.ADAPTER_CONFIG)))
 
 
 def _merged(folder: Path) -> Target:

@@ -21,39 +21,13 @@ from pathlib import Path
 
 from ftune import __version__
 from ftune.errors import EXIT_BUSY, FtuneError
+
+# the probe (who holds a run dir) is shared with the output policy, which refuses a live run dir as an output
+from ftune.outputs import describe_holder as describe
+from ftune.outputs import lock_holder, pid_alive  # noqa: F401
+from ftune.outputs import read_lock_record as _read
+from ftune.outputs import start_ticks as _start_ticks
 from ftune.rundir import RunDir, write_json_atomic
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When a process started (Linux clock ticks since boot): a reused pid has another start time."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rpartition(")")[2].split()[19])
-
-
-def pid_alive(pid: int, start: int | None = None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return start is None or _start_ticks(pid) in (None, start)
-
-
-def _read(fd: int) -> dict:
-    try:
-        data = os.pread(fd, 65536, 0)
-        return json.loads(data) if data.strip() else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def describe(holder: dict) -> str:
-    return (f"{holder.get('command', 'ftune')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
-            f"since {holder.get('started', '?')})")
 
 
 @dataclass
@@ -83,11 +57,11 @@ class RunLock:
         self.release()
 
 
-def busy_error(run: RunDir, holder: dict) -> FtuneError:
-    pid = holder.get("pid", "?")
+def busy_error(run: RunDir, found: dict) -> FtuneError:
+    stop = f"`kill {found['pid']}`" if "pid" in found else "`kill PID`"
     return FtuneError(
-        f"{run.root} is in use by {describe(holder)}",
-        hint=f"wait for it to finish, or stop it (`kill {pid}` saves a checkpoint to resume from); "
+        f"{run.root} is in use by {describe(found)}",
+        hint=f"wait for it to finish, or stop it ({stop} saves a checkpoint to resume from); "
         "to run both at once, give this one another output.dir",
         exit_code=EXIT_BUSY,
     )
@@ -101,9 +75,9 @@ def acquire(run: RunDir, command: str) -> RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read(fd)
+            found = _read(fd)
             os.close(fd)
-            raise busy_error(run, holder) from None
+            raise busy_error(run, found) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(run.lock).st_ino
         except FileNotFoundError:

@@ -17,16 +17,11 @@ from pathlib import Path
 
 import yaml
 
+from ftune.outputs import write_text_atomic
 from ftune.recipe import shown_override
 
 PACKAGES = ("ftune", "torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "tokenizers",
             "safetensors", "omegaconf", "pydantic", "rich", "deepspeed")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _git_commit(cwd: Path) -> str | None:
@@ -60,9 +55,9 @@ def write_inputs(plan, resolved_yaml: str) -> str:
     run = plan.run
     run.root.mkdir(parents=True, exist_ok=True)
     plan_text = plan.model_dump_json(indent=2) + "\n"
-    _atomic_write(run.recipe, resolved_yaml)
-    _atomic_write(run.plan, plan_text)
-    _atomic_write(run.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
-    _atomic_write(run.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
+    write_text_atomic(run.recipe, resolved_yaml)
+    write_text_atomic(run.plan, plan_text)
+    write_text_atomic(run.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
+    write_text_atomic(run.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
     run.error.unlink(missing_ok=True)
     return hashlib.sha256(plan_text.encode()).hexdigest()

@@ -11,9 +11,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ftune.errors import FtuneError
 from ftune.methods._base import MethodConfig
-from ftune.plugins import installed
+from ftune.plugins import merged
 
 __all__ = ["BUILTIN", "METHODS", "MethodConfig", "config_classes", "method_module"]
 
@@ -27,16 +26,8 @@ BUILTIN: dict[str, str] = {
 }
 
 
-def _with_plugins() -> dict[str, str]:
-    plugged = installed().methods
-    taken = sorted(set(plugged) & set(BUILTIN))
-    if taken:
-        raise FtuneError(f"plugin {installed().versions[taken[0]]} registers method '{taken[0]}', which is built in",
-                         hint="rename the plugin's method")
-    return {**BUILTIN, **plugged}
-
-
-METHODS: dict[str, str] = _with_plugins()
+METHODS: dict[str, str] = merged("methods", BUILTIN)
+"""The built-in methods, then plugins' (a plugin can't register a built-in name: ftune.plugins.merged)."""
 
 
 def method_module(name: str) -> ModuleType:

@@ -55,10 +55,11 @@ class Document:
     problems: list[Problem] = field(default_factory=list)
 
 
-def _expanded_size(root: Node) -> int:
+def _expanded_size(root: Node, distinct: list[int] | None = None) -> int:
     """Nodes the graph expands to with every alias copied out, counted without expanding (memoised).
 
-    A recursive alias counts once here; the walker reports it.
+    A recursive alias counts once here; the walker reports it. `distinct` (a list) receives the number of
+    distinct nodes, i.e. the size as written: big without aliases is no alias bomb.
     """
     sizes: dict[int, int] = {}
     opened: set[int] = set()
@@ -74,6 +75,8 @@ def _expanded_size(root: Node) -> int:
             opened.add(id(node))
             stack.append((node, True))
             stack.extend((c, False) for c in children if id(c) not in opened)
+    if distinct is not None:
+        distinct.append(len(opened))
     return sizes[id(root)]
 
 
@@ -241,18 +244,23 @@ def _parse(text: str, file: str, loader_class: type) -> Document:
         if node is None:
             return Document(data={})
         walker = _Walker(file, loader)
+        distinct: list[int] = []
         try:
-            if _expanded_size(node) > MAX_NODES:
+            if _expanded_size(node, distinct) > MAX_NODES:
                 raise _TooManyNodes(node)
             walker.doc.data = walker.value(node, ())
         except _TooManyNodes as bomb:
             walker.doc = Document(data=None)
-            walker.problem(
-                bomb.node,
-                (),
-                f"the document expands to more than {MAX_NODES:,} nodes through aliases (a YAML alias bomb?)",
-                "recipes don't need deeply nested aliases: write the values out",
-            )
+            if distinct and distinct[0] > MAX_NODES:  # as written, without any alias: just too big for a recipe
+                walker.problem(node, (), f"the document has {distinct[0]:,} YAML nodes; a recipe may have at most "
+                               f"{MAX_NODES:,}", "a recipe names its data files; it does not hold the data")
+            else:
+                walker.problem(
+                    bomb.node,
+                    (),
+                    f"the document expands to more than {MAX_NODES:,} nodes through aliases (a YAML alias bomb?)",
+                    "recipes don't need deeply nested aliases: write the values out",
+                )
         except _TooDeep:
             walker.doc = Document(data=None, problems=walker.doc.problems)
         return walker.doc

@@ -12,12 +12,13 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.methods import config_classes
-from ftune.plugins import installed as installed_plugins
+from ftune.plugins import merged as merged_plugins
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
                    "unpaired-preference")
-FORMATS = (*BUILTIN_FORMATS, *sorted(installed_plugins().formats))
+# a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
+FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
 
 
 class Section(BaseModel):

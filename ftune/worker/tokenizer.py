@@ -18,6 +18,15 @@ def load(path: str, recipe, token: str | None = None):
             token=token,
         )
     except (OSError, ValueError) as err:
+        from pathlib import Path
+
+        from ftune.recipe.load import looks_local
+
+        if looks_local(path) and not Path(path).expanduser().exists():
+            # transformers would read a missing folder as a hub repo id ("Repo id must be in the form ...")
+            raise FtuneError(f"cannot load the tokenizer: the folder {path} does not exist (moved or deleted?)",
+                             hint="put the model back at that path, or set model.path (or model.tokenizer) to where "
+                             "it is now") from None
         raise FtuneError(
             f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",

@@ -93,9 +93,19 @@ def test_lock_is_held_by_a_live_process_across_processes(tmp_path):
         with pytest.raises(FtuneError) as err:
             acquire(run, "ftune eval")
         assert f"pid {proc.pid} " in err.value.message
+        # the output policy's probe sees the same holder (flock held), takes nothing, and refuses with exit 5
+        from ftune import outputs
+
+        assert outputs.lock_holder(run.root)["pid"] == proc.pid
+        with pytest.raises(FtuneError) as err:
+            outputs.check_output(run.root / "new.yaml", outputs.RECIPE)
+        assert err.value.exit_code == 5 and f"in use by ftune run (pid {proc.pid} " in err.value.message
     finally:
         proc.kill()
         proc.wait()
+    from ftune import outputs
+
+    assert outputs.lock_holder(run.root) is None  # its process is gone: no holder
     with acquire(run, "ftune eval") as lock:  # the holder died: its lock is stale and taken over
         assert lock.took_over is not None and lock.took_over["pid"] == proc.pid
 

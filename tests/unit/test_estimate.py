@@ -190,7 +190,7 @@ def test_7b_qlora_fits_and_weights_are_four_bit():
 
 def test_parse_bytes():
     assert parse_bytes("80GiB") == parse_bytes("80GB") == parse_bytes("80g") == 80 * GiB
-    assert parse_bytes("16384MiB") == 16 * GiB and parse_bytes("1024") == 1024
+    assert parse_bytes("16384MiB") == 16 * GiB and parse_bytes("1024B") == 1024
     with pytest.raises(FtuneError, match="cannot read memory size"):
         parse_bytes("lots")
 

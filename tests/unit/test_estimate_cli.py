@@ -77,7 +77,7 @@ def test_freeze_matching_nothing_points_at_the_recipe_line(capsys, monkeypatch):
 def test_bad_gpu_memory_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert main(["plan", "recipes/llama7b-lora.yaml", "--gpu-memory", "lots"]) == 1
-    assert "cannot read memory size 'lots'" in capsys.readouterr().err
+    assert "cannot read --gpu-memory 'lots'" in capsys.readouterr().err
 
 
 def write_recipe(tmp_path, model_dir, data_file, **train) -> Path:

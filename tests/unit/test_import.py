@@ -18,7 +18,7 @@ SAMPLES = [(peer, f) for peer in PEERS for f in sorted((DATA / peer).glob("*.y*m
 
 
 def run_import(capsys, tmp_path, peer: str, file: Path) -> tuple[int, dict, str, str]:
-    out = tmp_path / "recipe.yaml"
+    out = tmp_path / f"{peer}-{file.stem}.yaml"  # a new file each time: -o replaces nothing without --force
     code = main(["import", peer, str(file), "-o", str(out)])
     captured = capsys.readouterr()
     text = out.read_text() if out.exists() else ""
@@ -29,7 +29,7 @@ def run_import(capsys, tmp_path, peer: str, file: Path) -> tuple[int, dict, str,
 def test_every_sample_imports_to_a_valid_recipe(peer, file, tmp_path, capsys):
     code, _, text, err = run_import(capsys, tmp_path, peer, file)
     assert code == 0, err
-    loaded = load_recipe(tmp_path / "recipe.yaml")  # ftune's own loader: schema and rules
+    loaded = load_recipe(tmp_path / f"{peer}-{file.stem}.yaml")  # ftune's own loader: schema and rules
     assert loaded.recipe.model.path
     imported = convert(peer, str(file))
     # every unmapped key: on stderr with file:line, and as a comment at the top of the recipe

@@ -2,7 +2,7 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 plugins                                                    what installed packages register
+  1 plugins, outputs, typed                                    what plugins register; the output policy; text checks
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter   shared by both sides
   3 recipe                                                     the recipe language
   4 data                                                       data files read lightly: both sides (checks, formats)
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "plugins": 1,
+    "plugins": 1, "outputs": 1, "typed": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2,
     "recipe": 3,
     "data": 4,

@@ -28,7 +28,7 @@ def _run_dir(tmp_path: Path, peft: dict | None = None, final: bool = True, compl
               "train": {"max_steps": 1}, "output": {"dir": str(tmp_path / "runs" / "unit")}}
     if peft:
         recipe["peft"] = peft
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "model").mkdir(parents=True, exist_ok=True)  # the base the adapter goes on (never read here)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     plan = compile_plan(load_recipe(str(tmp_path / "recipe.yaml")), check_inputs=False)
     run = RunDir(Path(plan.run_dir))
@@ -37,7 +37,7 @@ def _run_dir(tmp_path: Path, peft: dict | None = None, final: bool = True, compl
     if final:
         run.final.mkdir()
         (run.final / "ftune.json").write_text(json.dumps({"method": plan.recipe.peft.method, "quantization": None}))
-        (run.final / "adapter_config.json").write_text("{}")
+        (run.final / "adapter_config.json").write_text('{"peft_type": "LORA"}')
         if complete:
             mark_complete(run.final, {"tensors": 1})
     return run.root

@@ -11,13 +11,17 @@ from collections.abc import Iterator
 from pydantic import ValidationError
 
 from ftune.errors import Problem
-from ftune.plugins import GROUP, installed
+from ftune.plugins import GROUP, installed, merged
 from ftune.recipe.rules import Rule
 from ftune.recipe.schema import Recipe
 
 
+BUILTIN_CALLBACKS: tuple[str, ...] = ()
+"""ftune's own callbacks are not named in recipes; the table is here so the plugin guard covers this registry."""
+
+
 def callbacks_installed(recipe: Recipe) -> Iterator[Problem]:
-    known = installed().callbacks
+    known = {name: plugin for name, plugin in merged("callbacks", BUILTIN_CALLBACKS).items() if plugin is not None}
     for i, spec in enumerate(recipe.train.callbacks):
         where = f"train.callbacks.{i}"
         plugin = known.get(spec.name)

@@ -169,6 +169,13 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
         mixed = mixed.select(np.random.default_rng(seed).permutation(len(mixed)), keep_in_memory=True)
     if len(mixed) == 0:
         raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
+    if isinstance(data.eval, EvalSplit) and not any(len(p) for p in eval_parts):
+        # a source of one row keeps it for training: an empty eval set would fail the first evaluation
+        rows = sum(len(p) for p in train_parts)
+        raise DataError(f"data.eval.split: {data.eval.split} of {rows} training row{'s' if rows != 1 else ''} holds "
+                        "out no row for evaluation (a source keeps at least one row for training)",
+                        hint="add rows, give data.eval its own sources (`data.eval: [{path: ...}]`), or remove "
+                        "data.eval")
     return mixed, datasets.concatenate_datasets(eval_parts) if eval_parts else None
 
 
