@@ -87,7 +87,7 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
     from ftune.recipe.schema import DataSource
     from ftune.data.formats import Context, encoder
     from ftune.worker.data.packing import pack
-    from ftune.worker.data.pipeline import features
+    from ftune.worker.data.pipeline import BOOKKEEPING, features
     from ftune.data.sources import Source
 
     ds = datasets.Dataset.from_dict({"text": texts})
@@ -97,7 +97,7 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
     enc = ds.map(encoder(src, ctx, list(range(len(ds)))), batched=True, with_indices=True,
                  remove_columns=["text"], features=features("causal-lm"),
                  cache_file_name=str(work / "enc.arrow"), load_from_cache_file=False, new_fingerprint="bench")
-    pack(enc.remove_columns(["_len", "_trainable"]), SEQ)
+    pack(enc.remove_columns(BOOKKEEPING), SEQ)
     return time.perf_counter() - start
 
 

@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def samples(ds, n: int, task: str) -> list[dict]:
     """The first `n` samples of `ds`; packed rows are split back into their samples (position restarts)."""
     out: list[dict] = []
-    for r in range(len(ds)):
-        row = ds[r]
+    rows = enumerate(ds) if not hasattr(ds, "__len__") else ((r, ds[r]) for r in range(len(ds)))  # a stream: in order
+    for r, row in rows:
         if task == "sequence-classification":
             out.append({"row": r, "input_ids": row["input_ids"], "label": row["labels"]})
         else:
@@ -165,9 +165,10 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
         console.print(Text(head, style="bold"))
         console.print(Text.assemble(*[(f"{mark[0]}{r['text']}{mark[1]}", TRAINED) if r["trained"]
                                       else (r["text"], MASKED) for r in s["runs"]]))
-    console.print(Text("\ntoken lengths (before truncation)", style="bold"))
-    for line in histogram_lines(rep):
-        console.print(line)
+    if not rep.streaming:  # a stream is not counted before training
+        console.print(Text("\ntoken lengths (before truncation)", style="bold"))
+        for line in histogram_lines(rep):
+            console.print(line)
     console.print(Text("\nsummary", style="bold"))
     for source in rep.sources:
         console.print(f"  {source.where}: {source.path} ({source.format}): {source.rows} rows, "

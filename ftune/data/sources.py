@@ -49,6 +49,16 @@ def resolve(spec: DataSource, where: str) -> Source:
     path = Path(spec.path).expanduser()
     if spec.type == "hub":
         return Source(spec, where, spec.path, "hub")
+    if spec.is_glob:
+        files = spec.files()
+        if not files:
+            raise DataError(f"{where}.path: no file matches {spec.path}",
+                            hint=f"data paths are relative to the working directory ({Path.cwd()})")
+        kind = spec.type if spec.type != "auto" else EXTENSIONS.get(Path(files[0]).suffix.lower())
+        if kind is None or any(EXTENSIONS.get(Path(f).suffix.lower(), kind) != kind for f in files):
+            raise DataError(f"{where}.path: {spec.path} matches files of several or unknown types",
+                            hint="match files of one type (.jsonl, .csv, .parquet, .txt), or set `type:`")
+        return Source(spec, where, str(Path(spec.path).expanduser().absolute()), kind)
     if path.exists():
         path = path.resolve()
         if spec.type != "auto":
@@ -189,7 +199,10 @@ def content_hash(src: Source) -> str | None:
         return None
     h = hashlib.sha256()
     root = Path(src.path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    if src.spec.is_glob:
+        files = [Path(f) for f in src.spec.files()]
+    else:
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
     for f in files:
         h.update(str(f.relative_to(root) if root.is_dir() else f.name).encode() + b"\0")
         with open(f, "rb") as fh:
@@ -200,6 +213,8 @@ def content_hash(src: Source) -> str | None:
 # ----------------------------------------------------------------------------------- light peeking
 def peek(src: Source, n: int = 5) -> tuple[list[str], list[dict]] | None:
     """Column names and the first `n` rows, read without `datasets`; None where that is not possible (hub)."""
+    if src.spec.is_glob:  # the first file stands for the others
+        src = Source(src.spec, src.where, src.spec.files()[0], src.kind)
     if src.kind == "json":
         return _peek_json(src, n)
     if src.kind == "csv":

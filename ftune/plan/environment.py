@@ -42,7 +42,12 @@ def inputs(recipe: Recipe) -> list[Problem]:
     for key, src in sources(recipe):
         if src.type == "hub":
             continue
-        if not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
+        if src.is_glob:
+            if not src.files():
+                found.append(Problem.at(f"{key}.path", f"no file matches {src.path}",
+                                        "paths are relative to the working directory "
+                                        f"({os.getcwd()}); check the pattern"))
+        elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
             found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
                                     "paths are relative to the working directory "
                                     f"({os.getcwd()}); check the spelling or run from the project root"))

@@ -101,6 +101,10 @@ def training_arguments(recipe: Recipe, *, run: RunDir, device: str, world_size: 
         use_cpu=device == "cpu",
         **speed_kwargs(recipe, device),
     )
+    if recipe.data.streaming:
+        # each process reads its own files of the stream (accelerate shards a datasets stream by file), instead of
+        # rank 0 reading every batch and sending the others theirs
+        kwargs["accelerator_config"] = {"dispatch_batches": False}
     if recipe.distributed.timeout is not None:
         kwargs["ddp_timeout"] = recipe.distributed.timeout
     name = tracker_run_name(recipe)

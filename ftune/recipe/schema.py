@@ -114,7 +114,8 @@ class Fields(Section):
 
 class DataSource(Section):
     path: str
-    """A local file (.jsonl/.json/.csv/.parquet/.txt), a `save_to_disk` folder, or a hub dataset name."""
+    """A local file (.jsonl/.json/.csv/.parquet/.txt), a glob of such files (`data/shard-*.jsonl`), a `save_to_disk`
+    folder, or a hub dataset name."""
     format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
@@ -135,9 +136,24 @@ class DataSource(Section):
     roles: dict[str, str] | None = None
     """`chat`: map source role names to user/assistant/system, e.g. {human: user, gpt: assistant}."""
     weight: float | None = Field(None, gt=0)
-    """Relative sampling weight when several sources are mixed."""
+    """Relative sampling weight when several sources are mixed: with `data.mix: concat` the source is resampled to
+    its share of the total rows; with `interleave`, the probability that the next sample comes from it."""
     limit: int | None = Field(None, gt=0)
-    """Use at most this many rows of the source."""
+    """Use at most this many rows of the source (streaming: of each of its files)."""
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.path for c in "*?[")
+
+    def files(self) -> list[str]:
+        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths)."""
+        import glob
+        from pathlib import Path
+
+        path = Path(self.path).expanduser()
+        if self.is_glob:
+            return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
+        return [str(path.resolve())] if path.is_file() else []
 
 
 class EvalSplit(Section):
@@ -160,9 +176,20 @@ class DataSection(Section):
     """Which tokens carry loss: only responses (every assistant turn for chat) or everything."""
     shuffle: bool = True
     """Shuffle the training rows (seeded by train.seed)."""
+    mix: Literal["concat", "interleave"] = "concat"
+    """How several training sources combine: `concat` (each resampled to its `weight` share of all rows, or taken
+    whole without weights) or `interleave` (each sample drawn from a source with probability weight/Σweights, seeded
+    by train.seed, as `datasets.interleave_datasets`). `ftune data` reports the realised mix."""
+    mix_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    """`interleave`: stop when the first source runs out, or when every source has been seen whole (the others
+    repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
     qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
+    streaming: bool = False
+    """Read, tokenize and pack the training rows while training runs (a `datasets.IterableDataset`), with no cache
+    and no pass over the data first: for data too large to preprocess. Needs `train.max_steps`; several processes
+    split the files of each source (use at least as many files as processes)."""
     max_dropped_fraction: float = Field(0.1, ge=0.0, le=1.0)
     """Error when more than this fraction of samples has no trainable token after truncation."""
     num_proc: int | None = Field(None, gt=0)

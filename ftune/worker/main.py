@@ -78,7 +78,10 @@ def run_stages(plan: Plan) -> dict:
         run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
 
     stats = bundle.report  # tokens per row iterated (packed rows when packing), as the data stage counted them
-    tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
+    if stats.streaming:  # nothing counted before training: a full row per sample when packing
+        tokens_per_step = (recipe.data.max_seq_length or 0) * plan.effective_batch_size if stats.packing else 0
+    else:
+        tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():

@@ -22,7 +22,11 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     if quantization:
         table.add_row("quantized", quantization)
     table.add_row("parameters", f"{counts.trainable:,} trainable / {counts.total:,} total ({counts.percent:.4f}%)")
-    table.add_row("data", f"{len(bundle.train):,} train rows" + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
+    if bundle.report.streaming:
+        table.add_row("data", f"streamed from {bundle.report.stream_files} file(s), not counted")
+    else:
+        table.add_row("data", f"{len(bundle.train):,} train rows"
+                      + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
     t = plan.trainer  # what runs, as the Plan gives it to the trainer
     table.add_row("batch", f"{plan.effective_batch_size} effective = {t['per_device_train_batch_size']} per device "
                   f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} processes")

@@ -9,7 +9,7 @@ import pytest
 from ftune.chat import BUILTIN, builtin, resolve
 from ftune.recipe.schema import Recipe
 from tests.data_stage import build
-from ftune.data.formats import render_with_spans
+from ftune.data.formats import ChatRenderer, render_with_spans
 from ftune.worker.tokenizer import apply_tokens, trained_token_ids
 
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
@@ -35,16 +35,16 @@ def test_names_resolve_to_the_shipped_files_and_strings_pass_through():
 @pytest.mark.parametrize("name", BUILTIN)
 def test_every_built_in_trains_each_answer_through_its_end_of_turn(tok, name):
     """Prefix-stable rendering: each assistant span is the answer plus the template's end-of-turn marker."""
-    full, spans = render_with_spans(tok, CONVERSATION, builtin(name))
+    full, spans = render_with_spans(ChatRenderer(tok, builtin(name)), CONVERSATION)
     answers = [full[a:b].strip() for a, b in spans]
     assert answers == [f"hello{END[name]}", f"5{END[name]}"]
     assert "be brief" in full and "add 2 and 3" in full
 
 
 def test_chatml_and_llama3_render_exactly(tok):
-    chatml, _ = render_with_spans(tok, CONVERSATION[1:3], builtin("chatml"))
+    chatml, _ = render_with_spans(ChatRenderer(tok, builtin("chatml")), CONVERSATION[1:3])
     assert chatml == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
-    llama, _ = render_with_spans(tok, CONVERSATION[1:3], builtin("llama3"))
+    llama, _ = render_with_spans(ChatRenderer(tok, builtin("llama3")), CONVERSATION[1:3])
     assert llama == ("<s><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
                      "<|start_header_id|>assistant<|end_header_id|>\n\nhello<|eot_id|>")
 
@@ -113,3 +113,68 @@ def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_pa
     assert load(str(tiny_tokenizer_dir), recipe()).chat_template == DEFAULT_CHAT_TEMPLATE  # it has none of its own
     text = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {"train": [{"path": "d"}]}})
     assert not load(str(tiny_tokenizer_dir), text).chat_template
+
+
+@pytest.mark.parametrize("name", [*BUILTIN, None])
+def test_the_fast_renderer_equals_apply_chat_template(tok, name):
+    """ChatRenderer binds the compiled template once; its output is apply_chat_template's, byte for byte, for every
+    built-in template and ftune's default, with and without the generation prompt, on every prefix."""
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+
+    template = builtin(name) if name else DEFAULT_CHAT_TEMPLATE
+    render = ChatRenderer(tok, template)
+    for k in range(1, len(CONVERSATION) + 1):
+        for gen in (False, True):
+            assert render(CONVERSATION[:k], gen) == tok.apply_chat_template(
+                CONVERSATION[:k], chat_template=template, tokenize=False, add_generation_prompt=gen)
+
+
+def test_the_renderer_survives_pickling_for_worker_processes(tok):
+    import pickle
+
+    render = ChatRenderer(tok, builtin("chatml"))
+    first = render(CONVERSATION[1:3], False)  # compiled now
+    assert pickle.loads(pickle.dumps(render))(CONVERSATION[1:3], False) == first
+
+
+def test_span_labels_walk_equals_the_bisect_reference():
+    """The linear walk over tokens and spans labels exactly what a bisect per token labels (random cases)."""
+    import random
+
+    from ftune.data.masking import _labels_by_bisect, labels_from_spans
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(0, 40)
+        cuts = sorted(rng.sample(range(1, 200), n)) if n else []
+        offsets = [(a, b) for a, b in zip([0, *cuts], cuts)]
+        offsets = [(a, a) if rng.random() < 0.05 else (a, b) for a, b in offsets]  # empty tokens too
+        points = sorted(rng.sample(range(0, 210), 2 * rng.randint(0, 4)))
+        spans = list(zip(points[::2], points[1::2]))
+        ids = list(range(len(offsets)))
+        assert labels_from_spans(ids, offsets, spans) == _labels_by_bisect(ids, offsets, spans)
+    shuffled = [(5, 6), (0, 1), (2, 3)]  # out of order: the bisect decides
+    assert labels_from_spans([1, 2, 3], shuffled, [(0, 4)]) == _labels_by_bisect([1, 2, 3], shuffled, [(0, 4)])
+
+
+def test_offsets_from_the_backend_equal_the_wrappers(tok):
+    """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
+    the text included, and a backend left truncating sends it back through the wrapper."""
+    from ftune.data.formats import encode_with_offsets
+
+    texts = ["<s>User: hi</s> the cat sat", "", "Assistant: 5 books \n\n read"]
+    want = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    assert encode_with_offsets(tok, texts) == (want["input_ids"], [list(o) for o in want["offset_mapping"]])
+    tok.backend_tokenizer.enable_truncation(2)
+    try:
+        ids, _ = encode_with_offsets(tok, texts)
+        assert ids == want["input_ids"] and tok.backend_tokenizer.truncation is None  # the wrapper reset it
+    finally:
+        tok.backend_tokenizer.no_truncation()
+
+
+def test_trainable_counts_targets_after_the_first_token():
+    from ftune.data.masking import IGNORE, trainable
+
+    for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
+        assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)

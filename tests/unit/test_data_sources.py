@@ -88,6 +88,37 @@ def test_limit_and_weights_mix_sources(tok, files, tmp_path):
     assert sum(t.startswith("a dog") for t in texts) == 30
     assert all(texts.count(f"a dog ran {i}") == 3 for i in range(10))
     assert len(set(texts[:10])) == 10 and set(texts[:10]) <= set(TEXTS[:30])
+    assert [s.used for s in b.report.sources] == [10, 30]  # the realised mix, reported
+    assert "data: mix data.train[0] 10 (25.0%) · data.train[1] 30 (75.0%)" in b.report.lines()
+
+
+def test_interleave_realises_the_weights_as_probabilities():
+    """0.8/0.2 over 10k samples: 0.8 +- 0.02 from the first source (first_exhausted stops at the second's end when
+    it is the one that runs out), seeded; all_exhausted keeps drawing until every source was seen whole."""
+    import datasets
+
+    from ftune.worker.data.pipeline import mix
+
+    a = datasets.Dataset.from_dict({"x": list(range(20_000))})
+    b = datasets.Dataset.from_dict({"x": list(range(100_000, 120_000))})
+    mixed, taken = mix([a.select(range(8_000)), b.select(range(2_000))], [0.8, 0.2], seed=3, how="interleave")
+    assert abs(taken[0] / sum(taken) - 0.8) <= 0.02 and sum(taken) == len(mixed) >= 9_000
+    assert sum(1 for v in mixed["x"] if v < 100_000) == taken[0]
+    again, _ = mix([a.select(range(8_000)), b.select(range(2_000))], [0.8, 0.2], seed=3, how="interleave")
+    assert again["x"] == mixed["x"]
+    full, taken = mix([a.select(range(100)), b.select(range(10))], [1, 1], seed=0, how="interleave",
+                      stopping="all_exhausted")
+    assert taken[0] >= 100 and taken[1] >= 100  # the short source repeats until the long one is done
+
+
+def test_interleave_through_the_recipe(tok, files, tmp_path):
+    other = tmp_path / "b.jsonl"
+    other.write_text("".join(json.dumps({"text": f"a dog ran {i}"}) + "\n" for i in range(40)))
+    b = make(tok, files, [{"path": str(files / "a.jsonl"), "weight": 3}, {"path": str(other), "weight": 1}],
+             mix="interleave", mix_stopping="all_exhausted")
+    texts = decoded(tok, b.train)
+    assert set(TEXTS) <= set(texts) and {f"a dog ran {i}" for i in range(40)} <= set(texts)
+    assert [s.used for s in b.report.sources] == [sum(t in TEXTS for t in texts), sum(t.startswith("a dog") for t in texts)]
 
 
 def test_eval_split_holds_out_a_fraction_without_overlap(tok, files):

@@ -87,6 +87,9 @@ CASES = [
      "model.num_labels", "num_labels is 3 but model.labels names 2", 4, 3),
     ("quantized-full", recipe(tail="peft: {method: full}\nquantization: {bits: 4}\n"),
      "quantization.bits", "method 'full'", 10, 16),
+    ("interleave-one-source", recipe({"data:": "  mix: interleave\n"}), "data.mix", "data.train has one", 5, 3),
+    ("mix-stopping-without-interleave", recipe({"data:": "  mix_stopping: all_exhausted\n"}),
+     "data.mix_stopping", "applies to `data.mix: interleave` only", 5, 3),
     ("quantized-freeze", recipe(tail="peft: {method: freeze, trainable: [lm_head]}\nquantization: {bits: 8}\n"),
      "quantization.bits", "method 'freeze'", 10, 16),
 ]

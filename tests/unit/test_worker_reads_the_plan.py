@@ -23,6 +23,8 @@ ALLOWED = {
     "data.max_prompt_length": "preference prompts", "data.train_on": "label masking",
     "data.shuffle": "row order", "data.num_proc": "preprocessing workers",
     "data.max_dropped_fraction": "data quality gate", "data.model_dump": "the cache key (every data key)",
+    "data.streaming": "how the files are read", "data.mix": "how sources interleave",
+    "data.mix_stopping": "how sources interleave",
     "peft": "the method's own section, given to its inject()",
     "quantization": "the record in final/ftune.json",
     "train.seed": "seeding", "train.callbacks": "plugin callbacks by name", "train.objective": "the loss family",

@@ -143,7 +143,51 @@ def trackers_asked(recipe: Recipe) -> Iterator[Problem]:
                              f"W&B tag {tag!r} must be 1-64 characters without ','", "shorten or split the tag")
 
 
+def mix_fits(recipe: Recipe) -> Iterator[Problem]:
+    d = recipe.data
+    if d.mix_stopping != "first_exhausted" and d.mix != "interleave":  # the default is written to resolved recipes
+        yield Problem.at("data.mix_stopping", "mix_stopping applies to `data.mix: interleave` only",
+                         "set `data.mix: interleave`, or remove mix_stopping")
+    if d.mix == "interleave" and len(d.train) < 2:
+        yield Problem.at("data.mix", "interleave mixes several training sources, but data.train has one",
+                         "add sources to data.train, or remove `data.mix`")
+
+
+def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
+    """What a stream can't do: it has no length (epochs, length grouping), is read once in order (weights that
+    resample, split slices, an eval split of its rows), and feeds the SFT encoders only."""
+    d, t = recipe.data, recipe.train
+    if not d.streaming:
+        return
+    if t.max_steps is None:
+        yield Problem.at("data.streaming", "streaming data has no length, so training needs train.max_steps",
+                         "set train.max_steps (the number of optimizer steps to train)")
+    if d.eval is not None:
+        yield Problem.at("data.eval", "streaming does not evaluate during training yet",
+                         "remove data.eval here, and run `ftune eval` on final/ with a recipe whose data.eval names "
+                         "the eval files")
+    if t.objective != "sft" or recipe.model.task != "causal-lm":
+        where = "train.objective" if t.objective != "sft" else "model.task"
+        yield Problem.at(where, "streaming feeds supervised causal-LM training only",
+                         "set data.streaming: false (preprocess and cache the data)")
+    if t.group_by_length:
+        yield Problem.at("train.group_by_length", "length grouping needs every length first; a stream has none",
+                         "remove train.group_by_length, or set data.streaming: false")
+    for i, src in enumerate(d.train):
+        if src.type in ("hub", "disk"):
+            yield Problem.at(f"data.train.{i}.type", f"streaming reads local files; a {src.type} source isn't yet",
+                             "point path at local .jsonl/.parquet/.csv/.txt files (a glob for many)")
+        if src.split != "train":
+            yield Problem.at(f"data.train.{i}.split", "a streamed file is read whole; split slices need its rows "
+                             "counted first", "remove `split`, or set data.streaming: false")
+        if src.weight is not None and d.mix != "interleave" and len(d.train) > 1:
+            yield Problem.at(f"data.train.{i}.weight", "weights resample sources to shares of all rows, which a "
+                             "stream can't count", "set `data.mix: interleave` (weights become probabilities)")
+
+
 RULES: list[Rule] = [
+    mix_fits,
+    streaming_fits,
     chat_template_known,
     as_chat_needs_instruction,
     split_syntax,

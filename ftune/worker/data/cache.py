@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 3  # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]
+FORMAT_VERSION = 4  # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix
 
 
 def sha(value) -> str:

@@ -56,23 +56,67 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack(ds, capacity: int):
+SHARD_TOKENS = 1 << 22
+"""Packing reads and bins at most this many tokens at a time (about 40 bytes of working memory each): memory stays
+flat in the number of rows. Samples pack within their shard; each shard ends on a few partly filled rows (at
+100,000 chat rows, three shards, the fill was 0.970, as at 20,000 rows in one shard: docs/data.md)."""
+
+
+def pack(ds, capacity: int, scratch=None, lengths=None, shard_tokens: int = SHARD_TOKENS):
     """Pack a tokenized dataset (input_ids, labels) into rows of at most `capacity` tokens.
 
     Returns (packed dataset with input_ids/labels/position_ids, fill ratio = tokens / (rows x capacity)).
-    The gather is done on flat Arrow buffers with numpy, not row by row.
+    The gather is done on flat Arrow buffers with numpy, not row by row. With `scratch` (a folder) and the
+    samples' `lengths`, a dataset of more than `shard_tokens` tokens is packed shard by shard, each shard written
+    to an Arrow file under `scratch` and the result read back memory-mapped.
     """
     import datasets
+    import numpy as np
+
+    bounds = _shards(lengths, shard_tokens) if scratch is not None and lengths is not None else [(0, len(ds))]
+    if len(bounds) == 1:
+        table, tokens = _pack_table(ds.with_format("arrow")[:], capacity)
+        return datasets.Dataset(table), (tokens / (table.num_rows * capacity) if table.num_rows else 0.0)
+    import pyarrow as pa
+
+    parts, tokens, rows = [], 0, 0
+    for k, (a, b) in enumerate(bounds):
+        table, n = _pack_table(ds.with_format("arrow")[a:b], capacity)
+        tokens, rows = tokens + n, rows + table.num_rows
+        path = str(scratch / f"packed-{k:05d}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        del table
+        parts.append(datasets.Dataset.from_file(path))
+    return datasets.concatenate_datasets(parts), (tokens / (rows * capacity) if rows else 0.0)
+
+
+def _shards(lengths, shard_tokens: int) -> list[tuple[int, int]]:
+    """Contiguous (start, stop) row ranges of at most about `shard_tokens` tokens each (at least one row)."""
+    import numpy as np
+
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    bounds, start = [], 0
+    while start < len(ends):
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + shard_tokens, side="right")))
+        bounds.append((start, stop))
+        start = stop
+    return bounds or [(0, 0)]
+
+
+def _pack_table(table, capacity: int):
+    """(packed Arrow table, its token count) of one Arrow table of samples."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = ds.with_format("arrow")[:]
     ids_col = table.column("input_ids").combine_chunks()
     lab_col = table.column("labels").combine_chunks()
     lengths = pc.list_value_length(ids_col).to_numpy(zero_copy_only=False).astype(np.int64)
     ids = ids_col.flatten().to_numpy(zero_copy_only=False)
     labels = lab_col.flatten().to_numpy(zero_copy_only=False)
+    del table, ids_col, lab_col
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
     bins = first_fit_decreasing(lengths.tolist(), capacity)
@@ -81,10 +125,11 @@ def pack(ds, capacity: int):
     total = int(seg_len.sum())
     seg_new_start = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
     gather = np.repeat(starts[order] - seg_new_start, seg_len) + np.arange(total, dtype=np.int64)
-    new_ids = ids[gather]
-    new_labels = labels[gather].copy()
+    new_ids = ids[gather].astype(np.int32)
+    new_labels = labels[gather].astype(np.int32)
     new_labels[seg_new_start[seg_len > 0]] = IGNORE  # never predict a sample's first token from the previous one
     positions = (np.arange(total, dtype=np.int64) - np.repeat(seg_new_start, seg_len)).astype(np.int32)
+    del gather, ids, labels
 
     row_tokens = np.fromiter((int(lengths[b].sum()) for b in bins), dtype=np.int64, count=len(bins))
     offsets = pa.array(np.concatenate([[0], np.cumsum(row_tokens)]).astype(np.int32))
@@ -92,15 +137,8 @@ def pack(ds, capacity: int):
     def lists(values):
         return pa.ListArray.from_arrays(offsets, pa.array(values))
 
-    packed = pa.table(
-        {
-            "input_ids": lists(new_ids.astype(np.int32)),
-            "labels": lists(new_labels.astype(np.int32)),
-            "position_ids": lists(positions),
-        }
-    )
-    fill = total / (len(bins) * capacity) if bins else 0.0
-    return datasets.Dataset(packed), fill
+    packed = pa.table({"input_ids": lists(new_ids), "labels": lists(new_labels), "position_ids": lists(positions)})
+    return packed, total
 
 
 @dataclass

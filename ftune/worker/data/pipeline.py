@@ -18,7 +18,7 @@ from ftune.data.formats import (
     Context,
     check_columns,
     check_template,
-    count_chat_anomalies,
+    count_anomalies,
     encoder,
     required_fields,
 )
@@ -26,7 +26,7 @@ from ftune.worker.data.report import DataReport, SourceReport, length_stats
 from ftune.data.sources import Source, load
 from ftune.worker.data.stops import count_unstopped, stop_ids
 
-BOOKKEEPING = ["_len", "_trainable"]
+BOOKKEEPING = ["_len", "_trainable", "_anomalies"]
 
 
 def features(task: str):
@@ -37,7 +37,8 @@ def features(task: str):
     if task == "sequence-classification":
         cols = {"input_ids": ints, "attention_mask": datasets.List(datasets.Value("int8")),
                 "labels": datasets.Value("int64")}
-    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32")})
+    return datasets.Features({**cols, "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32"),
+                              "_anomalies": datasets.Value("int8")})
 
 
 def infer_label_names(recipe: Recipe, loaded: list[tuple[Source, object]]) -> list[str] | None:
@@ -66,7 +67,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         ds = ds.select(order, keep_in_memory=True)
     tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
     enc = ds.map(
-        encoder(src, ctx, order.tolist()),
+        encoder(src, ctx, order),
         batched=True,
         with_indices=True,
         remove_columns=ds.column_names,
@@ -77,14 +78,14 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         new_fingerprint=f"ftune-{tag}-{seed}",  # else datasets pickles the tokenizer to hash the function
         desc=f"ftune: {src.where} ({src.spec.format})",
     )
-    cols = enc.with_format("numpy", columns=BOOKKEEPING)[:]
+    cols = enc.select_columns(BOOKKEEPING).with_format("numpy")[:]
     keep = cols["_trainable"] > 0
     truncated = int((cols["_len"] > ctx.max_len).sum()) if ctx.max_len else 0
     report = SourceReport(src.where, src.spec.path, src.spec.format, len(enc), int(keep.sum()),
                           int((~keep).sum()), truncated)
     _check_dropped(src, report, np.flatnonzero(~keep), order, recipe.data.max_dropped_fraction)
     if src.spec.format == "chat":
-        counts, report.first_anomaly = count_chat_anomalies(src, ds[src.spec.fields.messages], order.tolist())
+        counts, report.first_anomaly = count_anomalies(cols["_anomalies"], order)
         report.assistant_first, report.user_twice, report.empty_content = (counts[k] for k in ANOMALIES)
     if report.dropped:
         enc = enc.select(np.flatnonzero(keep), keep_in_memory=True)
@@ -122,24 +123,37 @@ def split_eval(enc, fraction: float, seed: int):
     return enc.select(rest, keep_in_memory=True), enc.select(held, keep_in_memory=True)
 
 
-def mix(parts: list, weights: list[float | None], seed: int):
-    """Concatenate sources; with weights, resample each to weight/Σweights of the total (repeating rows)."""
+def mix(parts: list, weights: list[float | None], seed: int, how: str = "concat",
+        stopping: str = "first_exhausted"):
+    """Combine encoded sources; returns (dataset, samples taken from each source).
+
+    concat: concatenated; with weights, each resampled to weight/Σweights of the total (repeating rows).
+    interleave: `datasets.interleave_datasets` with probabilities weight/Σweights (equal without weights)."""
     import datasets
     import numpy as np
 
+    if how == "interleave":
+        w = np.array([1.0 if x is None else x for x in weights])
+        tagged = [p.add_column("_source", np.full(len(p), i, dtype=np.int16)) for i, p in enumerate(parts)]
+        mixed = datasets.interleave_datasets(tagged, probabilities=(w / w.sum()).tolist(), seed=seed,
+                                             stopping_strategy=stopping)
+        counts = np.bincount(mixed.select_columns(["_source"]).with_format("numpy")[:]["_source"],
+                             minlength=len(parts))
+        return mixed.remove_columns(["_source"]), [int(c) for c in counts]
     if all(w is None for w in weights):
-        return datasets.concatenate_datasets(parts)
+        return datasets.concatenate_datasets(parts), [len(p) for p in parts]
     w = np.array([1.0 if x is None else x for x in weights])
     total = sum(len(p) for p in parts)
     rng = np.random.default_rng(seed)
-    out = []
+    out, counts = [], []
     for part, wi in zip(parts, w):
         n, target = len(part), int(round(total * wi / w.sum()))
+        counts.append(target if n else 0)
         if n == 0 or target == 0:
             continue
         idx = np.concatenate([np.tile(np.arange(n), target // n), np.sort(rng.permutation(n)[: target % n])])
         out.append(part.select(idx, keep_in_memory=True))
-    return datasets.concatenate_datasets(out)
+    return datasets.concatenate_datasets(out), counts
 
 
 def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, report: DataReport):
@@ -162,9 +176,9 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
         enc, rep = encode(src, None, seed + 2000 + i)
         report.sources.append(rep)
         eval_parts.append(enc)
-    mixed = mix(train_parts, [s.spec.weight for s, _ in train], seed)
-    for rep, part in zip(report.sources, train_parts + eval_parts):
-        rep.used = len(part)
+    mixed, taken = mix(train_parts, [s.spec.weight for s, _ in train], seed, data.mix, data.mix_stopping)
+    for rep, used in zip(report.sources, taken + [len(p) for p in eval_parts]):
+        rep.used = used
     if data.shuffle:
         mixed = mixed.select(np.random.default_rng(seed).permutation(len(mixed)), keep_in_memory=True)
     if len(mixed) == 0:
@@ -194,7 +208,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=lambda src, ds, s: encode_source(
         src, ds if ds is not None else load(src, scratch), ctx, recipe, scratch, s))
 
-    cols = train.with_format("numpy", columns=BOOKKEEPING)[:]
+    cols = train.select_columns(BOOKKEEPING).with_format("numpy")[:]  # only these columns are gathered
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), int(cols["_trainable"].sum())
@@ -204,7 +218,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
 
     if packs:
-        train, report.fill = packing.pack(train, data.max_seq_length)
+        train, report.fill = packing.pack(train, data.max_seq_length, scratch, lengths)
         report.packed_rows = len(train)
         if data.shuffle:
             train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
@@ -216,6 +230,6 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     if evals is not None:
         evals.save_to_disk(str(scratch / "eval"))
     (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("packed-*.arrow"), *scratch.glob("tmp*")]:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
     return report, names

@@ -51,6 +51,8 @@ class DataReport:
     cache_reason: str = ""
     cache_path: str = ""
     step_samples: int | None = None  # per-device batch x accumulation x world size (set per run, not cached)
+    streaming: bool = False  # data.streaming: read while training; nothing counted before
+    stream_files: int = 0
 
     # The totals the issue names, across sources.
     @property
@@ -108,6 +110,10 @@ class DataReport:
 
     def lines(self) -> list[str]:
         """A short human summary (what the worker logs)."""
+        if self.streaming:
+            return [f"data: streaming {self.stream_files} file(s): rows are read, tokenized"
+                    + (f" and packed into rows of {self.max_seq_length}" if self.packing else "")
+                    + " while training runs; nothing is counted or cached first"]
         out = [
             f"data: {self.rows} rows -> {self.kept} samples ({self.dropped} dropped without a trainable token, "
             f"{self.truncated} truncated at {self.max_seq_length})",
@@ -116,6 +122,10 @@ class DataReport:
             f"data: lengths min {self.length_min} · mean {self.length_mean:.1f} · p95 {self.length_p95} "
             f"· max {self.length_max}",
         ]
+        trained = [s for s in self.sources if s.where.startswith("data.train")]
+        if len(trained) > 1:
+            total = sum(s.used for s in trained) or 1
+            out.append("data: mix " + " · ".join(f"{s.where} {s.used} ({s.used / total:.1%})" for s in trained))
         out += [f"data: WARNING {w}" for w in self.warnings()]
         if self.packing:
             out.append(f"data: packed into {self.packed_rows} rows of {self.max_seq_length}, fill {self.fill:.3f}")

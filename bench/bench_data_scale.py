@@ -1,0 +1,168 @@
+"""Data at scale: ftune's chat preprocessing against a plain `datasets` pipeline on the same rows, per size.
+
+Each side runs in its own process (so peak memory is its own), rounds alternate between the sides, and the
+figures are medians with the range over rounds:
+
+- plain: `load_dataset("json")`, `apply_chat_template` per row, one batched tokenizer call, `datasets.map`
+  with batches of 1000 (what a practitioner writes; no labels, no packing).
+- ftune: `ftune.worker.data.build` of a recipe with that file as `format: chat`, cold cache, `max_seq_length`
+  128, packing on: render, mask the prompts, pack, shuffle, write the cache entry.
+
+Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), and the peak of anonymous memory
+(`RssAnon`, sampled every 50 ms), since RSS also counts pages of memory-mapped Arrow files that the kernel can
+drop at will.
+
+Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R]` (default 10000 50000, 3 rounds);
+`make bench` runs the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = ("the cat sat on a mat and dog ran in park while birds sang songs about rain sun wind people read "
+         "books write code train models fine tune small networks learn fast answer questions").split()
+SEQ = 128
+
+
+def write_rows(path: Path, n: int, seed: int = 0) -> None:
+    """Chat rows: 1-3 user/assistant turns, a system turn in 30% of them, 3-40 words per message."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for _ in range(n):
+            msgs = []
+            if rng.random() < 0.3:
+                msgs.append({"role": "system", "content": "you are " + " ".join(rng.choices(WORDS, k=4))})
+            for _ in range(rng.choice([1, 1, 2, 3])):
+                msgs.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 25)))})
+                msgs.append({"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 40)))})
+            fh.write(json.dumps({"messages": msgs}) + "\n")
+
+
+class _AnonPeak(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = 0
+
+    def run(self) -> None:
+        while True:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        self.peak = max(self.peak, int(line.split()[1]) // 1024)
+            time.sleep(0.05)
+
+
+def side(name: str, data: str, tok_dir: str) -> dict:
+    """One side's run in this process: wall seconds, tokens, peak RSS and anonymous MiB."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from ftune.recipe.schema import Recipe
+    from ftune.plan.batching import data_plan
+    from ftune.worker.data import build as stage
+
+    def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
+        return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+
+    datasets.disable_progress_bars()
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    work = tempfile.mkdtemp(prefix="ftune-bench-scale-")
+    sampler = _AnonPeak()
+    sampler.start()
+    start = time.perf_counter()
+    if name == "ftune":
+        recipe = Recipe.model_validate({"name": "b", "model": {"path": "unused"}, "data": {
+            "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
+        report = build(recipe, tok, log=lambda _: None).report
+        tokens, fill = report.tokens, report.fill
+    else:
+        import pyarrow.compute as pc
+
+        ds = datasets.load_dataset("json", data_files=data, split="train", cache_dir=work)
+
+        def encode(batch):
+            texts = [tok.apply_chat_template(m, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=False)
+                     for m in batch["messages"]]
+            ids = [x[:SEQ] for x in tok(texts, add_special_tokens=False)["input_ids"]]
+            return {"input_ids": ids, "labels": ids}
+
+        out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
+        tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
+        fill = None
+    wall = time.perf_counter() - start
+    shutil.rmtree(work, ignore_errors=True)
+    return {"wall": wall, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            // 1024, "anon_mb": sampler.peak}
+
+
+def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(sizes: list[int], rounds: int) -> dict:
+    from ftune.tiny import train_tokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="ftune-bench-scale-"))
+    figures = {}
+    try:
+        train_tokenizer([" ".join(WORDS)] * 50 + ["User: Assistant: System:"], work / "tok", vocab_size=384)
+        for n in sizes:
+            data = work / f"chat-{n}.jsonl"
+            write_rows(data, n)
+            runs = {"ftune": [], "plain": []}
+            for _ in range(rounds):
+                for name in ("ftune", "plain"):
+                    runs[name].append(_run_side(name, data, work / "tok"))
+            assert runs["ftune"][0]["tokens"] == runs["plain"][0]["tokens"], "the two sides tokenized differently"
+            ratios = [p["wall"] / f["wall"] for f, p in zip(runs["ftune"], runs["plain"])]
+            row = {
+                "rows": n, "tokens": runs["ftune"][0]["tokens"], "fill": round(runs["ftune"][0]["fill"], 4),
+                "ftune_rows_per_s": round(n / statistics.median(r["wall"] for r in runs["ftune"])),
+                "plain_rows_per_s": round(n / statistics.median(r["wall"] for r in runs["plain"])),
+                "rows_per_s_ratio": round(statistics.median(ratios), 3),
+                "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                "ftune_peak_rss_mb": max(r["rss_mb"] for r in runs["ftune"]),
+                "plain_peak_rss_mb": max(r["rss_mb"] for r in runs["plain"]),
+                "ftune_peak_anon_mb": max(r["anon_mb"] for r in runs["ftune"]),
+                "plain_peak_anon_mb": max(r["anon_mb"] for r in runs["plain"]),
+            }
+            row["rss_ratio"] = round(row["ftune_peak_rss_mb"] / row["plain_peak_rss_mb"], 2)
+            figures[str(n)] = row
+            print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
+                  f"{row['ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
+                  f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures
+
+
+def main() -> dict:
+    return measure([10_000, 50_000], 3)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--side"]:
+        print(json.dumps(side(*sys.argv[2:5])))
+    else:
+        args = sys.argv[1:]
+        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
+        sizes = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--rounds")]
+        print(json.dumps(measure(sizes or [10_000, 50_000], rounds), indent=1))

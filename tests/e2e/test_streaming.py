@@ -1,0 +1,89 @@
+"""data.streaming through `ftune run`: 50 steps from 4 JSONL shards with packing, then a run killed mid-way and
+rerun, which resumes from its last complete checkpoint and logs the uninterrupted run's losses bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import corpus
+from tests.e2e._util import base_recipe, ftune, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def _shards(folder):
+    folder.mkdir()
+    texts = corpus(400, seed=5)
+    for k in range(4):
+        (folder / f"shard-{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[k::4]))
+    return str(folder / "shard-*.jsonl")
+
+
+def _recipe(tiny_model_dir, pattern, out):
+    return base_recipe(
+        tiny_model_dir, pattern, name="stream",
+        data={"train": [{"path": pattern, "format": "text"}], "eval": None, "max_seq_length": 64, "packing": True,
+              "streaming": True},
+        train={"max_steps": 50, "learning_rate": 5e-3, "per_device_batch_size": 4, "logging_steps": 1,
+               "lr_scheduler": "constant"},
+        eval={"strategy": "no"},
+        checkpoint={"strategy": "steps", "steps": 10, "keep": None, "resume": "auto"},
+        output={"dir": out, "report_to": ["none"], "loss_curve": False},
+    )
+
+
+def _step_losses(run_dir) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "loss" in m:
+            out[m["step"]] = m["loss"]
+    return out
+
+
+def test_streaming_trains_from_shards_and_resumes_after_a_kill_identically(tmp_path, tiny_model_dir):
+    pattern = _shards(tmp_path / "shards")
+    path = write_recipe(tmp_path, _recipe(tiny_model_dir, pattern, "runs/whole"), "whole.yaml")
+    whole = ftune("run", str(path), cwd=tmp_path, timeout=600)
+    assert whole.code == 0, whole.text
+    assert "streaming 4 file(s)" in whole.text and "packed into rows of 64" in whole.text
+    losses = _step_losses(tmp_path / "runs/whole")
+    assert sorted(losses) == list(range(1, 51))
+    assert sum(list(losses.values())[-10:]) / 10 < sum(list(losses.values())[:5]) / 5 - 0.1  # it learns
+    assert not any((tmp_path / "runs/whole").glob("**/*.arrow"))  # nothing cached
+    plan = json.loads((tmp_path / "runs/whole/plan.json").read_text())
+    assert plan["trainer"]["accelerator_config"] == {"dispatch_batches": False}
+
+    path = write_recipe(tmp_path, _recipe(tiny_model_dir, pattern, "runs/killed"), "killed.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = tmp_path / "runs/killed/checkpoints/checkpoint-20/ftune_complete.json"
+    deadline = time.time() + 300
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    resumed = ftune("run", str(path), cwd=tmp_path, timeout=600)
+    assert resumed.code == 0, resumed.text
+    again = _step_losses(tmp_path / "runs/killed")
+    assert again == losses  # every step, the ones before the kill and the resumed ones, equal to the whole run
+
+
+def test_a_bad_line_halfway_names_the_file_and_line(tmp_path, tiny_model_dir):
+    pattern = _shards(tmp_path / "shards")
+    bad = tmp_path / "shards/shard-2.jsonl"
+    lines = bad.read_text().splitlines()
+    lines[40] = '{"text": "cut off'
+    bad.write_text("\n".join(lines) + "\n")
+    path = write_recipe(tmp_path, _recipe(tiny_model_dir, pattern, "runs/bad"), "bad.yaml")
+    out = ftune("run", str(path), "train.max_steps=400", cwd=tmp_path, timeout=600)
+    assert out.code == 1, out.text
+    assert f"line 41 of {bad}" in out.text and "is not valid JSON" in out.text and "Traceback" not in out.text
