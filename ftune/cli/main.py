@@ -43,6 +43,8 @@ COMMANDS: dict[str, Command] = {
         "ftune.cli.eval", "evaluate a trained model on the recipe's eval data",
         ("torch", "transformers", "peft", "accelerate", "datasets"),
     ),
+    "export": Command("ftune.cli.export", "export a run or model folder as a GGUF file, verified, written atomically",
+                      ("torch", "transformers", "peft")),
     "merge": Command(
         "ftune.cli.merge", "merge a LoRA run into its base: a plain HF model folder, verified, written atomically",
         ("torch", "transformers", "peft", "accelerate", "datasets", "safetensors"),
@@ -57,7 +59,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
     "launch-script": Command("ftune.cli.launch_script",
-                             "write a scheduler script (slurm): one `ftune run` per node, ranks from the scheduler"),
+                             "write a job spec (slurm, kubernetes, skypilot): one `ftune run` per node, ranks from the scheduler"),
 }
 
 
@@ -86,6 +88,7 @@ def _base_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ftune {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--verbose", action="store_true", help="show the libraries' warnings and progress bars")
     return parser
 
 
@@ -96,6 +99,8 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.summary, description=cmd.summary)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+        p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="show the libraries' warnings and progress bars")
         if name == command:
             importlib.import_module(cmd.module).add_arguments(p)
     return parser
@@ -139,6 +144,8 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
+    if "--verbose" in argv:
+        os.environ["FTUNE_VERBOSE"] = "1"  # read by ftune.worker.quiet, here and in the workers
     try:
         if command is not None:
             check_requirements(command)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ftune.errors import EXIT_OK, FtuneError
@@ -37,117 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# ------------------------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class DataCount:
-    samples: int
-    """Training rows after limits and the eval split."""
-    tokens: int | None
-    """Tokens of those rows after truncation (None when the tokenizer is not local)."""
-    rows: int | None
-    """Rows the trainer iterates: samples, or packed sequences with packing (None: tokenizer not local)."""
-    steps_per_epoch: int | None
-    """None when packing and the tokenizer is not local (packed rows need token counts)."""
-    total_steps: int | None
-    """train.max_steps, else epochs x steps_per_epoch; None when neither is known."""
-    epochs: float
-    effective_batch: int
-    approximate: bool
-    """Tokens counted on a sample of rows, or packed rows derived from token counts."""
-
-
-MAX_TOKENIZED_ROWS = 20_000
-
-
-def _rows(path: Path, kind: str) -> list | int | None:
-    """The rows of a local file (a list, for token counting), or their count when only that is cheap."""
-    suffix = path.suffix.lower()
-    if kind == "json" or suffix in (".jsonl", ".json"):
-        text = path.read_text(encoding="utf-8")
-        if suffix == ".json" and text.lstrip().startswith("["):
-            return json.loads(text)
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    if kind == "csv" or suffix == ".csv":
-        import csv
-
-        with path.open(newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-    if kind == "text" or suffix == ".txt":
-        return [{"text": line} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if kind == "parquet" or suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
-    return None
-
-
-def _row_text(row: dict, source) -> str:
-    f = source.fields
-    if source.format == "instruction":
-        return " ".join(str(row.get(k) or "") for k in (f.instruction, f.input, f.output))
-    if source.format == "chat":
-        messages = row.get(f.messages) or []
-        return " ".join(str(m.get(f.content, "")) for m in messages if isinstance(m, dict))
-    return str(row.get(f.text, ""))
-
-
-def _tokenizer(path: str):
-    file = Path(path).expanduser() / "tokenizer.json"
-    if not file.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(file))
-
-
-def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> DataCount | None:
-    """A cheap count of the local training data: rows, tokens (when the tokenizer is local), and steps.
-
-    Instruction and chat rows are counted without their template or chat format, so tokens are a
-    slight under-count there. None when a source is not a local file.
-    """
-    data, train = recipe.data, recipe.train
-    samples, tokens, approximate = 0, 0, False
-    tok = _tokenizer(tokenizer_path)
-    for source in data.train:
-        path = Path(source.path).expanduser()
-        if source.type in ("hub", "disk") or not path.is_file():
-            return None
-        rows = _rows(path, source.type)
-        if rows is None:
-            return None
-        n = rows if isinstance(rows, int) else len(rows)
-        n = min(n, source.limit) if source.limit else n
-        samples += n
-        if tok is None or isinstance(rows, int):
-            tok = None
-            continue
-        subset = rows[: min(n, MAX_TOKENIZED_ROWS)]
-        lengths = [len(e.ids) for e in tok.encode_batch([_row_text(r, source) for r in subset])]
-        if data.max_seq_length and not data.packing:
-            lengths = [min(x, data.max_seq_length) for x in lengths]
-        tokens += round(sum(lengths) * n / max(len(subset), 1))
-        approximate |= len(subset) < n or source.format in ("instruction", "chat")
-    if data.eval is not None and not isinstance(data.eval, list):
-        held_out = math.ceil(samples * data.eval.split)
-        tokens = round(tokens * (samples - held_out) / samples) if samples else 0
-        samples -= held_out
-    ga = train.gradient_accumulation_steps
-    rows_iterated: int | None = samples
-    if data.packing and data.max_seq_length:
-        rows_iterated = math.ceil(tokens / data.max_seq_length) if tok is not None else None
-        approximate = True
-    steps_per_epoch, total = None, train.max_steps
-    if rows_iterated is not None:
-        per_rank = math.ceil(rows_iterated / world_size)  # the distributed sampler pads to equal shards
-        batches = math.ceil(per_rank / train.per_device_batch_size)
-        steps_per_epoch = max(batches // ga + int(batches % ga > 0), 1)  # as transformers' Trainer counts
-        total = train.max_steps or math.ceil(epochs * steps_per_epoch)
-    return DataCount(samples, tokens if tok is not None else None, rows_iterated, steps_per_epoch, total, epochs,
-                     train.per_device_batch_size * ga * world_size, approximate)
+from ftune.cli.plan_data import DataCount, _row_text, _tokenizer, count_data, split_rows  # noqa: F401 (tests)
 
 
 # ------------------------------------------------------------------------------------------- output
+def epochs_text(data: DataCount, max_steps: int | None) -> str:
+    """How many passes the total is: train.epochs, or what train.max_steps (which wins over epochs) comes to."""
+    epochs = data.epochs
+    if max_steps and data.steps_per_epoch:
+        return f"train.max_steps: {max_steps / data.steps_per_epoch:.3g} epochs"
+    return f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+
+
 def summarize_names(names: list[str]) -> list[tuple[str, int]]:
     """`model.layers.0.self_attn.q_proj` x32 -> (`model.layers.*.self_attn.q_proj`, 32), in first-seen order."""
     return list(Counter(re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n) for n in names).items())
@@ -249,6 +149,17 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print(f"[bold]model[/]        {est.model} ({est.config_source}) · {est.dtype} · {recipe.model.task}")
     console.print(f"[bold]parameters[/]   {est.params_total:,} total · {est.params_trainable:,} trainable "
                   f"({est.trainable_percent:.4f}%)")
+    if est.moe is not None:
+        m = est.moe
+        console.print(f"[bold]experts[/]      {m.num_experts} per layer, {m.top_k or m.num_experts} per token, "
+                      f"{m.moe_layers} MoE layers · {m.params_model:,} in the model, {m.params_experts:,} of them "
+                      f"in experts · {m.params_active:,} active per token "
+                      f"({100 * m.params_active / m.params_model:.1f}%) · {m.flops_per_token:,} training FLOPs "
+                      "per token (6 x active weights)")
+        per_expert = m.trainable_by_part.get("experts", 0) // (m.num_experts * m.moe_layers)
+        parts = " · ".join(f"{part} {n:,}" + (f" ({per_expert:,} per expert per layer)" if part == "experts" else "")
+                           for part, n in sorted(m.trainable_by_part.items()))
+        console.print(f"[bold]trains[/]       {parts or 'nothing'}")
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""
@@ -294,12 +205,14 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
             console.print(f"[bold]steps[/]        {fixed}per epoch unknown: packing needs token counts "
                           "(the tokenizer is not local)")
         else:
-            total = f"{data.total_steps:,} total"
-            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {total} "
-                          f"({data.epochs:g} epochs) · effective batch {data.effective_batch}")
+            console.print(f"[bold]steps[/]        {data.steps_per_epoch:,} per epoch · {data.total_steps:,} total "
+                          f"({epochs_text(data, plan.recipe.train.max_steps)}) · effective batch "
+                          f"{data.effective_batch}")
     if plan.collator != "padding":
         console.print(f"[bold]packing[/]      samples kept apart by {plan.collator}"
                       + (" (one row per micro-batch, no pad tokens)" if plan.collator == "padding_free" else ""))
+    if plan.cpu_threads is not None:
+        console.print(f"[bold]threads[/]      {plan.cpu_threads.describe()}")
     import shlex
 
     console.print("[bold]launch[/]       ", end="")

@@ -11,6 +11,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys, e.g. train.max_steps=10")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the launch command; train nothing")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="with --dry-run: `json` prints the plan as JSON only (the launch command is in it)")
 
 
 def _check_preference_data(loaded) -> None:
@@ -37,11 +39,28 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
     plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    warnings = list(plan.warnings)
+    if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
+        from ftune.gguf.convert import ensure
+        from ftune.plan.preflight import config_is_local, problems
+
+        checked = config_is_local(plan.recipe)  # converted before: the compiler checked its structure
+        ensure(plan.model_load.gguf.model_dump(), log=console.print)
+        if not checked:
+            found = problems(plan.recipe, plan.device)  # the converted model's structure, now that it exists
+            if errors := [p for p in found if p.severity == "error"]:
+                raise loaded.error(errors)
+            warnings += [p.render() for p in loaded.error(found).problems]
     _check_preference_data(loaded)
+    if args.dry_run and args.format == "json":
+        print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr
+    for w in warnings:
+        print(w, file=sys.stderr)
     command = shlex.join(plan.launch.command)
     if args.dry_run:
-        console.print_json(plan.model_dump_json())
-        console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
+        if args.format == "text":
+            console.print_json(plan.model_dump_json())
+            console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
         return 0
     from ftune.launch.launcher import launch
 

@@ -50,26 +50,48 @@ class Report:
         return {"file": self.file, "valid": self.valid, "errors": errors}
 
 
-def _walk(folder: Path) -> list[Path]:
-    return sorted(
+def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(YAML files under `folder`, those inside ftune run dirs: a folder holding ftune_run.json is a run's output,
+    whose recipe copy and configs are not the recipes under check)."""
+    from ftune.rundir import RUN_MARKER
+
+    files = sorted(
         f
         for f in folder.rglob("*")
         if f.suffix in (".yaml", ".yml") and f.is_file() and not _HIDDEN.search(f.relative_to(folder).as_posix())
     )
+    runs = {m.parent for m in folder.rglob(RUN_MARKER)}
+    in_runs = [f for f in files if any(r == f.parent or r in f.parents for r in runs)]
+    return [f for f in files if f not in in_runs], in_runs
 
 
-def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
-    """(recipe files to check, base-only files left out): bases of walked directories are checked through
-    the recipes that extend them; a file named on the command line is always checked."""
-    from ftune.recipe.load import recipe_bases
+@dataclass
+class Skipped:
+    """Walked files that are not checked as recipes, by why."""
+
+    bases: list[Path]
+    """Bases, checked through the recipes that extend them."""
+    configs: list[Path]
+    """accelerate / DeepSpeed config files that recipes name."""
+    runs: list[Path]
+    """Files inside ftune run dirs."""
+
+
+def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
+    """(recipe files to check, walked files left out): bases of walked directories are checked through the recipes
+    that extend them; config files recipes name (distributed.accelerate_config, distributed.deepspeed.config) and
+    run dirs are not recipes; a file named on the command line is always checked."""
+    from ftune.recipe.load import named_config_files, recipe_bases
 
     explicit: list[Path] = []
     walked: list[Path] = []
+    runs: list[Path] = []
     for arg in paths:
         p = Path(arg)
         if p.is_dir():
-            found = _walk(p)
-            if not found:
+            found, in_runs = _walk(p)
+            runs += in_runs
+            if not found and not in_runs:
                 raise UsageError(f"no recipe files (*.yaml, *.yml) under {arg}")
             walked.extend(found)
         elif p.is_file():
@@ -82,9 +104,11 @@ def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
         else:
             raise UsageError(f"no such file or directory: {arg}")
     bases = {b for f in [*walked, *explicit] for b in recipe_bases(f)}
+    configs = {c for f in [*walked, *explicit] for c in named_config_files(f)}
     skipped = [f for f in walked if str(f.resolve()) in bases and f not in explicit]
-    files = [f for f in dict.fromkeys([*explicit, *walked]) if f not in skipped]
-    return files, list(dict.fromkeys(skipped))
+    named = [f for f in walked if str(f.resolve()) in configs and f not in explicit and f not in skipped]
+    files = [f for f in dict.fromkeys([*explicit, *walked]) if f not in skipped and f not in named]
+    return files, Skipped(list(dict.fromkeys(skipped)), list(dict.fromkeys(named)), list(dict.fromkeys(runs)))
 
 
 
@@ -163,7 +187,7 @@ def _github(value: str, prop: bool = False) -> str:
     return value.replace(":", "%3A").replace(",", "%2C") if prop else value
 
 
-def render(reports: list[Report], fmt: str, skipped: int) -> None:
+def render(reports: list[Report], fmt: str, skipped: Skipped) -> None:
     if fmt == "json":
         print(json.dumps({"files": [r.as_json() for r in reports]}, indent=2))
         return
@@ -191,15 +215,22 @@ def render(reports: list[Report], fmt: str, skipped: int) -> None:
     errors = sum(len(r.problems) for r in bad)
     summary = f"{len(reports)} recipe{'s' if len(reports) != 1 else ''} checked"
     summary += f", {len(bad)} invalid ({errors} error{'s' if errors != 1 else ''})" if bad else ", all valid"
-    if skipped:
-        summary += f"; {skipped} base file{'s' if skipped != 1 else ''} checked through the recipes extending them"
+    if skipped.bases:
+        n = len(skipped.bases)
+        summary += f"; {n} base file{'s' if n != 1 else ''} checked through the recipes extending them"
     print_line(summary, style="bold red" if bad else "bold green")
+    left = [f"{len(skipped.configs)} accelerate/DeepSpeed config{'s' if len(skipped.configs) != 1 else ''} that "
+            f"recipes name ({', '.join(map(str, skipped.configs))})" if skipped.configs else "",
+            f"{len(skipped.runs)} file{'s' if len(skipped.runs) != 1 else ''} in ftune run dirs "
+            f"({', '.join(sorted({str(f.parent) for f in skipped.runs}))})" if skipped.runs else ""]
+    if any(left):
+        print_line("not recipes, skipped: " + "; ".join(filter(None, left)))
 
 
 def run(args: argparse.Namespace) -> int:
     files, skipped = collect(args.paths)
     reports = [check_file(f, args.check_paths) for f in files]
-    render(reports, args.format, len(skipped))
+    render(reports, args.format, skipped)
     sys.stdout.flush()
     if any(r.unreadable for r in reports):
         return EXIT_USAGE

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ftune.data.errors import chat_fields_hint
 from ftune.typed import not_text
 
 if TYPE_CHECKING:
@@ -12,6 +13,14 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_ROLE_MAP = {"human": "user", "gpt": "assistant", **{r: r for r in ROLES}}
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+)
+"""ftune's chat template when neither data.chat_template nor the tokenizer gives one."""
 
 
 def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
@@ -29,7 +38,7 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
             raise fail(
                 i,
                 f"message {k + 1} needs keys `{f.role}` and `{f.content}`, has: {keys}",
-                hint="set `fields: {role: ..., content: ...}` (sharegpt data: `{role: from, content: value}`)",
+                hint=chat_fields_hint(f.messages, m),
             )
         role = mapping.get(m[f.role]) if isinstance(m[f.role], str) else None
         if role not in ROLES:
@@ -80,3 +89,15 @@ def count_anomalies(bits, rows) -> tuple[dict[str, int], dict[str, int]]:
         if hit.size:
             first[kind] = int(np.asarray(rows)[hit].min()) + 1
     return counts, first
+
+
+def chat_template_of(recipe, tokenizer) -> str:
+    """data.chat_template (a built-in's file or the Jinja string), else the tokenizer's, else ftune's default: the
+    one choice the data stage and `ftune plan`'s token count share."""
+    from ftune.chat import resolve
+    if recipe.data.chat_template:
+        return resolve(recipe.data.chat_template)
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):
+        own = own.get("default") or next(iter(own.values()), None)
+    return own or DEFAULT_CHAT_TEMPLATE

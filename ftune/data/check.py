@@ -15,7 +15,7 @@ from ftune.errors import Problem
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 from ftune.typed import not_text
-from ftune.data.errors import DataError, field_hint
+from ftune.data.errors import DataError, chat_fields_hint, field_hint
 from ftune.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
 from ftune.data.sources import peek, resolve
 
@@ -41,14 +41,23 @@ def check_fields(recipe: Recipe) -> list[Problem]:
             problems.append(Problem.at(f"{where}.path", f"{spec.path} has no rows", "check the file"))
             continue
         missing = [(k, c) for k, c in required_fields(src).items() if c not in columns]
+        defaulted = "format" not in spec.model_fields_set
         for key, col in missing:
             problems.append(Problem.at(
-                f"{where}.fields.{key}",
-                f"{spec.format} data needs field `{col}`, but the first rows of {spec.path} have: "
+                where if defaulted else f"{where}.fields.{key}",
+                ("this source sets no `format`, so it defaulted to text, which " if defaulted else
+                 f"{spec.format} data ") + f"needs field `{col}`, but the first rows of {spec.path} have: "
                 f"{', '.join(columns) or 'no fields'}",
-                field_hint(spec.format, columns),
+                field_hint(spec.format, columns, rows[0] if rows else None),
             ))
         if missing:
+            continue
+        if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
+            problems.append(Problem.at(f"{where}.fields.answer",
+                             f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
+                             f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
+                             "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
+                             "rewards that read no answer (regex, json, length)"))
             continue
         problems += _check_text_fields(where, spec, src, rows)
         if spec.format == "chat":
@@ -63,6 +72,17 @@ def check_fields(recipe: Recipe) -> list[Problem]:
                                      "add it to model.labels, or fix the row"))
                     break
     return problems
+
+
+def answer_readers(recipe: Recipe) -> list[str]:
+    """The recipe's rewards that read the row's answer (online RL only)."""
+    from ftune.rewards import available
+
+    rl = recipe.train.rl
+    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+        return []
+    known = available()
+    return [r.name for r in rl.rewards if r.name in known and known[r.name].needs_answer]
 
 
 TEXT_FIELDS = {"text": ("text",), "instruction": ("instruction", "input", "output"), "classification": ("text",)}
@@ -91,7 +111,7 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
                 keys = ", ".join(m) if isinstance(m, dict) else type(m).__name__
                 return [Problem.at(f"{where}.fields.role",
                          f"row {n} of {spec.path}: a message lacks `{f.role}`/`{f.content}` (has: {keys})",
-                         "sharegpt data: `fields: {messages: conversations, role: from, content: value}`")]
+                         chat_fields_hint(f.messages, m))]
             if not isinstance(m[f.role], str) or mapping.get(m[f.role]) not in ROLES:
                 return [Problem.at(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
                          f"map it, e.g. `roles: {{{m[f.role]}: assistant}}`")]

@@ -98,15 +98,33 @@ def first_bad_csv_record(path: str | Path) -> tuple[int, int, str] | None:
             record += 1
 
 
-def field_hint(fmt: str, available: list[str]) -> str:
-    """A hint for a missing field: the recipe key to set, and a guess when the columns reveal another format."""
+def chat_fields_hint(column: str, message: object = None) -> str:
+    """The whole mapping for chat data whose messages are in `column`, from one message's keys: `format: sharegpt`
+    when it is ShareGPT's, else `format: chat` with every field named (one round of errors, not three)."""
+    keys = message if isinstance(message, dict) else {}
+    role = next((k for k in ("role", "from") if k in keys), "role")
+    content = next((k for k in ("content", "value", "text") if k in keys), "content")
+    if (column, role, content) == ("conversations", "from", "value"):
+        return ("this is ShareGPT data: set `format: sharegpt` (= `format: chat` with "
+                "`fields: {messages: conversations, role: from, content: value}`)")
+    return f"set `format: chat` and `fields: {{messages: {column}, role: {role}, content: {content}}}`"
+
+
+def first_message(row: dict | None, column: str) -> object:
+    messages = (row or {}).get(column)
+    return messages[0] if isinstance(messages, list) and messages else None
+
+
+def field_hint(fmt: str, available: list[str], row: dict | None = None) -> str:
+    """A hint for a missing field: the recipe key to set, and a guess when the columns (and the first `row`)
+    reveal another format or another chat mapping."""
     cols = set(available)
-    if fmt != "chat" and ("conversations" in cols or "messages" in cols):
+    if "conversations" in cols or "messages" in cols:
         col = "conversations" if "conversations" in cols else "messages"
-        extra = ", role: from, content: value" if col == "conversations" else ""
-        return f"this looks like chat data: set `format: chat` and `fields: {{messages: {col}{extra}}}`"
+        hint = chat_fields_hint(col, first_message(row, col))
+        return hint if fmt == "chat" else "this looks like chat data: " + hint.removeprefix("this is ShareGPT data: ")
     if fmt != "instruction" and {"instruction", "output"} <= cols:
-        return "this looks like alpaca data: set `format: instruction`"
+        return "this looks like alpaca data: set `format: alpaca` (= `format: instruction`)"
     return f"map the column with `fields:` in the source, e.g. `fields: {{{_field_key(fmt)}: <column>}}`"
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
 from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
-    ANOMALIES, DEFAULT_ROLE_MAP, ROLES, anomaly_bits, chat_anomalies, count_anomalies, normalize_messages,
+    ANOMALIES, DEFAULT_CHAT_TEMPLATE, DEFAULT_ROLE_MAP, ROLES, anomaly_bits, chat_anomalies, count_anomalies,
+    normalize_messages,
 )
 from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.data.masking import (
@@ -38,14 +39,6 @@ ALPACA_TEMPLATE_NO_INPUT = (
 )
 # Used when neither the recipe nor the tokenizer has a chat template. Every turn ends with eos_token,
 # so a model trained on it learns to stop after its answer.
-DEFAULT_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
-)
-
-
 @dataclass(frozen=True)
 class Context:
     """What every encoder needs besides the rows."""
@@ -114,17 +107,21 @@ def required_fields(src: Source) -> dict[str, str]:
         "classification": {"text": f.text, "label": f.label},
         "preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
         "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
+        "prompt": {"prompt": f.prompt},
     }[src.spec.format]
 
 
-def check_columns(src: Source, columns: list[str]) -> None:
-    """Raise for the first field the format needs that is not a column of the source."""
+def check_columns(src: Source, columns: list[str], row: dict | None = None) -> None:
+    """Raise for the first field the format needs that is not a column of the source (`row`: the first row, whose
+    keys make the hint name the whole mapping)."""
     for key, col in required_fields(src).items():
         if col not in columns:
             raise DataError(
-                f"{src.where}: {src.spec.format} data needs field `{col}` (fields.{key}), "
+                f"{src.where}: " + ("this source sets no `format`, so it defaulted to text, which "
+                                    if "format" not in src.spec.model_fields_set else f"{src.spec.format} data ")
+                + f"needs field `{col}` (fields.{key}), "
                 f"but row 1 of {src.spec.path} has: {', '.join(columns) or 'no fields'}",
-                hint=field_hint(src.spec.format, columns),
+                hint=field_hint(src.spec.format, columns, row),
                 location=row_location(src.path, src.kind, 0) if src.local else None,
             )
 

@@ -1,4 +1,4 @@
-"""`python -m ftune.demo [--quick] [--workdir DIR]`: build the assets, run both stages, print before -> after.
+"""`python -m ftune.demo [--quick] [--no-real] [--workdir DIR]`: build the assets, run the stages, print before -> after.
 
 Each stage is a real `ftune run recipes/demo/<stage>.yaml` subprocess (plan, run dir, accelerate
 launch, worker), run with the working directory as cwd, so relative recipe paths land in it. The
@@ -21,7 +21,8 @@ from ftune.rundir import RunDir
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 STAGES = ("pretrain", "arithmetic-lora")
 RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora")}
-QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75}
+QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75, "smollm2-house": 12}
+LABELS = {"pretrain": "A", "arithmetic-lora": "B", "smollm2-house": "C"}
 """`--quick` (or FTUNE_DEMO_QUICK=1): fewer optimizer steps, for the e2e test."""
 MIN_LOSS_DROP = 0.30
 MIN_ACCURACY_GAIN = 0.30
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ftune.demo", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", default=os.environ.get("FTUNE_DEMO_QUICK") == "1",
                    help=f"fewer steps ({QUICK_STEPS}); also FTUNE_DEMO_QUICK=1")
+    p.add_argument("--no-real", action="store_true", default=os.environ.get("FTUNE_DEMO_REAL") == "0",
+                   help="skip stage C (LoRA on the real SmolLM2-135M-Instruct); also FTUNE_DEMO_REAL=0")
     p.add_argument("--workdir", type=Path, default=Path.cwd(),
                    help="where recipes/demo/assets/ and runs/ go (default: the current directory)")
     return p.parse_args(argv)
@@ -47,7 +50,7 @@ def run_stage(stage: str, workdir: Path, quick: bool, console) -> float:
     recipe = RECIPES / f"{stage}.yaml"
     overrides = [f"train.max_steps={QUICK_STEPS[stage]}"] if quick else []
     command = [sys.executable, "-m", "ftune.cli.main", "run", str(recipe), *overrides]
-    console.rule(f"[bold]stage {'A' if stage == 'pretrain' else 'B'}[/bold]: ftune run recipes/demo/{stage}.yaml "
+    console.rule(f"[bold]stage {LABELS[stage]}[/bold]: ftune run recipes/demo/{stage}.yaml "
                  + " ".join(overrides))
     start = time.perf_counter()
     code = subprocess.call(command, cwd=workdir, env=dict(os.environ))
@@ -124,6 +127,27 @@ def report(figures: dict, timings: dict, console) -> bool:
     return learned
 
 
+def _machine() -> str:
+    """What the timings were measured on: cores and the load average at the end (others' work slows a run)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end"
+
+
+def real_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict, bool]:
+    """Stage C (`ftune.demo.real`): LoRA on SmolLM2-135M-Instruct from its GGUF; skipped without the package."""
+    from ftune.demo import real
+
+    if real.prepare(workdir) is None:
+        console.print(f"[yellow]{real.skipped_reason()}[/yellow]")
+        return {"skipped": real.skipped_reason()}, True
+    timings[real.STAGE] = run_stage(real.STAGE, workdir, quick, console)
+    console.rule("[bold]measuring[/bold]: greedy answers to held-out questions, before and after")
+    t = time.perf_counter()
+    figures = real.measure(workdir)
+    timings["measure " + real.STAGE] = time.perf_counter() - t
+    return figures, real.report(figures, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -154,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         timings["measure"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - start
         learned = report(figures, timings, console)
-        summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned}
+        if not args.no_real:
+            figures["real"], real_learned = real_stage(workdir, args.quick, console, timings)
+            learned = learned and real_learned
+        timings["total"] = time.perf_counter() - start
+        summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned,
+                   "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": _machine()}
         (workdir / "runs" / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     except FtuneError as err:
         from ftune.cli.console import print_error

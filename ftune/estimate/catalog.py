@@ -71,7 +71,11 @@ def lookup(model_id: str) -> tuple[str, Path] | None:
 
 
 def near(model_id: str, n: int = 3) -> list[str]:
-    """Catalog ids closest to `model_id` by name, best first."""
-    name = model_id.rpartition("/")[2]
-    keys = difflib.get_close_matches(name_key(name), list(by_name()), n=n, cutoff=0.6)
-    return [by_name()[k] for k in keys]
+    """Catalog ids closest to `model_id` by name, best first; never empty (the closest ones, however far)."""
+    org, _, rest = model_id.rpartition("/")
+    name = name_key(rest)
+    close = [by_name()[k] for k in difflib.get_close_matches(name, list(by_name()), n=n, cutoff=0.6)]
+    same_org = [i for i in entries() if org and i.split("/", 1)[0].lower() == org.lower()]
+    same_org.sort(key=lambda i: -difflib.SequenceMatcher(None, name, name_key(i.split("/", 1)[1])).ratio())
+    anything = [by_name()[k] for k in difflib.get_close_matches(name, list(by_name()), n=n, cutoff=0.0)]
+    return list(dict.fromkeys(same_org + close + anything))[:n]  # same_org is sorted by the same likeness

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.meta import DTYPES, _build, resolve_config
+from ftune.estimate.moe import MoeFacts, moe_facts
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -69,6 +70,8 @@ class Estimate:
     largest: list[str]
     suggestions: list[str]
     notes: list[str] = field(default_factory=list)
+    moe: MoeFacts | None = None
+    """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
 
     @property
     def trainable_percent(self) -> float:
@@ -114,7 +117,10 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
     the k-bit preparation's upcast (`upcasts`): every other weight becomes fp32, as on the real model."""
     if recipe.quantization is None:
         return set()
-    from ftune.plan.quantization import quantized_linears, upcasts
+    from ftune.plan.quantization import fused_expert_problems, quantized_linears, upcasts
+
+    if problems := fused_expert_problems(recipe, model):
+        raise RecipeError(problems)
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}
@@ -151,6 +157,7 @@ def _matched(model, recipe: Recipe) -> list[str]:
         names = getattr(model.base_model, "targeted_module_names", None) or [
             n for n, m in model.named_modules() if hasattr(m, "lora_A")
         ]
+        names = list(dict.fromkeys([*names, *getattr(model.base_model, "targeted_parameter_names", [])]))
         return [n.removeprefix("base_model.model.") for n in names]
     if method == "freeze":
         return [n for n, p in model.named_parameters() if p.requires_grad]
@@ -264,7 +271,16 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
         notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
                      "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
+    from ftune.moe import count, moe_layout
+
+    experts_layout = moe_layout(model)
+    moe_counts = count(model, experts_layout) if experts_layout else None
+    embedding = model.get_input_embeddings().weight.numel()
     quantized = _quantize_layout(model, recipe)
+    if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
+        from ftune.methods.lora import resolve_targets
+
+        notes += resolve_targets(model, recipe.peft).notes
     model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
@@ -283,7 +299,16 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
 
     layer_classes = _layer_classes(model, recipe)
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
-    if not (seq_length or recipe.data.max_seq_length):
+    rl = recipe.train.rl if recipe.train.objective in ("grpo", "rloo") else None
+    if rl is not None and not seq_length:  # a row is a prompt plus a generated completion
+        seq = (recipe.data.max_prompt_length or 0) + rl.max_completion_length or seq
+        notes.append(f"{recipe.train.objective}: activations for rows of {seq} tokens "
+                     f"(data.max_prompt_length {recipe.data.max_prompt_length or 'unset: 0'} + max_completion_length "
+                     f"{rl.max_completion_length}); generation's KV cache (freed before the training forward) is "
+                     "not counted"
+                     + ("; vLLM colocated takes train.rl.generation.vllm_gpu_memory_utilization of each GPU on top"
+                        if rl.generation.backend == "vllm" and rl.generation.vllm_mode == "colocate" else ""))
+    elif not (seq_length or recipe.data.max_seq_length):
         notes.append(f"data.max_seq_length unset: activations assume the model's maximum, {seq} tokens")
     built = getattr(model.config, "_attn_implementation", None)
     attn = "eager" if built == "eager" else recipe.model.attn_implementation or "sdpa"
@@ -303,19 +328,37 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     memory = per_device(facts, profile, layout)
-    if not optimizer_spec(recipe.train.optimizer)[1]:
+    if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
+            "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
-    fits = None if device_memory is None else memory.total <= device_memory
+    usable = device_memory
+    if device_memory is not None and rl is not None and rl.generation.backend == "vllm" \
+            and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
+        usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
+    fits = None if usable is None else memory.total <= usable
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    facts_moe = None
+    if moe_counts is not None:
+        facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
         params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
+        moe=facts_moe,
     )
+
+
+def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
+    """GaLore's rank (transformers' default 128) and target modules, from train.optimizer_args."""
+    args = train.optimizer_args or {}
+    if not train.optimizer.startswith("galore_") or "target_modules" not in args:
+        return None
+    targets = args["target_modules"]
+    return int(args.get("rank", 128)), targets if isinstance(targets, str) else tuple(targets)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
@@ -325,7 +368,8 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   reference_copy=train.objective if reference_copy(recipe) else None,
-                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant))
+                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant),
+                  low_rank=_low_rank(train))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,

@@ -182,6 +182,44 @@ def optimizer_state_bytes(params: list[ParamFact], spec: OptimizerSpec) -> int:
     return total
 
 
+def galore_targets(params: list[ParamFact], targets: tuple[str, ...] | str) -> set[str]:
+    """The trainable matrices GaLore projects, matched as transformers matches `optim_target_modules`: a list by
+    substring of the module name (or full regex match), a string by full regex match; `all-linear`: every
+    matrix but the embeddings and the head."""
+    out = set()
+    for p in params:
+        if not p.trainable or len(p.shape) != 2 or not p.name.endswith(".weight"):
+            continue
+        module = p.name[: -len(".weight")]
+        if targets == "all-linear":
+            hit = not any(k in module for k in ("embed", "lm_head", "wte", "wpe"))
+        elif isinstance(targets, str):
+            hit = re.fullmatch(targets, module) is not None
+        else:
+            hit = any(t in module or re.fullmatch(t, module) for t in targets)
+        if hit:
+            out.add(p.name)
+    return out
+
+
+def galore_state_bytes(params: list[ParamFact], rank: int, targets: tuple[str, ...] | str, eight_bit: bool) -> int:
+    """GaLore keeps its Adam moments on the projected gradient: a projected m x n matrix holds r x max(m, n) per
+    moment, plus its r x min(m, n) projector; other trainable tensors keep full-size moments."""
+    projected = galore_targets(params, targets)
+    total = 0
+    for p in params:
+        if not p.trainable:
+            continue
+        per = 1 if eight_bit else p.itemsize
+        if p.name in projected:
+            m, n = p.shape
+            r = min(rank, m, n)
+            total += 2 * r * max(m, n) * per + r * min(m, n) * p.itemsize
+        else:
+            total += 2 * p.numel * per
+    return total
+
+
 def optimizer_step_temporary(params: list[ParamFact], spec: OptimizerSpec, device: str) -> int:
     """Scratch the update allocates: a foreach update on GPU holds one state-sized copy (sqrt of the second
     moment for the whole group); torch's single-tensor update (CPU) two copies of the largest parameter
@@ -217,6 +255,7 @@ class Layout:
     fused_loss: bool = False  # Liger's fused linear cross-entropy: logits and their gradients never materialised
     offload_activations: bool = False  # saved activations live in host memory between forward and backward
     reference_copy: str | None = None  # dpo/kto with full fine-tuning: a frozen copy of the weights (the objective)
+    low_rank: tuple[int, tuple[str, ...] | str] | None = None  # GaLore: (rank, optimizer_args.target_modules)
 
 
 @dataclass(frozen=True)
@@ -243,8 +282,19 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     by_dtype = weights_by_dtype(params, layout.double_quant)
     w_total = sum(by_dtype.values())
     grads = 0 if spec.no_gradients else gradient_bytes(params)
+    if layout.strategy == "deepspeed" and layout.master_weights and not (spec.eight_bit or spec.factored):
+        # DeepSpeed's optimizer steps the fp32 master weights: its states are fp32 too (bf16 weights and gradients
+        # + fp32 master + two fp32 Adam moments = 16 B/param, as DeepSpeed counts mixed-precision Adam)
+        spec = replace(spec, state_bytes=4)
     opt = optimizer_state_bytes(params, spec)
     scratch = optimizer_step_temporary(params, spec, layout.device)
+    galore = layout.optimizer.startswith("galore_adamw") and layout.low_rank is not None
+    if galore:
+        opt = galore_state_bytes(params, *layout.low_rank, eight_bit="8bit" in layout.optimizer)
+        spec = replace(spec, label=f"{layout.optimizer}: rank-{layout.low_rank[0]} projected moments")
+        if layout.optimizer.endswith("_layerwise"):  # each parameter is updated in its own backward hook
+            grads = max((p.numel * p.itemsize for p in params if p.trainable), default=0)
+            scratch = 0
     master = sum(p.numel * 4 for p in params if p.trainable) if layout.master_weights else 0
     offloaded = 0
     w_factor, g_factor, o_factor = 1.0, 1.0, 1.0
@@ -290,11 +340,15 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
         items.append(MemoryItem("optimizer", "fp32 master weights", master))
     detail = "checkpointed: layer inputs + head" if layout.checkpointing else "saved for backward"
     saved = profile.saved(layout.checkpointing)
+    recompute = layout.checkpointing
     if layout.offload_activations:  # on the device: the layer in flight (in forward, or brought back for backward)
         offloaded += saved
         saved, detail = max(profile.layer_bytes, default=0), "offloaded to host; one layer on the device"
+        # with checkpointing too, the layer in flight is the one recomputed from its brought-back input: the same
+        # one layer on the device (counting it again as recompute doubled long-context plans); the host holds less
+        recompute = False
     items.append(MemoryItem("activations", detail, saved, "backward"))
-    transient, what = profile.transient(layout.checkpointing)
+    transient, what = profile.transient(recompute)
     items.append(MemoryItem("temporary", what, transient, "backward"))
     items.append(MemoryItem("temporary", "optimizer update scratch", int(scratch * o_factor), "update"))
     items += extra

@@ -46,6 +46,13 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
                                       "Hugging Face models (config.json and safetensors weights)",
                                       "point model.path at the original HF model folder (or its hub id) the GGUF "
                                       "was converted from")])
+    from ftune.recipe.load import looks_local
+
+    if looks_local(path):  # a folder that isn't there: never suggest downloading a path
+        where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise RecipeError([Problem.at("model.path", f"model folder not found: {path}{where}",
+                                      "check the folder: model.path must be a folder holding config.json (or set "
+                                      "model.config to the model's config.json to plan without its weights)")])
     near = catalog.near(path)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise RecipeError([Problem.at(

@@ -27,6 +27,10 @@ class Unmappable(Exception):
     """Raised by a translate function: this value has no ftune equivalent (the message is the reason)."""
 
 
+class ChangesBehaviour(Unmappable):
+    """Unmappable, and leaving it out makes the run train differently from the peer's: listed loudly."""
+
+
 NOTHING = object()
 """A translate function's return value when it set what it needed itself (or there is nothing to set)."""
 
@@ -42,9 +46,12 @@ class Key:
 
 @dataclass(frozen=True)
 class Skip:
-    """A peer key ftune knows but has no key for; `reason` is what the user reads."""
+    """A peer key ftune knows but has no key for; `reason` is what the user reads. `changes`: leaving it out
+    makes the run train differently (the objective, loss masking, clipping, template, precision, optimizer or
+    schedule), so it is listed under the loud "changes behaviour" heading, not with the harmless ones."""
 
     reason: str
+    changes: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Unmapped:
     """The peer key as written, dotted (datasets.0.shards)."""
     line: int | None
     reason: str
+    changes: bool = False
+    """Leaving it out changes what the run trains (listed under "changes behaviour")."""
 
     def render(self) -> str:
         return f"line {self.line}: {self.key}: {self.reason}" if self.line else f"{self.key}: {self.reason}"
@@ -98,8 +107,12 @@ class Context:
             node = node[part]
         return node
 
-    def skip(self, path: PeerPath, reason: str) -> None:
-        self.unmapped.append(Unmapped(dotted(path), self.line(path), reason))
+    def skip(self, path: PeerPath, reason: str, changes: bool = False) -> None:
+        self.unmapped.append(Unmapped(dotted(path), self.line(path), reason, changes))
+
+    def refuse(self, path: PeerPath, message: str, hint: str) -> None:
+        """A value whose run ftune can't reproduce, where any recipe would train something else: exit 1, located."""
+        raise FtuneError(f"{dotted(path)}: {message}", hint=hint, location=Location(str(self.file), self.line(path)))
 
     def note(self, path: PeerPath | None, text: str) -> None:
         where = f"line {self.line(path)}: " if path and self.line(path) else ""
@@ -166,12 +179,12 @@ def apply_table(ctx: Context, table: dict[str, Key | Skip], unknown: str) -> Non
                 continue
             if isinstance(entry, Skip):
                 if value not in (None, False, "", [], {}):  # an unset option needs no translation
-                    ctx.skip(path, entry.reason)
+                    ctx.skip(path, entry.reason, entry.changes)
                 continue
             try:
                 result = entry.translate(value, ctx, path) if entry.translate else value
             except Unmappable as why:
-                ctx.skip(path, str(why))
+                ctx.skip(path, str(why), isinstance(why, ChangesBehaviour))
                 continue
             if result is not NOTHING and entry.target is not None:
                 ctx.set(entry.target, result)
@@ -227,9 +240,15 @@ class Imported:
     def yaml(self, command: str) -> str:
         head = [f"# Imported from the {self.peer} config {self.source} by `{command}`.",
                 "# Mapping tables: docs/import.md. Check it with `ftune validate` and `ftune data` before training."]
-        if self.unmapped:
-            head += ["#", f"# Not imported ({len(self.unmapped)} key{'s' if len(self.unmapped) != 1 else ''}):"]
-            head += [f"#   {u.render()}" for u in self.unmapped]
+        changes = [u for u in self.unmapped if u.changes]
+        quiet = [u for u in self.unmapped if not u.changes]
+        if changes:
+            head += ["#", f"# CHANGES BEHAVIOUR: not imported, and this run trains differently from the {self.peer} "
+                     f"run ({len(changes)} key{'s' if len(changes) != 1 else ''}):"]
+            head += [f"#   {u.render()}" for u in changes]
+        if quiet:
+            head += ["#", f"# Not imported ({len(quiet)} key{'s' if len(quiet) != 1 else ''}):"]
+            head += [f"#   {u.render()}" for u in quiet]
         if self.notes:
             head += ["#", "# Check:"] + [f"#   {n}" for n in self.notes]
         body = yaml.dump(self.recipe, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)

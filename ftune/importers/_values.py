@@ -211,3 +211,41 @@ def deepspeed_from_file(value: Any, ctx: Context, path: PeerPath) -> Any:
     ctx.note(path, f"ZeRO stage {stage}{' with CPU offload' if offload_opt else ''} {source}; ftune writes its own "
                    f"ZeRO config (to use this file as is, set distributed.deepspeed.config to its path)")
     return NOTHING
+
+
+# ------------------------------------------------------------------------------------------ shared by the peers
+ATTENTION = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+
+
+def attn_implementation(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """transformers' attn_implementation name -> model.attn_implementation (the same names)."""
+    if value not in ATTENTION:
+        raise Unmappable(f"attention {value!r} has no ftune equivalent (model.attn_implementation: "
+                         f"{', '.join(ATTENTION)})")
+    return value
+
+
+def adam_setting(which: str) -> Callable[[Any, Context, PeerPath], Any]:
+    """transformers' adam_beta1 / adam_beta2 / adam_epsilon -> train.optimizer_args betas / eps. A beta alone keeps
+    the other at transformers' default (0.9, 0.999), so both are written."""
+
+    def translate(value: Any, ctx: Context, path: PeerPath) -> Any:
+        if which == "eps":
+            ctx.set("train.optimizer_args.eps", as_float(value))
+            return NOTHING
+        betas = list(ctx.get("train.optimizer_args.betas") or [0.9, 0.999])
+        betas[0 if which == "beta1" else 1] = as_float(value)
+        ctx.set("train.optimizer_args.betas", betas)
+        return NOTHING
+
+    return translate
+
+
+def clipping(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """A gradient-clipping norm; `null`/none/0 = no clipping, which ftune writes as max_grad_norm: 0."""
+    if value is None or str(value).lower() in ("none", "null", "0", "0.0", "false"):
+        return 0.0
+    return as_float(value)
+
+
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto", "simpo")

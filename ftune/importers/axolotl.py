@@ -9,6 +9,7 @@ from typing import Any
 
 from ftune.importers._core import (
     NOTHING,
+    ChangesBehaviour,
     Context,
     Key,
     PeerPath,
@@ -18,7 +19,9 @@ from ftune.importers._core import (
     run_name,
 )
 from ftune.importers._values import (
+    adam_setting,
     as_bool,
+    attn_implementation,
     as_float,
     as_int,
     choose,
@@ -105,13 +108,21 @@ def source(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
             if sorted(entry["roles_to_train"] or []) != ["assistant"]:
                 ctx.skip((*path, "roles_to_train"), "ftune trains every assistant turn (data.train_on: completion) "
                          "or every token (all); it can't pick other roles")
+    elif ctx.config.get("rl") and isinstance(kind, str) and kind.partition(".")[2] in RL_TYPES:
+        template, _, strategy = kind.partition(".")
+        out["format"] = "preference"
+        fields.update(RL_TYPES[strategy])
+        ctx.skip((*path, "type"), f"{kind!r} renders the prompt through axolotl's {template} template; ftune's "
+                 "preference format reads string prompts and completions as plain text (list-of-messages rows "
+                 "go through data.chat_template)", changes=True)
     else:
         ctx.skip((*path, "type"), f"dataset type {kind!r} has no ftune data format "
                  "(imported: alpaca, completion, sharegpt, chat_template, custom instruction formats)")
         return None
     if fields:
         defaults = {"messages": "messages", "role": "role", "content": "content", "text": "text",
-                    "instruction": "instruction", "input": "input", "output": "output"}
+                    "instruction": "instruction", "input": "input", "output": "output", "prompt": "prompt",
+                    "chosen": "chosen", "rejected": "rejected"}
         fields = {k: v for k, v in fields.items() if defaults[k] != v}
         if fields:
             out["fields"] = fields
@@ -173,6 +184,56 @@ def val_set_size(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- the model
+# axolotl's DPO prompt strategies (`type: chatml.intel`, `llama3.argilla`, ...) -> the columns they read
+RL_TYPES = {
+    "intel": {"prompt": "question", "chosen": "chosen", "rejected": "rejected"},
+    "prompt_pairs": {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
+    "argilla": {"prompt": "instruction", "chosen": "chosen_response", "rejected": "rejected_response"},
+}
+RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "kto": "kto", "simpo": "simpo"}
+
+
+def rl(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """axolotl `rl:` -> train.objective (ipo is DPO with loss_type ipo); others (grpo, ...) are refused: any recipe
+    would train something else."""
+    if value not in RL_OBJECTIVES:
+        ctx.refuse(path, f"rl {value!r} has no ftune objective (ftune trains {', '.join(RL_OBJECTIVES)})",
+                   "write the recipe by hand if an ftune objective fits")
+    if value == "ipo":
+        ctx.set("train.preference.loss_type", "ipo")
+    return RL_OBJECTIVES[value]
+
+
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+LIGER_FLAGS = ("liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cross_entropy")
+
+
+def plugins(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """The Liger plugin -> train.kernels: liger (ftune applies RMSNorm, RoPE, SwiGLU and the fused linear
+    cross-entropy together); other plugins are code."""
+    names = [str(v) for v in (value if isinstance(value, list) else [value])]
+    for i, name in enumerate(names):
+        if name == LIGER_PLUGIN or name.endswith(".LigerPlugin"):
+            off = [f for f in LIGER_FLAGS if ctx.config.get(f) is False]
+            if off:
+                ctx.note(path, f"train.kernels: liger applies every Liger kernel; the config turns off {', '.join(off)}")
+            ctx.set("train.kernels", "liger")
+        else:
+            ctx.skip((*path, i), "an axolotl plugin is code; ftune's extensions are installed plugins (ftune.plugins)")
+    return NOTHING
+
+
+def compile_flag(value: Any, ctx: Context, path: PeerPath) -> Any:
+    return True if value == "auto" else as_bool(value)
+
+
+def eval_sample_packing(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if as_bool(value) or not ctx.config.get("sample_packing"):
+        return NOTHING
+    raise Unmappable("ftune packs eval rows like train rows (data.packing); the eval loss is the same, batched "
+                     "differently")
+
+
 def adapter(value: Any, ctx: Context, path: PeerPath) -> Any:
     if value in ("lora", "qlora"):
         ctx.set("peft.method", "lora")
@@ -306,13 +367,14 @@ TABLE: dict[str, Key | Skip] = {
     "flash_attention": Key("model.attn_implementation", attention("flash_attention_2")),
     "sdp_attention": Key("model.attn_implementation", attention("sdpa")),
     "eager_attention": Key("model.attn_implementation", attention("eager")),
+    "attn_implementation": Key("model.attn_implementation", attn_implementation),
     "xformers_attention": Skip("ftune has no xformers attention; model.attn_implementation takes eager, sdpa, "
                                "flash_attention_2 or flex_attention"),
     "bf16": Key(None, precision("bf16")),
     "fp16": Key(None, precision("fp16")),
     "bfloat16": Key("model.dtype", load_dtype("bfloat16")),
     "float16": Key("model.dtype", load_dtype("float16")),
-    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
+    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)", changes=True),
     "special_tokens.*": Key(None, special_token),
     "tokens": Key("model.add_tokens", lambda v, c, p: [str(t) for t in (v if isinstance(v, list) else [v])]),
     # adapter and quantization
@@ -336,7 +398,7 @@ TABLE: dict[str, Key | Skip] = {
     "val_set_size": Key("data.eval", val_set_size),
     "sequence_len": Key("data.max_seq_length", lambda v, c, p: as_int(v)),
     "sample_packing": Key("data.packing", lambda v, c, p: as_bool(v)),
-    "eval_sample_packing": Skip("ftune evaluates on unpacked rows"),
+    "eval_sample_packing": Key(None, eval_sample_packing),
     "pad_to_sequence_len": Skip("ftune pads each batch to its longest row (packed rows are full anyway)"),
     "train_on_inputs": Key("data.train_on", lambda v, c, p: "all" if as_bool(v) else "completion"),
     "chat_template": Key("data.chat_template", lambda v, c, p: _template_name(v)),
@@ -344,7 +406,27 @@ TABLE: dict[str, Key | Skip] = {
     "dataset_prepared_path": Key("data.cache_dir"),
     "dataset_processes": Key("data.num_proc", lambda v, c, p: as_int(v)),
     "shuffle_merged_datasets": Key("data.shuffle", lambda v, c, p: as_bool(v)),
-    "group_by_length": Skip("ftune has no length-grouped sampler"),
+    "group_by_length": Key("train.group_by_length", lambda v, c, p: as_bool(v)),
+    "rl": Key("train.objective", rl),
+    "rl_beta": Key("train.preference.beta", lambda v, c, p: as_float(v)),
+    "dpo_beta": Key("train.preference.beta", lambda v, c, p: as_float(v)),
+    "orpo_alpha": Key("train.preference.beta", lambda v, c, p: as_float(v)),
+    "simpo_gamma": Key("train.preference.gamma", lambda v, c, p: as_float(v)),
+    "dpo_label_smoothing": Key("train.preference.label_smoothing", lambda v, c, p: as_float(v) or NOTHING),
+    "kto_desirable_weight": Key("train.preference.desirable_weight", lambda v, c, p: as_float(v)),
+    "kto_undesirable_weight": Key("train.preference.undesirable_weight", lambda v, c, p: as_float(v)),
+    "plugins": Key(None, plugins),
+    **{flag: Key(None, lambda v, c, p: NOTHING) for flag in LIGER_FLAGS},  # read with plugins
+    "torch_compile": Key("train.compile", lambda v, c, p: compile_flag(v, c, p)),
+    "torch_compile_backend": Key("train.compile_backend", choose({"inductor": "inductor", "aot_eager": "aot_eager",
+                                                                  "cudagraphs": "cudagraphs"}, "compile backend")),
+    "activation_offloading": Key("train.activation_offloading", lambda v, c, p: v == "legacy" or as_bool(v)),
+    "dataloader_num_workers": Key("train.dataloader.workers", lambda v, c, p: as_int(v)),
+    "dataloader_prefetch_factor": Key("train.dataloader.prefetch_factor", lambda v, c, p: as_int(v)),
+    "dataloader_pin_memory": Key("train.dataloader.pin_memory", lambda v, c, p: as_bool(v)),
+    "adam_beta1": Key(None, adam_setting("beta1")),
+    "adam_beta2": Key(None, adam_setting("beta2")),
+    "adam_epsilon": Key(None, adam_setting("eps")),
     # optimisation
     "micro_batch_size": Key("train.per_device_batch_size", lambda v, c, p: as_int(v)),
     "eval_batch_size": Key("eval.batch_size", lambda v, c, p: as_int(v)),
@@ -412,7 +494,7 @@ def _template_name(value: Any) -> Any:
         return value
     if value in TEMPLATE_NAMES:
         return TEMPLATE_NAMES[value]
-    raise Unmappable(f"{value!r} is an axolotl template name with no ftune built-in (ftune has "
+    raise ChangesBehaviour(f"{value!r} is an axolotl template name with no ftune built-in (ftune has "
                      f"{', '.join(sorted(set(TEMPLATE_NAMES.values())))}); data.chat_template also takes Jinja text")
 
 

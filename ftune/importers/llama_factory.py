@@ -14,6 +14,7 @@ from typing import Any
 from ftune.errors import FtuneError, Location
 from ftune.importers._core import (
     NOTHING,
+    ChangesBehaviour,
     Context,
     Key,
     PeerPath,
@@ -23,6 +24,7 @@ from ftune.importers._core import (
     run_name,
 )
 from ftune.importers._values import (
+    adam_setting,
     as_bool,
     as_float,
     as_int,
@@ -41,9 +43,55 @@ USED_LATER = Key(None, lambda v, c, p: NOTHING)  # read by finish() together wit
 
 
 def stage(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """sft/pt train the next-token loss; dpo and kto are ftune objectives (pref_loss picks orpo, simpo or a DPO
+    loss type, in finish); rm and ppo have none, and any recipe would train something else: refused, located."""
     if value in ("sft", "pt"):
         return NOTHING
-    raise Unmappable(f"stage {value!r}: ftune trains supervised (sft) and plain language-model (pt) stages only")
+    if value in ("dpo", "kto"):
+        return value
+    ctx.refuse(path, f"stage {value!r} has no ftune objective (ftune trains sft, pt, dpo, kto and, through "
+               "pref_loss, orpo and simpo)", "a recipe with another objective would train something else: "
+               "write the recipe by hand if an ftune objective fits")
+    return NOTHING
+
+
+def pref_loss(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """LLaMA-Factory's pref_loss: sigmoid is DPO's own loss; orpo and simpo are objectives of their own in ftune;
+    hinge, ipo, ... are TRL DPO loss types."""
+    if ctx.config.get("stage") != "dpo":
+        raise Unmappable(f"pref_loss applies to stage: dpo (this config's stage is {ctx.config.get('stage', 'sft')!r})")
+    if value in ("orpo", "simpo"):
+        ctx.set("train.objective", value)
+    elif value != "sigmoid":
+        ctx.set("train.preference.loss_type", str(value))
+    return NOTHING
+
+
+def pref_ftx(value: Any, ctx: Context, path: PeerPath) -> Any:
+    if as_float(value) == 0:
+        return NOTHING
+    raise ChangesBehaviour(f"pref_ftx {value}: an SFT loss added to the preference loss; ftune's objectives have "
+                           "no such term, so the run optimises the preference loss alone")
+
+
+# LLaMA-Factory template names -> ftune's built-in chat templates (same turn format); None: the tokenizer's own,
+# which is the model's template (Qwen3's for qwen3).
+TEMPLATE_NAMES: dict[str, str | None] = {"llama3": "llama3", "chatml": "chatml", "qwen": "qwen", "mistral": "mistral",
+                                         "gemma": "gemma", "gemma3": "gemma", "phi": "phi3", "alpaca": "alpaca",
+                                         "qwen3": None}
+
+
+def template(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """LLaMA-Factory renders every row (alpaca rows too) through `template`: ftune's data.chat_template by name,
+    with the instruction sources rendered as chat (as_chat, set in finish)."""
+    if ctx.config.get("stage") == "pt":
+        return NOTHING  # plain text: no template is applied
+    if value not in TEMPLATE_NAMES:
+        raise ChangesBehaviour(f"template {value!r} has no ftune built-in ({', '.join(sorted(n for n in TEMPLATE_NAMES))}"
+                               "): the rows would be rendered differently; set data.chat_template (a name or "
+                               "Jinja text) by hand")
+    ctx.set("data.as_chat", True)  # read (and removed) by finish
+    return TEMPLATE_NAMES[value] or NOTHING
 
 
 def finetuning_type(value: Any, ctx: Context, path: PeerPath) -> Any:
@@ -109,15 +157,23 @@ TABLE: dict[str, Key | Skip] = {
     "new_special_tokens": Key("model.add_tokens", special_tokens),
     "add_special_tokens": Key("model.add_tokens", special_tokens),
     "resize_vocab": Skip("ftune resizes the embeddings when model.add_tokens outgrows them; nothing to set"),
-    "template": Skip("LLaMA-Factory's prompt templates are code; ftune renders chat data with the tokenizer's "
-                     "template or data.chat_template (Jinja text), and instruction data with data.train.N.template"),
-    "enable_liger_kernel": Skip("ftune has no Liger kernels switch"),
+    "template": Key("data.chat_template", template),
+    "enable_liger_kernel": Key("train.kernels", lambda v, c, p: "liger" if as_bool(v) else NOTHING),
     "use_unsloth": Skip("ftune has no Unsloth switch"),
     "rope_scaling": Skip("ftune has no RoPE-scaling key (edit the model's config.json)"),
     "disable_gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: not as_bool(v)),
     "gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: as_bool(v)),
     # method
-    "stage": Key(None, stage),
+    "stage": Key("train.objective", stage),
+    "pref_beta": Key("train.preference.beta", lambda v, c, p: as_float(v)),
+    "pref_loss": Key(None, pref_loss),
+    "pref_ftx": Key(None, pref_ftx),
+    "simpo_gamma": Key("train.preference.gamma", lambda v, c, p: as_float(v)),
+    "dpo_label_smoothing": Key("train.preference.label_smoothing", lambda v, c, p: as_float(v) or NOTHING),
+    "kto_chosen_weight": Key("train.preference.desirable_weight", lambda v, c, p: as_float(v)),
+    "kto_rejected_weight": Key("train.preference.undesirable_weight", lambda v, c, p: as_float(v)),
+    "ref_model": Skip("ftune's reference is the base model (LoRA: adapter disabled; full: a frozen copy)",
+                      changes=True),
     "do_train": Key(None, lambda v, c, p: NOTHING if as_bool(v) else _no_training()),
     "finetuning_type": Key("peft.method", finetuning_type),
     "lora_rank": Key("peft.r", lambda v, c, p: as_int(v)),
@@ -128,7 +184,7 @@ TABLE: dict[str, Key | Skip] = {
     "use_rslora": Key("peft.use_rslora", lambda v, c, p: as_bool(v)),
     "use_dora": Key("peft.use_dora", lambda v, c, p: as_bool(v)),
     "pissa_init": Key("peft.init", lambda v, c, p: "pissa" if as_bool(v) else NOTHING),
-    "loraplus_lr_ratio": Skip("ftune has no LoRA+ learning-rate ratio"),
+    "loraplus_lr_ratio": Skip("ftune has no LoRA+ learning-rate ratio", changes=True),
     "quantization_bit": Key("quantization.bits", quantization_bit),
     "quantization_method": USED_LATER,
     "quantization_type": Key("quantization.type", choose({"nf4": "nf4", "fp4": "fp4"}, "4-bit type")),
@@ -142,7 +198,8 @@ TABLE: dict[str, Key | Skip] = {
     "packing": Key("data.packing", lambda v, c, p: _packing(v, c, p)),
     "neat_packing": Key("data.packing", lambda v, c, p: as_bool(v) or NOTHING),
     "train_on_prompt": Key("data.train_on", lambda v, c, p: "all" if as_bool(v) else "completion"),
-    "mask_history": Skip("ftune trains every assistant turn with train_on: completion; it can't train only the last"),
+    "mask_history": Skip("ftune trains every assistant turn with train_on: completion; it can't train only the last",
+                          changes=True),
     "val_size": Key("data.eval", val_size),
     "preprocessing_num_workers": Key("data.num_proc", lambda v, c, p: as_int(v)),
     "overwrite_cache": Skip("ftune's data cache is keyed by the data, tokenizer and settings: it never goes stale"),
@@ -169,7 +226,12 @@ TABLE: dict[str, Key | Skip] = {
     "bf16": Key(None, precision("bf16")),
     "fp16": Key(None, precision("fp16")),
     "pure_bf16": Key("model.dtype", lambda v, c, p: "bfloat16" if as_bool(v) else NOTHING),
-    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)"),
+    "tf32": Skip("ftune has no TF32 switch (torch's default matmul precision is used)", changes=True),
+    "adam_beta1": Key(None, adam_setting("beta1")),
+    "adam_beta2": Key(None, adam_setting("beta2")),
+    "adam_epsilon": Key(None, adam_setting("eps")),
+    "dataloader_num_workers": Key("train.dataloader.workers", lambda v, c, p: as_int(v)),
+    "torch_compile": Key("train.compile", lambda v, c, p: as_bool(v)),
     "seed": Key("train.seed", lambda v, c, p: as_int(v)),
     "logging_steps": Key("train.logging_steps", lambda v, c, p: as_int(v)),
     "neftune_noise_alpha": Key("train.neftune_alpha", lambda v, c, p: as_float(v)),
@@ -243,13 +305,15 @@ def _dataset_info(ctx: Context) -> tuple[dict | None, Path]:
 
 def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretraining: bool) -> dict | None:
     folder = str(ctx.config.get("dataset_dir", "data"))
+    stage = ctx.config.get("stage")
     if entry is not None and not isinstance(entry, dict):
         ctx.skip(path, f"{name!r}: its dataset_info.json entry is {type(entry).__name__}, not an object")
         return None
     if entry is None:
+        fmt = {"pt": "text", "dpo": "preference", "kto": "unpaired-preference"}.get(stage, "instruction")
         ctx.note(path, f"{name!r} is not described in {folder}/dataset_info.json (not found or not listed): "
-                 "imported as a hub dataset name in LLaMA-Factory's default (alpaca) formatting")
-        return {"path": name, "type": "hub", "format": "text" if pretraining else "instruction"}
+                 f"imported as a hub dataset name in ftune's {fmt} format (check its columns)")
+        return {"path": name, "type": "hub", "format": fmt}
     if "file_name" in entry:
         out: dict[str, Any] = {"path": f"{folder.rstrip('/')}/{entry['file_name']}"}
     elif "hf_hub_url" in entry:
@@ -259,9 +323,6 @@ def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretrai
         return None
     if "split" in entry:
         out["split"] = str(entry["split"])
-    if entry.get("ranking"):
-        ctx.skip(path, f"{name!r} is preference (ranking) data; ftune trains on single responses")
-        return None
     columns = entry.get("columns") or {}
     tags = entry.get("tags") or {}
     formatting = entry.get("formatting", "alpaca")
@@ -270,6 +331,8 @@ def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretrai
             ctx.skip(path, f"{name!r}: its {key!r} in dataset_info.json must map names to column names (strings)")
             return None
     fields: dict[str, str] = {}
+    if entry.get("ranking") or stage in ("dpo", "kto"):
+        return _preference_source(name, entry, out, ctx, path)
     if pretraining:
         out["format"] = "text"
         if columns.get("prompt", "text") != "text":
@@ -306,6 +369,31 @@ def _source(name: str, entry: dict | None, ctx: Context, path: PeerPath, pretrai
         return None
     if fields:
         out["fields"] = fields
+    return out
+
+
+def _preference_source(name: str, entry: dict, out: dict, ctx: Context, path: PeerPath) -> dict | None:
+    """A ranking dataset (prompt, chosen, rejected) for stage dpo: ftune's `preference` format. Others can't be read
+    as LLaMA-Factory reads them, and training on them as anything else changes the run: listed loudly."""
+    columns = entry.get("columns") or {}
+    if ctx.config.get("stage") != "dpo" or not entry.get("ranking"):
+        ctx.skip(path, f"{name!r}: {'ranking' if entry.get('ranking') else 'non-ranking'} data for stage "
+                 f"{ctx.config.get('stage', 'sft')!r}; ftune imports ranking (prompt/chosen/rejected) data for stage "
+                 "dpo only (KTO's kto_tag rows: write data.train with format unpaired-preference by hand)",
+                 changes=True)
+        return None
+    if entry.get("formatting", "alpaca") != "alpaca":
+        ctx.skip(path, f"{name!r}: ranking data in {entry.get('formatting')!r} formatting; ftune imports alpaca-style "
+                 "ranking data (prompt, chosen, rejected columns)", changes=True)
+        return None
+    out["format"] = "preference"
+    fields = {k: str(columns.get(k, default)) for k, default in
+              (("prompt", "instruction"), ("chosen", "chosen"), ("rejected", "rejected"))}
+    if any(v != k for k, v in fields.items()):
+        out["fields"] = {k: v for k, v in fields.items() if v != k}
+    if "query" in columns:
+        ctx.skip(path, f"{name!r}: the {columns['query']!r} (query) column is not read: ftune's preference prompt is "
+                 "one column, so rows with an input lose it", changes=True)
     return out
 
 
@@ -351,6 +439,14 @@ def finish(ctx: Context) -> None:
         ctx.set("data.eval", evals)
     if pretraining:
         ctx.set("data.train_on", "all")
+    as_chat = ctx.out.get("data", {}).pop("as_chat", False)
+    if as_chat:  # LLaMA-Factory renders alpaca rows through its template too
+        for split in ("train", "eval"):
+            for src in ctx.get(f"data.{split}") if isinstance(ctx.get(f"data.{split}"), list) else []:
+                if src.get("format") == "instruction":
+                    src["as_chat"] = True
+    if ctx.get("train.objective") in ("orpo", "simpo"):
+        ctx.out["train"].get("preference", {}).pop("reference", None)
     # LLaMA-Factory defaults that differ from ftune's
     if "finetuning_type" not in c:
         ctx.set("peft.method", "lora")

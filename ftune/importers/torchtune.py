@@ -24,6 +24,7 @@ from ftune.importers._values import (
     as_bool,
     as_float,
     as_int,
+    clipping,
     report_to_wandb,
 )
 
@@ -146,6 +147,8 @@ def dataset(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
         out["template"] = "{instruction}\n"
         ctx.note(path, "instruct_dataset feeds the input column as is: imported with template '{instruction}\\n'; "
                  "torchtune also wraps it in the tokenizer's prompt format")
+    if "train_on_input" not in entry and path[0] == "dataset" and fmt != "text":  # text trains every token
+        _train_on(ctx, path, TRAIN_ON_INPUT_DEFAULT.get(name, "completion"))  # the builder's default
     for key, value in entry.items():
         here = (*path, key)
         if key in handled or value is None:
@@ -156,7 +159,7 @@ def dataset(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
             if as_bool(value):
                 ctx.set("data.packing", True)
         elif key == "train_on_input":
-            ctx.set("data.train_on", "all" if as_bool(value) else "completion")
+            _train_on(ctx, here, "all" if as_bool(value) else "completion")
         elif key == "new_system_prompt":
             ctx.skip(here, "ftune adds no system prompt to the data")
         else:
@@ -167,6 +170,20 @@ def dataset(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
     if fields:
         out["fields"] = fields
     return {"path": out.pop("path"), **out}
+
+
+# torchtune's train_on_input default per builder: the alpaca builders train on the prompt too
+TRAIN_ON_INPUT_DEFAULT = {"alpaca_dataset": "all", "alpaca_cleaned_dataset": "all"}
+
+
+def _train_on(ctx: Context, path: PeerPath, value: str) -> None:
+    """data.train_on is one setting in ftune; torchtune sets it per dataset: sources that disagree change the run."""
+    current = ctx.get("data.train_on")
+    if current is not None and current != value:
+        ctx.skip(path, f"train_on_input gives {value!r} here and {current!r} for an earlier dataset; ftune's "
+                 f"data.train_on is one setting for all sources (kept {current!r})", changes=True)
+        return
+    ctx.set("data.train_on", value)
 
 
 def datasets(value: Any, ctx: Context, path: PeerPath) -> Any:
@@ -299,7 +316,7 @@ TABLE: dict[str, Key | Skip] = {
     "tokenizer.path": Skip("ftune loads the tokenizer from model.path (a tokenizer folder would go in model.tokenizer)"),
     "tokenizer.max_seq_len": Key("data.max_seq_length", lambda v, c, p: as_int(v)),
     "tokenizer.prompt_template": Skip("ftune renders chat data with the tokenizer's chat template or "
-                                      "data.chat_template (Jinja text)"),
+                                      "data.chat_template (Jinja text)", changes=True),
     "checkpointer._component_": Key(None, checkpointer),
     "checkpointer.checkpoint_dir": Key("model.path", lambda v, c, p: str(v)),
     "checkpointer.checkpoint_files": Skip("ftune loads every weight file of model.path"),
@@ -319,23 +336,24 @@ TABLE: dict[str, Key | Skip] = {
     "epochs": Key("train.epochs", lambda v, c, p: as_float(v)),
     "max_steps_per_epoch": Key(None, max_steps_per_epoch),
     "gradient_accumulation_steps": Key("train.gradient_accumulation_steps", lambda v, c, p: as_int(v)),
-    "clip_grad_norm": Key("train.max_grad_norm", lambda v, c, p: as_float(v)),
+    "clip_grad_norm": Key("train.max_grad_norm", clipping),
     "optimizer._component_": Key(None, optimizer),
     "optimizer.lr": Key("train.learning_rate", lambda v, c, p: as_float(v)),
     "optimizer.weight_decay": Key("train.weight_decay", lambda v, c, p: as_float(v)),
     "optimizer.fused": Key(None, lambda v, c, p: NOTHING),  # read with optimizer._component_
-    "optimizer.betas": Skip("ftune has no key for Adam betas (transformers' defaults 0.9, 0.999)"),
-    "optimizer.eps": Skip("ftune has no key for Adam epsilon (transformers' default 1e-8)"),
+    "optimizer.betas": Key("train.optimizer_args.betas", lambda v, c, p: [as_float(b) for b in v]),
+    "optimizer.eps": Key("train.optimizer_args.eps", lambda v, c, p: as_float(v)),
     "optimizer_in_bwd": Skip("ftune steps the optimizer after backward (the Trainer's loop)"),
     "lr_scheduler._component_": Key("train.lr_scheduler", scheduler),
     "lr_scheduler.num_warmup_steps": Key("train.warmup_steps", lambda v, c, p: as_int(v)),
-    "lr_scheduler.num_cycles": Skip("ftune's cosine is the half-cycle schedule; it has no num_cycles key"),
+    "lr_scheduler.num_cycles": Skip("ftune's cosine is the half-cycle schedule; it has no num_cycles key",
+                                     changes=True),
     "loss._component_": Skip("ftune uses the model's own cross-entropy loss"),
-    "compile": Skip("ftune has no torch.compile switch"),
+    "compile": Key("train.compile", lambda v, c, p: as_bool(v)),
     "device": Skip("ftune picks the device (GPUs when visible, else CPU)"),
     "dtype": Key(None, dtype),
     "enable_activation_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: as_bool(v)),
-    "enable_activation_offloading": Skip("ftune has no activation offloading"),
+    "enable_activation_offloading": Key("train.activation_offloading", lambda v, c, p: as_bool(v)),
     "fsdp_cpu_offload": Key(None, fsdp("distributed.fsdp.cpu_offload")),
     "fsdp_reshard_after_forward": Key(None, fsdp("distributed.fsdp.reshard_after_forward")),
     "fsdp_sharding_strategy": Key(None, fsdp("distributed.fsdp.sharding_strategy", _sharding)),
@@ -386,6 +404,13 @@ def finish(ctx: Context) -> None:
         ctx.note(None, "train.epochs: 1 (the config sets no epochs)")
     if ctx.get("checkpoint.strategy") is None:
         ctx.set("checkpoint.strategy", "epoch")  # torchtune saves at the end of each epoch
+    if c.get("clip_grad_norm") is None:
+        ctx.set("train.max_grad_norm", 0.0)  # torchtune clips only when clip_grad_norm is set; ftune's default is 1.0
+    opt = c.get("optimizer") or {}
+    if isinstance(opt, dict) and str(opt.get("_component_", "")).endswith("AdamW") and "weight_decay" not in opt:
+        ctx.set("train.weight_decay", 0.01)  # torch.optim.AdamW's default; ftune's (transformers') is 0
+    if ctx.get("data.train_on") == "completion" and "data" in ctx.out:
+        ctx.out["data"].pop("train_on")  # ftune's default
     if ctx.get("data.packing") and ctx.get("data.max_seq_length") is None:
         ctx.note(None, "packed data needs data.max_seq_length (torchtune's tokenizer.max_seq_len)")
 

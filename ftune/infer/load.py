@@ -31,11 +31,19 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
 
     `extra` adds `from_pretrained` kwargs (device_map, max_memory, offload_folder) to the recipe's.
     """
+    from ftune.plan.environment import forward_attention
     from ftune.plan.loading import model_load
     from ftune.worker.model import load_model
 
     def with_extra(spec):
-        return spec.model_copy(update={"kwargs": {**spec.kwargs, **extra}}) if extra else spec
+        kwargs = {**spec.kwargs, **(extra or {})}
+        attn, note = forward_attention(kwargs.get("attn_implementation"), _device())
+        if note is not None:
+            import sys
+
+            print(f"note: {note}", file=sys.stderr)
+            kwargs["attn_implementation"] = attn
+        return spec.model_copy(update={"kwargs": kwargs})
 
     check_fits(plan, model_dir)
     if adapter.is_adapter(model_dir):
@@ -82,6 +90,13 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         return load_model(plan, tokenizer, spec=with_extra(model_load(plan.recipe, path=str(model_dir))))
     raise FtuneError(f"{model_dir} holds neither a model (config.json) nor an adapter (adapter_config.json)",
                      hint="pass --model pointing at a run's final/ folder or a checkpoint")
+
+
+def _device() -> str:
+    """Where the forward runs: CUDA when visible (a device_map may place parts elsewhere), else CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_fits(plan, model_dir: Path) -> None:

@@ -45,6 +45,48 @@ class MergeResult:
     samples: int
     sample_source: str
     files: list[str]
+    experts_checked: int = 0
+    """MoE models: experts whose merged output was compared with the adapter's, one by one (every expert of
+    every layer), so a delta dropped from one expert fails the merge even when no sample token reaches it."""
+
+
+EXPERT_PROBE_TOKENS = 8
+
+
+def _expert_outputs(model, dtype: str) -> dict[tuple[str, int], object] | None:
+    """Each expert's output on the same probe tokens, every token routed to that expert alone (weight 1), by
+    (experts module, expert). None for a dense model. Called on the adapter model and on the merged one."""
+    import torch
+
+    from ftune.moe import base_name, moe_layout
+
+    layout = moe_layout(model)
+    if layout is None:
+        return None
+    modules = {base_name(n): m for n, m in model.named_modules() if ".base_layer" not in n}
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in layout.blocks:
+            experts = modules[block.experts]
+            param = next(iter(experts.parameters()))
+            x = torch.randn(EXPERT_PROBE_TOKENS, _hidden_size(model), generator=gen).to(param.device,
+                                                                                         getattr(torch, dtype))
+            for e in range(layout.num_experts):
+                index = torch.full((EXPERT_PROBE_TOKENS, 1), e, dtype=torch.long, device=param.device)
+                weight = torch.ones(EXPERT_PROBE_TOKENS, 1, dtype=x.dtype, device=param.device)
+                out[(block.experts, e)] = experts(x, index, weight).float().cpu()
+    return out
+
+
+def _hidden_size(model) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return config.hidden_size
+
+
+def _fold(unmerged):
+    """The adapter folded into its base (peft's merge: linear layers and fused expert tensors alike)."""
+    return unmerged.merge_and_unload()
 
 
 def default_dtype(plan) -> str:
@@ -89,6 +131,22 @@ def _load_base(plan, tokenizer, dtype: str, path: str | None = None):
     spec = model_load(recipe, path=path)
     spec = spec.model_copy(update={"kwargs": {**spec.kwargs, "dtype": dtype}})
     return load_model(plan, tokenizer, spec=spec).eval()
+
+
+def _check_experts(reference, found, dtype: str) -> int:
+    """Every expert's merged output against the adapter model's; the number of experts compared."""
+    if not reference:
+        return 0
+    for key, want in reference.items():
+        got = found[key]
+        diff = float((want - got).abs().max())
+        tolerance = TOLERANCE[dtype] * max(1.0, float(want.abs().max()))
+        if not diff <= tolerance:
+            raise RunError(f"merge check failed: expert {key[1]} of {key[0]} computes differently merged than with "
+                           f"the adapter (largest difference {diff:.3g}, allowed in {dtype}: {tolerance:.3g}): its "
+                           "adapter delta did not reach the merged weights",
+                           hint="nothing was written; report this with the run dir (the run's final/ is untouched)")
+    return len(reference)
 
 
 def refuse_unmergeable(target: Target) -> str:
@@ -166,11 +224,13 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
         log(f"loading the base {plan.recipe.model.path} {base}")
         unmerged = PeftModel.from_pretrained(_load_base(plan, tok, dtype), str(target.model_dir)).eval()
         reference = _logits(unmerged, samples)
-        model = unmerged.merge_and_unload()
+        expert_reference = _expert_outputs(unmerged, dtype)
+        model = _fold(unmerged)
     else:
         log(f"loading {target.model_dir} in {dtype}")
         model = _load_base(plan, tok, dtype, path=str(target.model_dir))
         reference = _logits(model, samples)
+        expert_reference = None
 
     if getattr(model, "generation_config", None) is not None:  # causal LMs: stop where the run's answers end
         stops = stop_token_ids(tok, fmt)
@@ -189,6 +249,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
                        hint="report this with the run dir; the run's final/ is untouched")
     cls = getattr(transformers, plan.model_load.auto_class)
     reloaded = cls.from_pretrained(str(tmp), dtype=dtype).eval()
+    checked = _check_experts(expert_reference, _expert_outputs(reloaded, dtype), dtype)  # first: it names the expert
     diff, scale = _max_diff(reference, _logits(reloaded, samples))
     tolerance = TOLERANCE[dtype] * max(1.0, scale)
     if not diff <= tolerance:
@@ -198,7 +259,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
             hint="nothing was written; try --dtype float32, and report this with the run dir")
     files = sorted(p.name for p in tmp.iterdir())
     result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
-                         len(samples), sample_source, files)
+                         len(samples), sample_source, files, checked)
     mark_complete(tmp, asdict(result))
     outputs.publish_folder(tmp, out)  # an existing out is a finished merge (check_out), replaced only now
     return result

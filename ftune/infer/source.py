@@ -106,7 +106,7 @@ def resolve(arg: str, overrides: list[str] | tuple[str, ...] = (), *, allow_mode
 
         loaded = load_recipe(str(path), list(overrides))
         os.environ.update(loaded.secret_env)
-        plan = compile_plan(loaded, check_inputs=False)
+        plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
         return _final(plan.run, plan)
     if overrides:
         raise UsageError(f"key=value overrides apply to a recipe, but {arg} is a folder",

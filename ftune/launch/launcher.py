@@ -94,13 +94,14 @@ def launch(plan, resolved_yaml: str, *, secret_env: Mapping[str, str] = {}, debu
     """Claim and lock the run dir, write its inputs and run the workers. `secret_env`: secrets given on the command
     line, handed to the workers through their environment only (never written to the run dir)."""
     run = plan.run
-    lock, created = claim(run, "run")
+    lock, created = claim(run, "run", plan.machine_rank)
     with lock:
         if lock.took_over:
             print(f"ftune: took over the stale lock of {describe(lock.took_over)}: that process is gone",
                   file=sys.stderr)
-        _check_unchanged(plan)
-        if plan.recipe.output.overwrite:
+        if plan.machine_rank == 0:  # node 0 owns the run dir: the others follow what it decided
+            _check_unchanged(plan)
+        if plan.recipe.output.overwrite and plan.machine_rank == 0:
             _start_over(plan)
         try:
             digest = write_inputs(plan, resolved_yaml)

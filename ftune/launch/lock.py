@@ -105,22 +105,26 @@ def acquire(run: RunDir, command: str) -> RunLock:
     raise busy_error(run, {"command": "another ftune process"})
 
 
-def claim(run: RunDir, command: str) -> tuple[RunLock, Path | None]:
+def claim(run: RunDir, command: str, machine_rank: int = 0) -> tuple[RunLock, Path | None]:
     """Make `run.root` ftune's and lock it. Returns the lock and the topmost folder this call created
     (a start that fails before training removes it). A non-empty folder without the marker is refused:
-    ftune writes and deletes only in folders it created."""
+    ftune writes and deletes only in folders it created.
+
+    Node `machine_rank` > 0 of a multi-node job sharing the run dir takes its own lock (`nodes/node<k>/`),
+    never the run's, which node 0 holds: it never refuses the run node 0 owns, and two copies of one node do."""
     created = None
     probe = run.root
     while not probe.exists():
         created, probe = probe, probe.parent
     run.root.mkdir(parents=True, exist_ok=True)
-    if not run.is_owned():
-        if any(p.name != run.lock.name for p in run.root.iterdir()):
-            raise FtuneError(f"{run.root} exists and was not created by ftune (it has no {run.marker.name})",
-                             hint="ftune writes and deletes only in folders it created: choose a new output.dir "
-                             "or an empty folder")
-    lock = acquire(run, f"ftune {command}")
+    if not run.is_owned() and run.foreign_entries():
+        raise FtuneError(f"{run.root} exists and was not created by ftune (it has no {run.marker.name})",
+                         hint="ftune writes and deletes only in folders it created: choose a new output.dir "
+                         "or an empty folder")
+    node = run.node(machine_rank)
+    node.root.mkdir(parents=True, exist_ok=True)
+    lock = acquire(node, f"ftune {command}" + (f" (node {machine_rank})" if machine_rank else ""))
     if not run.is_owned():
         write_json_atomic(run.marker, {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                        "ftune": __version__})
-    return lock, created
+    return lock, created if machine_rank == 0 else None

@@ -1,4 +1,5 @@
-"""Write the run directory's inputs: recipe.resolved.yaml, plan.json, accelerate.yaml, env.json.
+"""Write the run directory's inputs: recipe.resolved.yaml, plan.json, accelerate.yaml, env.json (node k > 0 of a
+multi-node job: under nodes/node<k>/).
 
 Each file is written to a temporary name and renamed, so a crash never leaves a half-written file.
 env.json records versions, the git commit and the host — never environment variable values.
@@ -53,11 +54,13 @@ def environment(recipe_file: str) -> dict:
 def write_inputs(plan, resolved_yaml: str) -> str:
     """Write the inputs; returns the sha256 of plan.json as written (the worker checks it before reading it)."""
     run = plan.run
-    run.root.mkdir(parents=True, exist_ok=True)
+    node = run.node(plan.machine_rank)  # node k > 0 of a job sharing the run dir: nodes/node<k>/
+    node.root.mkdir(parents=True, exist_ok=True)
     plan_text = plan.model_dump_json(indent=2) + "\n"
-    write_text_atomic(run.recipe, resolved_yaml)
-    write_text_atomic(run.plan, plan_text)
-    write_text_atomic(run.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
-    write_text_atomic(run.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
-    run.error.unlink(missing_ok=True)
+    write_text_atomic(node.recipe, resolved_yaml)
+    write_text_atomic(node.plan, plan_text)
+    write_text_atomic(node.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
+    write_text_atomic(node.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
+    if plan.machine_rank == 0:
+        run.error.unlink(missing_ok=True)
     return hashlib.sha256(plan_text.encode()).hexdigest()

@@ -17,9 +17,21 @@ class Config(MethodConfig):
     alpha: float = 16
     """LoRA scaling numerator; the update is scaled by alpha / r (alpha / sqrt(r) with use_rslora)."""
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    """Dropout on the LoRA input, in [0, 1)."""
+    """Dropout on the LoRA input, in [0, 1). LoRA on parameters (MoE experts, `target_parameters`) can't apply it:
+    there it defaults to 0 (said in the plan), and a value > 0 written in the recipe is refused."""
     target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
-    """Module names (or name suffixes) to adapt, or `all-linear` for every linear layer but the head."""
+    """Module names (or name suffixes) to adapt, or `all-linear` for every linear layer but the head (on a
+    mixture-of-experts model: attention, the experts and the shared experts; the router as `router` says)."""
+    target_parameters: list[str] | None = None
+    """Parameters adapted directly (peft's name), by name or name suffix: the fused expert tensors of an MoE model
+    (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`: shape [experts, ...]), which are no linear layers.
+    Checked against the model's real parameter names before launch."""
+    experts: bool = False
+    """Mixture-of-experts models: adapt every expert tensor (each expert gets its own rank-r update) and the shared
+    experts' linear layers. Refused on a dense model."""
+    router: Literal["frozen", "lora", "full"] = "frozen"
+    """Mixture-of-experts models: the router (`mlp.gate`) stays `frozen`, gets a LoRA update (`lora`), or trains in
+    full and is saved with the adapter (`full`)."""
     modules_to_save: list[str] | None = None
     """Extra modules trained in full and saved with the adapter (e.g. `score` for classification)."""
     bias: Literal["none", "all", "lora_only"] = "none"
@@ -49,7 +61,14 @@ def from_adapter(config: dict) -> dict:
     return {"r": config.get("r"), "alpha": config.get("lora_alpha"), "dropout": config.get("lora_dropout"),
             "target_modules": sorted(target) if isinstance(target, list | set | tuple) else target,
             "modules_to_save": sorted(config["modules_to_save"]) if config.get("modules_to_save") else None,
-            "bias": config.get("bias"), "use_rslora": config.get("use_rslora"), "use_dora": config.get("use_dora")}
+            "bias": config.get("bias"), "use_rslora": config.get("use_rslora"), "use_dora": config.get("use_dora"),
+            **_parameters_from_adapter(config)}
+
+
+def _parameters_from_adapter(config: dict) -> dict:
+    """A saved adapter's target_parameters (MoE experts, router): recorded as ftune wrote them."""
+    params = config.get("target_parameters")
+    return {"target_parameters": sorted(params)} if params else {}
 
 
 ADJUSTABLE = ("dropout",)
@@ -75,24 +94,43 @@ def token_layers(model, token_ids: list[int], whole: list[str] | None = None) ->
     return found or None
 
 
+def target_problems(model, cfg: Config) -> list:
+    """Problems with the recipe's LoRA targets on `model` (the meta model, before launch), located by key."""
+    from ftune.methods._lora_targets import resolve
+
+    return resolve(model, cfg)[1]
+
+
+def resolve_targets(model, cfg: Config):
+    """The targets peft is given (ftune.methods._lora_targets), or a RecipeError of the problems at their keys."""
+    from ftune.errors import RecipeError
+    from ftune.methods._lora_targets import resolve
+
+    targets, problems = resolve(model, cfg)
+    if errors := [p for p in problems if p.severity == "error"]:
+        raise RecipeError(errors)
+    return targets
+
+
 def inject(model, cfg: Config, task: str, trained_tokens: list[int] | None = None):
     """Wrap `model` in LoRA adapters; `trained_tokens` (model.add_tokens and the special tokens set) get their
     embedding and head rows trained and saved with the adapter (peft's trainable tokens, not whole matrices)."""
     from peft import LoraConfig, get_peft_model
 
     task_type = "SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM"
-    target = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    targets = resolve_targets(model, cfg)
     config = LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=target,
-        modules_to_save=list(cfg.modules_to_save) if cfg.modules_to_save else None,
+        lora_dropout=targets.dropout,
+        target_modules=targets.modules,
+        target_parameters=targets.parameters or None,
+        modules_to_save=targets.modules_to_save,
         bias=cfg.bias,
         use_rslora=cfg.use_rslora,
         use_dora=cfg.use_dora,
         init_lora_weights=INIT_WEIGHTS[cfg.init],
-        trainable_token_indices=token_layers(model, trained_tokens or [], cfg.modules_to_save),
+        trainable_token_indices=token_layers(model, trained_tokens or [], targets.modules_to_save),
         task_type=task_type,
     )
     return get_peft_model(model, config)

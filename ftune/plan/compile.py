@@ -14,10 +14,12 @@ from pathlib import Path
 from ftune import __version__, adapter
 from ftune.data.check import check_fields
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, environment, preference, preflight, quantization
+from ftune.plan import accelerate, batching, cluster, environment, gguf, preference, preflight, quantization, rl
 from ftune.plan.adapter import continue_adapter
+from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
+from ftune.plan.threads import CpuThreads, cpu_threads
 from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import checkpointing_owner, training_arguments
 from ftune.recipe.objectives import objective
@@ -81,7 +83,19 @@ def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem], notes:
     return str(path.resolve())
 
 
-def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) -> Plan:
+def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list[str]):
+    """The recipe with `distributed.*` as the launcher's environment says (torchrun, PET_*, OMPI_*, SLURM_*)."""
+    found, bad = cluster.detect(os.environ if environ is None else environ)
+    problems += bad
+    if found is None:
+        return recipe, None
+    distributed, bad, said = cluster.apply(recipe.distributed, found)
+    problems += bad
+    notes += said
+    return recipe.model_copy(update={"distributed": distributed}), found
+
+
+def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: the
@@ -89,11 +103,13 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     structure on the meta device (`ftune.plan.preflight`; without `check_inputs` only when the model's config is
     local). `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
-    not checked then)."""
-    written = loaded.recipe
+    not checked then); `environ` is read for a launcher's variables (`ftune.plan.cluster`; default os.environ)."""
+    written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
-    recipe, adapter_dir, problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
+    recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
+    problems += adapter_problems
     notes: list[str] = []
+    recipe, job = _from_launcher(recipe, environ, problems, notes)
 
     num_processes, device = accelerate.resolve_num_processes(recipe.distributed, gpus)
     world_size = num_processes * recipe.distributed.num_machines
@@ -104,7 +120,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
     run = RunDir(Path(recipe.output.dir or f"runs/{recipe.name}").expanduser().resolve())
     resume_from = _resolve_resume(recipe, run, problems, notes)
     if check_inputs:
-        problems += environment.inputs(recipe) + environment.run_dir(recipe, run)
+        problems += environment.inputs(recipe, model_folder=gguf_source is None) + environment.run_dir(recipe, run)
         if resume_from is not None:
             problems += environment.resume_compatible(recipe, Path(resume_from))
     if gpus is None:
@@ -115,10 +131,13 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         problems += environment.precision(recipe, device, mp)
     problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
-    if model_known and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a model already refused
+    # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
+    converted = gguf_source is None or preflight.config_is_local(recipe)
+    if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
         problems += preflight.problems(recipe, device)  # the model on the meta device
-    if problems:
-        raise loaded.error(problems)
+    if errors := [p for p in problems if p.severity == "error"]:
+        raise loaded.error(errors)
+    warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
 
     config, cfg_notes = accelerate.build(recipe, device=device, num_processes=num_processes,
                                          recipe_dir=recipe_dir, mixed_precision=mp)
@@ -130,14 +149,19 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
                      f"{recipe.model.path}")
     if (ref := preference.reference_note(recipe, continued=adapter_dir is not None)) is not None:
         notes.append(ref)
+    notes += rl.notes(recipe, world_size, continued=adapter_dir is not None)
     if (fsdp_mp := preference.fsdp_mixed_precision(recipe, mp)) is not None:
         notes.append(f"fsdp {mp}: {train.objective} log-probs stay float32 (FSDP2 outputs not cast to {mp}, "
                      "which would round each sequence's summed log-prob)")
     trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                   accelerate_config=config, resuming=resume_from is not None)
-               | preference.config_kwargs(recipe))
+               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
     effective_batch = train.per_device_batch_size * train.gradient_accumulation_steps * world_size
+    if gguf_source is not None:
+        load = load.model_copy(update={"gguf": gguf_source})
+        notes.append(gguf.note(gguf_source, recipe.model.path))
+    threads = cpu_threads(train.threads, num_processes) if device == "cpu" else None
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -160,25 +184,22 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None) 
         trainer_class=obj.trainer_path,
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
+        generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
+        cpu_threads=threads,
+        cluster=job,
         launch=LaunchSpec(
             accelerate_config=config,
-            command=accelerate.launch_command(run.accelerate_config, run.plan, python=sys.executable),
-            env=_worker_env(device, num_processes, run) | tracker_env(recipe),
+            command=accelerate.launch_command(run.node(recipe.distributed.machine_rank).accelerate_config,
+                                              run.node(recipe.distributed.machine_rank).plan, python=sys.executable),
+            env=_worker_env(threads, run) | tracker_env(recipe),
         ),
         notes=notes,
+        warnings=warnings,
     )
 
 
-def _worker_env(device: str, num_processes: int, run: RunDir) -> dict[str, str]:
-    """Environment the workers get: the TensorBoard folder, and CPU threads per process (physical cores / local
-    processes, accelerate's own choice made explicit so it is recorded in the plan; a user's OMP_NUM_THREADS wins)."""
+def _worker_env(threads: CpuThreads | None, run: RunDir) -> dict[str, str]:
+    """Environment the workers get: the TensorBoard folder and, on CPU, the threads per process and OpenMP's wait
+    policy (`ftune.plan.threads`; accelerate keeps an OMP_NUM_THREADS that is set)."""
     env = {"TENSORBOARD_LOGGING_DIR": str(run.tensorboard)}
-    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return env
-    try:
-        import psutil
-
-        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:  # pragma: no cover - psutil comes with accelerate
-        cores = os.cpu_count() or 1
-    return env | {"OMP_NUM_THREADS": str(max(1, cores // num_processes))}
+    return env | (threads.env() if threads is not None else {})

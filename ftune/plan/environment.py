@@ -14,7 +14,7 @@ from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
 from ftune.recipe.load import looks_local
-from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, objective
+from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 from ftune.recipe.trainer_names import needs_package
@@ -24,12 +24,15 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
                     "trackio": "trackio"}
 
 
-def inputs(recipe: Recipe) -> list[Problem]:
-    """The model folder and local data files exist."""
+def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
+    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
+    files exist."""
     found: list[Problem] = model_files(recipe)
     model_path = recipe.model.path
     folder = Path(model_path).expanduser()
-    if not folder.exists():
+    if not model_folder:
+        pass
+    elif not folder.exists():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         if looks_local(model_path) or offline:
             found.append(Problem.at("model.path", f"model folder not found: {model_path}",
@@ -51,6 +54,42 @@ def inputs(recipe: Recipe) -> list[Problem]:
             found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
                                     "paths are relative to the working directory "
                                     f"({os.getcwd()}); check the spelling or run from the project root"))
+    return found + reward_models(recipe)
+
+
+def reward_models(recipe: Recipe) -> list[Problem]:
+    """`train.rl.rewards: [{name: reward_model, path}]`: a local folder whose config.json is a sequence classifier
+    with one output (its logit is the reward)."""
+    import json
+
+    rl = recipe.train.rl
+    found: list[Problem] = []
+    for i, spec in enumerate(rl.rewards if rl is not None and recipe.train.objective != "sft" else []):
+        path = spec.args.get("path")
+        if spec.name != "reward_model" or not isinstance(path, str):
+            continue
+        where = f"train.rl.rewards[{i}].path"
+        config = Path(path).expanduser() / "config.json"
+        if not config.is_file():
+            found.append(Problem.at(where, f"reward model not found: {path} has no config.json",
+                                    "point it at a sequence-classification model folder (an `objective: reward` "
+                                    "run's final/, or a merged one)"))
+            continue
+        try:
+            cfg = json.loads(config.read_text())
+        except ValueError as err:
+            found.append(Problem.at(where, f"{config} is not valid JSON: {err}"))
+            continue
+        arch = cfg.get("architectures") or []
+        labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
+        if not any(a.endswith("ForSequenceClassification") for a in arch):
+            found.append(Problem.at(where, f"{path} is not a sequence classifier (architectures: "
+                                    f"{', '.join(arch) or 'none'}); a reward model scores a text with one logit",
+                                    "train one with `train.objective: reward`, or name a "
+                                    "*ForSequenceClassification model"))
+        elif labels != 1:
+            found.append(Problem.at(where, f"{path} has {labels} labels; a reward model has one output (its logit "
+                                    "is the reward)", "train it with `train.objective: reward` (num_labels 1)"))
     return found
 
 
@@ -117,7 +156,7 @@ def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:
     if root in special:
         return [Problem.at("output.dir", f"{root} is {special[root]}; a run dir must be a folder of its own",
                            f"use a subfolder, e.g. `output.dir=runs/{recipe.name}`")]
-    if root.is_dir() and not run.is_owned() and any(p.name != run.lock.name for p in root.iterdir()):
+    if root.is_dir() and not run.is_owned() and run.foreign_entries():
         found.append(Problem.at("output.dir", f"{root} exists and was not created by ftune (it has no "
                                 f"{run.marker.name}); ftune writes and deletes only in folders it created",
                                 "choose a new output.dir, or an empty folder"))
@@ -173,6 +212,18 @@ def packages(recipe: Recipe) -> list[Problem]:
     return found
 
 
+FLEX_CPU = ("torch has no FlexAttention backward on CPU, and its compiled CPU forward (torch 2.13) gives wrong "
+            "outputs, or NaN, for grouped-query models on CPUs without AVX-512 (the last sequence of a batch)")
+
+
+def forward_attention(attn: str | None, device: str) -> tuple[str | None, str | None]:
+    """The attention a forward-only use (eval, generate) loads on `device`, and a note when it isn't the recipe's:
+    flex_attention on CPU can't be trusted (FLEX_CPU); sdpa computes the same attention with the same masks."""
+    if attn == "flex_attention" and device != "cuda":
+        return "sdpa", f"model.attn_implementation flex_attention -> sdpa on {device}: {FLEX_CPU}"
+    return attn, None
+
+
 def kernels(recipe: Recipe, device: str) -> list[Problem]:
     """Kernels that need CUDA or an optional package: Liger, flash-attention, inductor's C++ compiler on CPU."""
     import shutil
@@ -194,6 +245,18 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
             found.append(Problem.at("model.attn_implementation", "flash_attention_2 needs the flash-attn package, "
                                     "which is not installed", "pip install flash-attn --no-build-isolation   "
                                     "(or use `model.attn_implementation: sdpa`)"))
+    rl = t.rl if t.objective in RL_OBJECTIVES else None
+    if rl is not None and rl.generation.backend == "vllm":
+        if device != "cuda":
+            found.append(Problem.at("train.rl.generation.backend", "vLLM generates on CUDA GPUs only; this run is "
+                                    "on CPU", "use `train.rl.generation.backend: transformers` on CPU"))
+        elif importlib.util.find_spec("vllm") is None:
+            found.append(Problem.at("train.rl.generation.backend", "backend vllm needs the vllm package, which is "
+                                    "not installed", "pip install vllm   (a build matching this torch), or use "
+                                    "`backend: transformers`"))
+    if m.attn_implementation == "flex_attention" and device != "cuda":
+        found.append(Problem.at("model.attn_implementation", f"flex_attention can't train on {device}: {FLEX_CPU}",
+                                "use `model.attn_implementation: sdpa` on CPU (the same packed-sequence masks)"))
     if t.compile and (t.compile_backend or "inductor") == "inductor" and device == "cpu" \
             and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         found.append(Problem.at("train.compile", "torch.compile's inductor backend generates C++ on CPU, and no C "

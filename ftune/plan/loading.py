@@ -24,4 +24,17 @@ def model_load(recipe: Recipe, quantization=None, path: str | None = None, adapt
             kwargs["revision"] = m.revision
         if q is not None:
             kwargs["quantization_config"] = bnb_config(q)
-    return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs, adapter=adapter)
+    return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs,
+                     config=router_config(recipe), adapter=adapter)
+
+
+def router_config(recipe: Recipe) -> dict[str, Any]:
+    """The MoE router's config attributes the recipe sets: a load-balancing weight turns the loss on."""
+    m = recipe.model
+    out: dict[str, Any] = {}
+    if m.router_aux_loss_coef is not None:
+        out["router_aux_loss_coef"] = m.router_aux_loss_coef
+        out["output_router_logits"] = True
+    if m.output_router_logits is not None:
+        out["output_router_logits"] = m.output_router_logits
+    return out

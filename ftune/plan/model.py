@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.plan.batching import Collator, DataPlan
+from ftune.plan.cluster import ClusterEnv
+from ftune.plan.gguf import GgufSource
+from ftune.plan.threads import CpuThreads
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
 
@@ -40,9 +43,15 @@ class ModelLoad(BaseModel):
     init: Literal["pretrained", "random"]
     kwargs: dict[str, Any]
     """dtype, trust_remote_code, attn_implementation, revision, quantization_config (a bitsandbytes dict)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Model config attributes set before the model is built (MoE: `output_router_logits`,
+    `router_aux_loss_coef`)."""
     adapter: str | None = None
     """A saved adapter folder (`model.path` pointed at it) that the peft stage loads trainable and trains on,
     instead of adding a fresh adapter; `path` is then the base it was trained on (`ftune.plan.adapter`)."""
+    gguf: GgufSource | None = None
+    """The GGUF file `model.path` named (`ftune.plan.gguf`); `path` is then its dequantized copy in the cache, which
+    `ftune run` writes before launch when it is not there yet."""
 
 
 class Plan(BaseModel):
@@ -96,14 +105,30 @@ class Plan(BaseModel):
     model is wrapped; None: accelerate's (parameters, gradient reduction and outputs all in `mixed_precision`)."""
     resume_from: str | None = None
     """Checkpoint the worker resumes from (decided at compile time), or None for a fresh start."""
+    generate_metrics: list[str] | None = None
+    """eval.generate's metrics (`ftune.plan.evaluation`): the recipe's, else those that fit its data; None without
+    eval.generate."""
+    cpu_threads: CpuThreads | None = None
+    """CPU runs: compute threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`); None on CUDA."""
     launch: LaunchSpec
+    cluster: ClusterEnv | None = None
+    """The job's shape as the launcher's environment gave it (torchrun, Kubeflow PET_*, MPI, Slurm), with the
+    variable each value came from; None when `ftune run` was started outside any launcher."""
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
+    warnings: list[str] = []
+    """The pre-launch checks' warnings, located and rendered (e.g. a LoRA target list half of which matches
+    nothing): shown by `run` and `plan`; training goes on."""
 
     @property
     def collator(self) -> Collator:
         """How the data stage batches rows (`data.collator`)."""
         return self.data.collator
+
+    @property
+    def machine_rank(self) -> int:
+        """This node's rank in a multi-node job (0 on one machine)."""
+        return self.recipe.distributed.machine_rank
 
     @property
     def run(self) -> RunDir:

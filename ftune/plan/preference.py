@@ -18,10 +18,10 @@ TRL_BETA = 0.1
 
 
 def config_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """`train.objective` + `train.preference` + the data lengths → the TRL config's own kwargs ({} for sft)."""
+    """`train.objective` + `train.preference` + the data lengths → the TRL config's own kwargs ({} for sft and online RL)."""
     name = recipe.train.objective
-    if name == "sft":
-        return {}
+    if objective(name).data_format not in ("preference", "unpaired-preference"):
+        return {}  # sft; online RL: ftune.plan.rl
     p = recipe.train.preference
     get = (lambda key, default: default if p is None or getattr(p, key) is None else getattr(p, key))
     out: dict[str, Any] = {
@@ -52,7 +52,12 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
 
 def reference_copy(recipe: Recipe) -> bool:
     """Whether training holds a frozen copy of the model as the reference (dpo and kto with full fine-tuning, the
-    reference scored during training): the weights once more in memory, which `ftune plan` counts."""
+    reference scored during training; grpo and rloo with beta > 0): the weights once more in memory, which
+    `ftune plan` counts."""
+    from ftune.recipe.objectives import RL_OBJECTIVES, rl_setting
+
+    if recipe.train.objective in RL_OBJECTIVES:
+        return recipe.train.rl is not None and rl_setting(recipe, "beta") > 0 and not recipe.peft.uses_peft_library
     p = recipe.train.preference
     return (objective(recipe.train.objective).uses_reference and not recipe.peft.uses_peft_library
             and not (p is not None and p.reference == "precomputed"))

@@ -24,27 +24,52 @@ def config_is_local(recipe: Recipe) -> bool:
 
 def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
     """Every model-structure problem of `recipe` (as it runs: a continued adapter's base), on `model` (the meta
-    model, built here from the config when not given)."""
+    model, built here from the config when not given). Errors and warnings (`severity`): the compiler refuses the
+    errors and carries the warnings in `Plan.warnings`."""
     if model is None:
         try:
             model = build_meta_model(recipe)
         except FtuneError as err:  # an unreadable config: at the key that names the model
             return [Problem.at("model.path", err.message, err.hint)]
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
+    found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
+    found += completion_position_problems(recipe, model)
     return found + quantization.check_model_config(recipe, model, device)
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:
-    """LoRA target_modules that match no module of the model."""
+    """LoRA targets the model lacks (modules, parameters, experts on a dense model) and the settings peft can't
+    apply to them: the same resolution the worker's inject runs (ftune.methods._lora_targets). When some
+    target_modules entries match and others don't (a list written for another architecture, half of it silent),
+    a warning names the ones that match nothing."""
     cfg = recipe.peft
-    if cfg.method != "lora" or cfg.target_modules == "all-linear":
+    if cfg.method != "lora":
         return []
+    from ftune.methods.lora import target_problems as lora_problems
+
+    found = lora_problems(model, cfg)
+    if found or cfg.target_modules == "all-linear":
+        return found
     names = [n for n, _ in model.named_modules()]
-    for target in cfg.target_modules:
-        if any(n == target or n.endswith("." + target) or re.fullmatch(target, n) for n in names):
-            return []
-    return [Problem.at("peft.target_modules", f"{list(cfg.target_modules)} match no module of the model",
-                       target_hint(model))]
+    unmatched = [t for t in cfg.target_modules
+                 if not any(n == t or n.endswith("." + t) or re.fullmatch(t, n) for n in names)]
+    if unmatched and len(unmatched) < len(cfg.target_modules):
+        found.append(Problem(f"{', '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of the "
+                             "model (the other entries do, so LoRA trains those only)", path="peft.target_modules",
+                             hint=target_hint(model), severity="warning"))
+    return found
+
+
+def router_problems(recipe: Recipe, model) -> list[Problem]:
+    """Router settings on a model without a router: they would do nothing, silently."""
+    from ftune.moe import moe_layout
+
+    m = recipe.model
+    written = [k for k in ("router_aux_loss_coef", "output_router_logits") if getattr(m, k) is not None]
+    if not written or moe_layout(model) is not None:
+        return []
+    return [Problem.at(f"model.{k}", f"{type(model).__name__} has no router (it is not a mixture-of-experts "
+                       "model), so model." + k + " does nothing", f"remove model.{k}") for k in written]
 
 
 def position_problems(recipe: Recipe, model) -> list[Problem]:
@@ -60,6 +85,25 @@ def position_problems(recipe: Recipe, model) -> list[Problem]:
                        f"{limit} is longer than the model's max_position_embeddings ({positions}, in "
                        f"{recipe.model.path}/config.json)",
                        f"set data.max_seq_length to at most {positions}")]
+
+
+def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
+    """grpo/rloo: the prompt (at most data.max_prompt_length tokens) plus max_completion_length past the model's
+    positions: generation would run off the end. The data stage checks each prompt's real length."""
+    rl = recipe.train.rl
+    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+        return []
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    prompt = recipe.data.max_prompt_length or 1
+    if not isinstance(positions, int) or positions <= 0 or prompt + rl.max_completion_length <= positions:
+        return []
+    what = f"data.max_prompt_length ({prompt}) + " if recipe.data.max_prompt_length else "a prompt + "
+    return [Problem.at("train.rl.max_completion_length",
+                       f"{what}max_completion_length ({rl.max_completion_length}) is longer than the model's "
+                       f"max_position_embeddings ({positions}, in {recipe.model.path}/config.json)",
+                       f"keep max_completion_length + the prompt within {positions} tokens")]
 
 
 def target_hint(model) -> str:

@@ -117,6 +117,27 @@ def skip_patterns(q: QuantizationSection) -> list[str] | None:
     return sorted({*q.skip_modules, *HEADS})
 
 
+def fused_expert_problems(recipe: Recipe, model) -> list[Problem]:
+    """QLoRA on an MoE model: bitsandbytes quantizes nn.Linear layers only, so the fused [experts, ...] tensors,
+    most of the model, would stay in 16-bit: a "4-bit" run that needs nearly the memory of a 16-bit one."""
+    if recipe.quantization is None:
+        return []
+    from ftune.moe import count
+
+    counts = count(model)
+    if counts is None:
+        return []
+    share = 100.0 * counts.experts / counts.total
+    return [Problem.at(
+        "quantization.bits",
+        f"{recipe.model.path} is a mixture-of-experts model whose experts are fused [experts, ...] tensors "
+        f"({share:.0f}% of its parameters); bitsandbytes quantizes only linear layers, so the experts would stay "
+        f"unquantized and a {recipe.quantization.bits}-bit base would save little memory",
+        "remove the quantization section (LoRA on the 16-bit base, with `distributed.strategy: fsdp` to shard it), "
+        "or pick a dense model for QLoRA (docs/moe.md)",
+    )]
+
+
 def check_model_config(recipe: Recipe, config, device: str = "cpu") -> list[Problem]:
     """Shapes the CPU 4-bit kernels can't run, found on the meta model before any weight loads.
 

@@ -236,3 +236,30 @@ def recipe_bases(path: str | Path) -> list[str]:
     value = doc.data.get("extends")
     names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
     return [str(base) for n in names if isinstance(n, str) and (base := _resolve(file, n)) is not None]
+
+
+def named_config_files(path: str | Path) -> list[str]:
+    """The accelerate and DeepSpeed config files a recipe names (`distributed.accelerate_config`,
+    `distributed.deepspeed.config`), and those its bases name, absolute (each relative to the file that names it);
+    read leniently: [] when unreadable. `ftune validate DIR` leaves them out: they are not recipes."""
+    out: list[str] = []
+    todo, seen = [Path(path).resolve()], set()
+    while todo:
+        file = todo.pop()
+        if file in seen:
+            continue
+        seen.add(file)
+        try:
+            doc = _parse_cached(file.read_text(encoding="utf-8"), file)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if not isinstance(doc.data, dict):
+            continue
+        dist = doc.data.get("distributed")
+        if isinstance(dist, dict):
+            ds = dist.get("deepspeed")
+            for value in (dist.get("accelerate_config"), ds.get("config") if isinstance(ds, dict) else None):
+                if isinstance(value, str):
+                    out.append(str((file.parent / value).resolve()))
+        todo += [Path(b) for b in recipe_bases(file)]
+    return out

@@ -214,6 +214,11 @@ def _as_boolean(value: bool, allowed: list[str] | None = None) -> tuple[str, str
     return f"an unquoted {yes}, {on} or {true} is read as the boolean {show(value)}", word
 
 
+def _dotted(path) -> str:
+    """A path as an override names it (`eval.strategy`, `data.train.0.format`)."""
+    return ".".join(map(str, path))
+
+
 def _describe(step: _Step) -> str | None:
     if step.field is None or not step.field.description:
         return None
@@ -272,7 +277,8 @@ def translate(errors: list[dict]) -> list[Issue]:
             read, word = _as_boolean(value, allowed)
             message = f"{message}: {read}"
             if "string_type" in kinds or word in allowed:
-                hint = f"quote it: '{word}'" if word in allowed else f"quote it, e.g. '{word}'"
+                hint = (f"quote it: '{word}', in an override too: \"{_dotted(at)}='{word}'\"" if word in allowed
+                        else f"quote it, e.g. '{word}'")
         issues.append(Issue(at, message, hint))
     return issues
 
@@ -295,7 +301,8 @@ def _one(err: dict, step: _Step) -> Issue:
         if isinstance(value, bool):
             read, word = _as_boolean(value, allowed)
             if word in allowed:  # `mixed_precision: no`: the user wrote an allowed value, YAML changed it
-                return Issue(path, f"invalid value {show(value)}: {read}", f"quote it: '{word}' ({hint})")
+                return Issue(path, f"invalid value {show(value)}: {read}",
+                             f"quote it: '{word}', in an override too: \"{_dotted(path)}='{word}'\" ({hint})")
             return Issue(path, f"invalid value {show(value)}: {read}", hint)
         guess = did_you_mean(str(value), allowed) if isinstance(value, str) else None
         message = f"invalid value {show(value)}" + (f" (did you mean '{guess}'?)" if guess else "")

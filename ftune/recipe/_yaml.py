@@ -21,6 +21,7 @@ MAX_NODES = 100_000
 """Nodes a document may expand to (aliases counted each time they are used)."""
 MAX_DEPTH = 64
 """Levels of nested mappings and lists a recipe may have (a real recipe has under 10)."""
+_FAST = getattr(yaml, "CSafeLoader", None)  # libyaml: several times faster; errors re-parsed in Python
 
 _T = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_T + t for t in ("null", "bool", "int", "float", "str", "timestamp")}
@@ -80,10 +81,51 @@ def _expanded_size(root: Node, distinct: list[int] | None = None) -> int:
     return sizes[id(root)]
 
 
-def _too_deep(text: str, loader_class: type) -> yaml.Mark | None:
-    """Where the text first nests deeper than MAX_DEPTH, from the event stream (the parser keeps an explicit
-    stack; only composing recurses); None when it doesn't, or when a syntax error comes first (parsing
-    reports that one). Stops at the first level too deep, so the scan is short for hostile input."""
+def _too_deep(text: str) -> yaml.Mark | None:
+    """Where the text first nests deeper than MAX_DEPTH; None when it doesn't, or when a syntax error comes first
+    (parsing reports that one). Must hold for every loader `parse` may use: both composers recurse per level.
+
+    Scans the event stream (both parsers keep an explicit stack; only composing recurses) and stops at the first
+    level too deep, so the scan is short for hostile input. libyaml first, for speed; but libyaml stops some deep
+    documents with its own error before emitting level MAX_DEPTH + 1 (the issue's 100,000 `[`), so when it gives
+    up, the pure-Python parser rescans: its event stream never recurses, and its verdict is the one that holds."""
+    if _FAST is not None:
+        try:
+            return _scan_depth(text, _FAST)
+        except yaml.YAMLError:
+            pass
+    try:
+        found = _scan_depth(text, _ShortKeyLoader)
+    except yaml.YAMLError:
+        found = None
+    if found is not None:
+        return found
+    try:
+        return _scan_depth(text, yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+
+
+class _ShortKeyLoader(yaml.SafeLoader):
+    """PyYAML's pure-Python parser with implicit keys cut at 128 characters instead of 1024, for the depth scan.
+
+    Before it emits a level, PyYAML's scanner reads ahead until no pending token can still be an implicit key
+    (1024 characters on one line), checking every pending one at each token: 100,000 `[` cost about 1024²/2 checks
+    (0.3 s idle, 0.9 s on a loaded 2-core machine). Cutting keys shorter can only drop implicit-mapping levels or
+    fail, never add a level, so a level it finds past MAX_DEPTH is real; when it finds none or fails, the full
+    scanner decides (and is fast then: a deep flow is what makes it slow, and this one finds those)."""
+
+    def stale_possible_simple_keys(self):
+        for level in list(self.possible_simple_keys):
+            key = self.possible_simple_keys[level]
+            if key.line != self.line or self.index - key.index > 128:
+                if key.required:
+                    raise yaml.scanner.ScannerError("while scanning a simple key", key.mark,
+                                                    "could not find expected ':'", self.get_mark())
+                del self.possible_simple_keys[level]
+
+
+def _scan_depth(text: str, loader_class: type) -> yaml.Mark | None:
     loader = loader_class(text)
     depth = 0
     try:
@@ -95,8 +137,6 @@ def _too_deep(text: str, loader_class: type) -> yaml.Mark | None:
                     return event.start_mark
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
-    except yaml.YAMLError:
-        return None
     finally:
         loader.dispose()
     return None
@@ -213,12 +253,10 @@ class _Walker:
         return out
 
 
-_FAST = getattr(yaml, "CSafeLoader", None)  # libyaml: several times faster; errors re-parsed in Python
-
 
 def parse(text: str, file: str) -> Document:
     """Parse one YAML document; problems (syntax, tags, duplicates, bombs, depth) are collected, not raised."""
-    deep = _too_deep(text, _FAST or yaml.SafeLoader)
+    deep = _too_deep(text)
     if deep is not None:
         return Document(data=None, problems=[_depth_problem(file, deep)])
     if _FAST is not None:

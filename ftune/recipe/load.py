@@ -21,6 +21,7 @@ from ftune.recipe._extends import (
     compose,
     display,
     dotted,
+    named_config_files,
     recipe_bases,
 )
 from ftune.recipe._interp import MASK, interpolate
@@ -30,7 +31,8 @@ from ftune.recipe._schema import Issue, translate
 from ftune.recipe._yaml import Marks
 from ftune.recipe.schema import Recipe
 
-__all__ = ["MASK", "MAX_EXTENDS_DEPTH", "LoadedRecipe", "display", "load_recipe", "looks_local", "recipe_bases"]
+__all__ = ["MASK", "MAX_EXTENDS_DEPTH", "LoadedRecipe", "display", "load_recipe", "looks_local", "named_config_files",
+           "recipe_bases"]
 
 DEFAULT = Location(origin="default")
 

@@ -20,6 +20,11 @@ KTO_KL_LOSSES = ("kto",)
 per-device batch of 2 or more)."""
 
 
+RL_COMMON = ("rewards", "num_generations", "max_completion_length", "temperature", "top_p", "beta", "epsilon",
+             "num_iterations", "generation", "guard_logs", "completions_sample")
+"""The `train.rl` keys both online RL objectives take."""
+
+
 @dataclass(frozen=True)
 class Objective:
     """How one `train.objective` runs."""
@@ -33,7 +38,7 @@ class Objective:
     data_format: str | None
     """The `data.*.format` every source must have (None: any SFT format)."""
     settings: tuple[str, ...]
-    """The `train.preference` keys this objective uses; the others are refused."""
+    """The `train.preference` (online RL: `train.rl`) keys this objective uses; the others are refused."""
     loss_types: tuple[str, ...] = ()
     uses_reference: bool = False
     """Whether a reference model is scored (dpo, kto); orpo and simpo are reference-free."""
@@ -64,8 +69,22 @@ OBJECTIVES: dict[str, Objective] = {
         # SimPO is TRL's CPO trainer with loss_type=simpo and no behaviour-cloning term (cpo_alpha=0)
         Objective("simpo", "trl.experimental.cpo", "CPOConfig", "CPOTrainer", "preference",
                   ("beta", "label_smoothing", "gamma")),
+        # a reward model: a one-logit sequence classifier scored pairwise (chosen above rejected)
+        Objective("reward", "trl", "RewardConfig", "RewardTrainer", "preference", ()),
+        # online RL: `settings` are the train.rl keys
+        Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards")),
+        Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON),
     )
 }
+RL_OBJECTIVES = ("grpo", "rloo")
+RL_DEFAULTS = {"grpo": {"num_generations": 8, "beta": 0.0}, "rloo": {"num_generations": 2, "beta": 0.05}}
+"""TRL 1.16's defaults where GRPOConfig and RLOOConfig differ (the recipe leaves them unset)."""
+
+
+def rl_setting(recipe, key: str):
+    """`train.rl.<key>` as the run uses it: the recipe's value, else TRL's default for the objective."""
+    value = getattr(recipe.train.rl, key, None) if recipe.train.rl is not None else None
+    return RL_DEFAULTS[recipe.train.objective][key] if value is None else value
 
 PREFERENCE_FORMATS = ("preference", "unpaired-preference")
 
@@ -74,6 +93,11 @@ def preference_data(recipe) -> bool:
     """Whether the recipe trains on preference rows (TRL tokenizes and batches them); the rules make every source
     agree with `train.objective`, so the first one tells."""
     return recipe.data.train[0].format in PREFERENCE_FORMATS
+
+
+def rl_data(recipe) -> bool:
+    """Whether the recipe trains by online RL on prompt rows (the completions are generated during training)."""
+    return recipe.train.objective in RL_OBJECTIVES
 
 
 def objective(name: str) -> Objective:

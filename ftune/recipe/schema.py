@@ -9,16 +9,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftune.methods import config_classes
 from ftune.plugins import merged as merged_plugins
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
-                   "unpaired-preference")
+                   "unpaired-preference", "prompt")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
+FORMAT_ALIASES: dict[str, dict[str, Any]] = {
+    "sharegpt": {"format": "chat", "fields": {"messages": "conversations", "role": "from", "content": "value"},
+                 "roles": {"human": "user", "gpt": "assistant", "system": "system"}},
+    "alpaca": {"format": "instruction"},
+}
+"""Format names other tools use, and the source settings each stands for (what `ftune show` prints); keys the
+recipe sets itself win over the alias's."""
 
 
 class Section(BaseModel):
@@ -43,9 +50,14 @@ class SpecialTokens(Section):
 
 class ModelSection(Section):
     path: str
-    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; or a
+    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; a
+    `.gguf` file (see `gguf_file`); or a
     saved adapter folder (a run's `final/`): that adapter is trained on, over the base it names (`peft:` keys left
     unset are taken from it, set ones must agree); a merged folder (`ftune merge`) is a plain model."""
+    gguf_file: str | None = None
+    """A `.gguf` file inside the folder `path` names (or set `path` to the .gguf itself): ftune dequantizes it once
+    into its cache (~/.cache/ftune/models, keyed by the file's sha256; FTUNE_MODEL_CACHE overrides) as a plain
+    Hugging Face folder with its tokenizer and chat template, and trains on that (docs/gguf.md)."""
     task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
     """What the model is trained to do."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
@@ -71,6 +83,12 @@ class ModelSection(Section):
     """Hub access token; write `${env:HF_TOKEN}` so it is read from the environment and masked in outputs."""
     special_tokens: SpecialTokens | None = None
     """Override the tokenizer's special tokens (a token not in the vocabulary is added, as with add_tokens)."""
+    router_aux_loss_coef: float | None = Field(None, ge=0.0)
+    """Mixture-of-experts models: weight of the router's load-balancing loss added to the training loss (the
+    config's `router_aux_loss_coef`); setting it turns on `output_router_logits`. Default: the model's own."""
+    output_router_logits: bool | None = None
+    """Mixture-of-experts models: compute the router's load-balancing loss (added to the loss, logged as
+    `aux_loss` in metrics.jsonl). Default: on when `router_aux_loss_coef` is set, else the model's config."""
     add_tokens: list[str] | None = None
     """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
     of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
@@ -103,7 +121,9 @@ class Fields(Section):
     """`classification`: the label column (a name from model.labels, or an integer id); `unpaired-preference`:
     the desirable flag (true/false)."""
     prompt: str = "prompt"
-    """`preference` and `unpaired-preference`: the prompt (a string, or a list of chat messages)."""
+    """`preference`, `unpaired-preference` and `prompt`: the prompt (a string, or a list of chat messages)."""
+    answer: str = "answer"
+    """`prompt`: the reference answer the rewards compare completions with (optional unless a reward reads it)."""
     chosen: str = "chosen"
     """`preference`: the preferred completion (a string, or a list of assistant messages)."""
     rejected: str = "rejected"
@@ -116,10 +136,11 @@ class DataSource(Section):
     path: str
     """A local file (.jsonl/.json/.csv/.parquet/.txt), a glob of such files (`data/shard-*.jsonl`), a `save_to_disk`
     folder, or a hub dataset name."""
-    format: Literal[FORMATS] = "text"  # type: ignore[valid-type]
+    format: Literal[(*FORMATS, *FORMAT_ALIASES)] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
-    (train.objective)."""
+    (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo. Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
+    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -154,6 +175,20 @@ class DataSource(Section):
         if self.is_glob:
             return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
         return [str(path.resolve())] if path.is_file() else []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_alias(cls, data: Any) -> Any:
+        """`format: sharegpt` / `alpaca`: the settings they stand for (FORMAT_ALIASES), under the recipe's own."""
+        alias = FORMAT_ALIASES.get(data.get("format")) if isinstance(data, dict) else None
+        if alias is None:
+            return data
+        out = {**data, "format": alias["format"]}
+        for key in ("fields", "roles"):
+            own = data.get(key)
+            if key in alias and (own is None or isinstance(own, dict)):  # another type: validation reports it
+                out[key] = {**alias[key], **(own or {})}
+        return out
 
 
 class EvalSplit(Section):
@@ -282,6 +317,9 @@ class DistributedSection(Section):
     transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
     accelerate_config: str | None = None
     """An existing accelerate config file to start from; the recipe's explicit keys win."""
+    expert_parallel_size: int | None = Field(None, ge=1)
+    """Mixture-of-experts models: split each layer's experts over this many ranks (expert parallelism). Refused:
+    neither accelerate 1.15 nor the Trainer of transformers 5.23 shards fused experts for training (docs/moe.md)."""
     fsdp: FsdpSection | None = None
     """FSDP options (strategy: fsdp)."""
     deepspeed: DeepSpeedSection | None = None
@@ -301,6 +339,15 @@ LR_SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
+
+
+class RouterCollapse(Section):
+    """Stop a mixture-of-experts run whose router sends (nearly) every token to one expert."""
+
+    max_share: float = Field(0.9, gt=0.0, le=1.0)
+    """Largest fraction of a layer's tokens one expert may receive, measured over each logging interval."""
+    logs: int = Field(3, ge=1)
+    """Logging intervals in a row above max_share that stop the run."""
 
 
 class DataloaderSection(Section):
@@ -349,15 +396,81 @@ class PreferenceSection(Section):
     """kto: weight of undesirable completions."""
 
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo")
+class RewardSpec(BaseModel):
+    """One reward: `{name, weight, ...its arguments}`; the arguments are checked by the reward's own model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+    name: str
+    """A built-in reward (exact_match, contains, numeric, regex, choice, json, length, think_format,
+    repetition_penalty, soft_overlong_punishment, reward_model) or one an installed plugin registers."""
+    weight: float = 1.0
+    """Its weight in the total reward (TRL's reward_weights)."""
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class GenerationSection(Section):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """How completions are sampled: the training model through transformers' generate, or vLLM (CUDA only;
+    `pip install vllm`)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """vllm: `colocate` runs vLLM in the training processes (a share of GPU memory), `server` talks to
+    `trl vllm-serve`."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)
+    """vllm colocate: the share of each GPU's memory vLLM takes."""
+
+
+class RLSection(Section):
+    """Settings of the online RL objectives (grpo, rloo): TRL's meanings; unset keys take TRL's defaults."""
+
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    """The rewards summed (weighted) into each completion's reward."""
+    num_generations: int | None = Field(None, ge=2)
+    """Completions sampled per prompt (a group; TRL's default: grpo 8, rloo 2). per_device_batch_size x
+    gradient_accumulation_steps x processes counts completions and must be a multiple of it."""
+    max_completion_length: int = Field(512, ge=1)
+    """Longest completion in tokens; a longer one is cut (clipped)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    beta: float | None = Field(None, ge=0.0)
+    """KL coefficient against the reference (TRL's default: grpo 0, rloo 0.05; 0: no reference model; LoRA: the
+    adapter disabled, full: a frozen copy)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] | None = None
+    """grpo only: how token losses are aggregated (TRL's default dapo)."""
+    epsilon: float = Field(0.2, gt=0.0)
+    """Clipping range of the policy ratio."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """grpo only: divide advantages by the group's std (TRL's default), the batch's, or not at all (Dr. GRPO)."""
+    num_iterations: int = Field(1, ge=1)
+    """Optimisation passes over each generated batch (mu)."""
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    """Where completions are generated."""
+    guard_logs: int = Field(3, ge=1)
+    """Stop the run when, for this many training logs in a row, every group's rewards are identical (all
+    advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
+    completions_sample: int = Field(8, ge=0)
+    """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
+
+
+OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
 
 
 class TrainSection(Section):
     objective: Literal[OBJECTIVES] = "sft"  # type: ignore[valid-type]
-    """What is optimised: `sft` (next-token loss) or a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
-    `simpo`; needs `pip install 'ftune[preference]'`)."""
+    """What is optimised: `sft` (next-token loss), a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
+    `simpo`), a reward model (`reward`: a one-logit sequence classifier trained on preference pairs, with
+    `model.task: sequence-classification`), or online RL from rewards (`grpo`, `rloo`, on `format: prompt` data);
+    TRL's need
+    `pip install 'ftune[preference]'`."""
     preference: PreferenceSection | None = None
     """Settings of the preference objective (beta, loss_type, label_smoothing, reference, ...)."""
+    rl: RLSection | None = None
+    """Settings of grpo and rloo: rewards, generations per prompt, completion length, sampling, KL."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training data (or set max_steps)."""
     max_steps: int | None = Field(None, gt=0)
@@ -391,12 +504,21 @@ class TrainSection(Section):
     `num_decay_steps` for warmup_stable_decay, `num_cycles`, `lr_end`/`power` for polynomial, ..."""
     max_grad_norm: float = Field(1.0, ge=0.0)
     """Gradient clipping norm; 0 disables it."""
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """CPU runs: compute threads per process. `auto`: the physical cores divided among the processes, with a
+    passive OpenMP wait policy (waiting threads sleep instead of spinning, so a busy machine doesn't stall
+    every step); an `OMP_NUM_THREADS` in the environment wins. Shown in the run header and plan.json; ignored on
+    GPUs."""
     seed: int = 42
     """Seed for data order, initialisation and dropout."""
     logging_steps: int = Field(10, ge=1)
     """Log loss and learning rate every N steps."""
     neftune_alpha: float | None = Field(None, gt=0)
     """NEFTune noise scale on embeddings."""
+    router_collapse: RouterCollapse | None = Field(default_factory=RouterCollapse)
+    """Mixture-of-experts models: the per-expert token share is logged (`expert_share_max`, `expert_share`) and
+    a run stops when one expert takes more than `max_share` of a layer's tokens for `logs` logs in a row; null
+    turns the guard off (the share is still logged)."""
     early_stopping: EarlyStopping | None = None
     """Stop when the eval metric stops improving (needs eval)."""
     log_level: Literal["debug", "info", "warning", "error", "critical", "passive"] = "warning"
@@ -423,8 +545,10 @@ class TrainSection(Section):
 class GenerateEval(Section):
     max_new_tokens: int = Field(64, gt=0)
     """Longest greedy completion per eval row."""
-    metrics: list[Literal["exact_match", "f1"]] = Field(default_factory=lambda: ["exact_match", "f1"], min_length=1)
-    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap)."""
+    metrics: list[Literal["exact_match", "f1"]] | None = Field(None, min_length=1)
+    """`exact_match` (the whole completion equals the reference, case and spacing aside) and `f1` (word overlap).
+    Unset: both for instruction data (short, closed answers), `f1` alone for chat data (free-form answers rarely
+    match a reference exactly)."""
     max_samples: int | None = Field(200, gt=0)
     """Eval rows to generate for (null: all)."""
 

@@ -44,7 +44,8 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
             if not state.is_world_process_zero or not logs:
                 return
             record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3)}
-            record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
+            record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or
+                           (isinstance(v, list) and all(isinstance(x, (int, float)) for x in v))})
             with self.path.open("a") as f:
                 f.write(metrics_line(record))
 
@@ -96,9 +97,11 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
             STOP.phase = "finishing"
 
     callbacks = [MetricsJsonl(), CheckpointMarker(), NumericsGuard(), StopOnSignal()]
-    if console is not None:
+    if console is not None and console.is_terminal:
         callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step,
                                         preference=plan.recipe.train.objective != "sft"))
+    elif console is not None:  # a log file, a pipe, CI, Slurm: no bar to redraw, one plain line per logging step
+        callbacks.append(_plain_progress(TrainerCallback, console, tokens_per_step))
     return callbacks
 
 
@@ -142,6 +145,51 @@ def preference_guard(plan):
                     "and data.max_prompt_length leave the completions, and train.learning_rate")
 
     return PreferenceGuard()
+
+
+def clock(seconds: float) -> str:
+    """h:mm:ss, as the progress bar shows it."""
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(step: int, total: int, logs: dict, tokens_per_second: float, elapsed: float, done: int) -> str:
+    """One plain progress line: step/total, loss, lr, tok/s, elapsed and the time left at this pace (`done`: steps
+    taken in `elapsed`, fewer than `step` after a resume)."""
+    eta = elapsed / done * (total - step) if done > 0 else 0.0
+    parts = [f"train {step}/{total}"]
+    if "loss" in logs:
+        parts.append(f"loss {logs['loss']:.4f}")
+    if "learning_rate" in logs:
+        parts.append(f"lr {logs['learning_rate']:.2e}")
+    parts += [f"{tokens_per_second:,.0f} tok/s", f"elapsed {clock(elapsed)}", f"eta {clock(eta)}"]
+    return "  ".join(parts)
+
+
+def _plain_progress(base, console, tokens_per_step: float):
+    class PlainProgress(base):
+        """Rank 0, stdout not a terminal: a line per logged training loss, and the eval lines."""
+
+        def __init__(self) -> None:
+            self.t0 = 0.0
+            self.step0 = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.time()
+            self.step0 = state.global_step
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            elapsed = max(time.time() - self.t0, 1e-6)
+            if "loss" in logs:
+                done = state.global_step - self.step0
+                console.print(progress_line(state.global_step, state.max_steps, logs, done * tokens_per_step / elapsed,
+                                            elapsed, done), highlight=False, soft_wrap=True)
+            elif "eval_loss" in logs:
+                console.print(f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}", highlight=False)
+
+    return PlainProgress()
 
 
 def _rich_progress(base, console, tokens_per_step: float, preference: bool = False):

@@ -134,3 +134,74 @@ def close() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------ the world that formed
+def check_world(plan, world_size: int) -> None:
+    """Stop when the world that formed is not the one the plan promised: a launcher whose variables were lost
+    on the way would otherwise train each node alone, on its own copy of the data."""
+    if world_size == plan.world_size:
+        return
+    from ftune.errors import FtuneError
+
+    where = ""
+    if plan.cluster is not None:
+        where = f" ({', '.join(v for k, v in plan.cluster.sources.items() if k != 'distributed.main_process_ip')})"
+    raise FtuneError(f"this process joined a world of {world_size} process(es), but the plan promised "
+                     f"{plan.world_size}{where}",
+                     hint="check that every node was started with the same job variables and that the launcher "
+                          "passes them to `ftune run`")
+
+
+# ------------------------------------------------------------------------------ a peer that stopped
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
+             "nccl communicator was aborted", "ncclremoteerror", "connection refused", "timed out",
+             "timeout", "watchdog caught collective operation timeout")
+_HOSTS: list[str] = []
+"""Each rank's host name, gathered once the process group exists (for the message when a peer stops)."""
+
+
+def record_hosts() -> None:
+    """Every rank's host, gathered once at start (one tiny collective), so a failure can name where a peer ran."""
+    import socket
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    _HOSTS[:] = [str(h) for h in hosts]
+
+
+def peer_stopped(err: BaseException, plan) -> Exception | None:
+    """A collective that failed because another rank stopped (killed, crashed, a node lost) or stopped answering
+    within `distributed.timeout`: a located FtuneError naming the rank(s) and host(s), else None."""
+    import re
+
+    text = f"{type(err).__name__}: {err}".lower()
+    if plan.world_size < 2 or not any(words in text for words in PEER_GONE):
+        return None
+    import torch.distributed as dist
+
+    if type(err).__name__ not in ("DistBackendError", "DistNetworkError", "DistStoreError", "RuntimeError",
+                                  "DistError", "ConnectionError", "TimeoutError"):
+        return None
+    from ftune.errors import EXIT_RUNTIME, FtuneError
+
+    me = dist.get_rank() if dist.is_initialized() else int(__import__("os").environ.get("RANK", "0"))
+    others = [r for r in range(plan.world_size) if r != me]
+    if len(others) == 1:
+        suspects = others
+    else:  # gloo names the peer's address; a rank on this host when it is loopback
+        ips = re.findall(r"\[?(\d+\.\d+\.\d+\.\d+)\]?:\d+", str(err))
+        suspects = others if not ips else [r for r in others if _HOSTS and ips[0].startswith("127.")
+                                           and _HOSTS[r] == _HOSTS[me]] or others
+    named = ", ".join(f"rank {r} on host {_HOSTS[r] if r < len(_HOSTS) else '?'}" for r in suspects)
+    timeout = plan.recipe.distributed.timeout or 1800
+    timed_out = "timed out" in text or "timeout" in text
+    what = (f"{named} did not answer within distributed.timeout ({timeout} s)" if timed_out and len(suspects) == 1
+            else f"{named} stopped" if len(suspects) == 1 else f"one of {named} stopped")
+    return FtuneError(f"{what}; rank {me} can't go on without it ({str(err).splitlines()[0][:160]})",
+                      hint="the run dir keeps every complete checkpoint: restart the job (every node) to resume "
+                           "from the last one", exit_code=EXIT_RUNTIME)

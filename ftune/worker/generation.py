@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from ftune.worker.data import stops
 from ftune.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
@@ -211,20 +212,59 @@ def eval_pairs(dataset, limit: int | None = None) -> list[tuple[list[int], list[
 
 
 def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max_new_tokens: int,
-                       max_samples: int | None, stop_ids: list[int], batch_size: int = 8) -> dict:
-    """`eval_<metric>` of greedy completions against the references, averaged over the eval rows used."""
+                       max_samples: int | None, stop_ids: list[int], batch_size: int = 8,
+                       predictions: Path | None = None, log=None) -> dict:
+    """`eval_<metric>` of greedy completions against the references, averaged over the eval rows used.
+
+    `predictions`: write one JSON line per row there (prompt, reference, completion, stopped, scores), replacing
+    the file. `log`: called with a plain progress line after each batch (a log file sees generation move)."""
+    import json
+    import time
+
     from ftune.errors import FtuneError
 
     pairs = eval_pairs(dataset, max_samples)
     if not pairs:
         raise FtuneError("no eval row has a prompt to complete: generation metrics need prompt-masked labels",
                          hint="use instruction or chat data with `data.train_on: completion`")
-    completions = generate(model, tokenizer, [p for p, _ in pairs], stop_ids=stop_ids,
-                           max_new_tokens=max_new_tokens, batch_size=batch_size)
+    completions: list[Completion] = []
+    t0 = time.time()
+    for start in range(0, len(pairs), batch_size):
+        chunk = [p for p, _ in pairs[start : start + batch_size]]
+        completions += generate(model, tokenizer, chunk, stop_ids=stop_ids, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size)
+        if log is not None:
+            from ftune.worker.callbacks import clock
+
+            done, elapsed = len(completions), time.time() - t0
+            log(f"generate {done}/{len(pairs)}  elapsed {clock(elapsed)}  "
+                f"eta {clock(elapsed / done * (len(pairs) - done))}")
     references = [tokenizer.decode([t for t in ref if t not in stop_ids], skip_special_tokens=True).strip()
                   for _, ref in pairs]
-    result = {f"eval_{name}": sum(METRICS[name](c.text, r) for c, r in zip(completions, references)) / len(pairs)
-              for name in metrics}
+    scores = [{name: METRICS[name](c.text, r) for name in metrics} for c, r in zip(completions, references)]
+    result = {f"eval_{name}": sum(s[name] for s in scores) / len(pairs) for name in metrics}
     result["eval_generated"] = len(pairs)
     result["eval_stopped"] = sum(c.stopped for c in completions) / len(pairs)
+    if predictions is not None:
+        tmp = predictions.with_name(f".{predictions.name}.tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for (prompt, _), ref, c, sc in zip(pairs, references, completions, scores):
+                f.write(json.dumps({"prompt": tokenizer.decode(prompt, skip_special_tokens=False),
+                                    "reference": ref, "completion": c.text, "stopped": c.stopped,
+                                    "scores": sc}, ensure_ascii=False) + "\n")
+        tmp.replace(predictions)
     return result
+
+
+def read_predictions(path: Path, limit: int | None = None) -> list[dict]:
+    """The first `limit` rows of a predictions.jsonl."""
+    import json
+
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(rows) >= limit:
+                break
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows

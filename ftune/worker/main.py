@@ -21,40 +21,28 @@ from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
 from ftune.plan.model import Plan
 from ftune.rundir import RunDir, is_complete, write_json_atomic
 from ftune.worker import distributed
+from ftune.worker.quiet import quiet_libraries
 from ftune.worker.stop import STOP, Terminated, terminated_error
-
-
-def _quiet_libraries() -> None:
-    """ftune prints its own progress; library progress bars and advisory warnings would drown it."""
-    import logging
-    import warnings
-
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels package missing: harmless
-    warnings.filterwarnings("ignore", message=".*use_reentrant.*")
-    warnings.filterwarnings("ignore", message=".*importing from 'trl.experimental'.*")  # orpo/simpo: pinned trl
 
 
 def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
     from ftune import plugins
-    from ftune.worker import data, facts, report, save, tokenizer, train
+    from ftune.worker import card, data, facts, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
+    from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
 
     recipe = plan.recipe
     run = plan.run
 
-    _quiet_libraries()
+    quiet_libraries()
     distributed.prepare(plan)
     args = train.training_arguments(plan)  # sets up the process group
+    distributed.check_world(plan, args.world_size)
+    distributed.record_hosts()
     main = args.process_index == 0
     console = Console(stderr=False, highlight=False) if main else None
 
@@ -83,6 +71,8 @@ def run_stages(plan: Plan) -> dict:
     else:
         tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
+    moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
+    callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
@@ -92,16 +82,29 @@ def run_stages(plan: Plan) -> dict:
         step = trainer.state.global_step
         folder = run.checkpoints / f"checkpoint-{step}"
         raise terminated_error(step, str(folder) if is_complete(folder) else None)
-    final_metrics = trainer.evaluate() if trainer.eval_dataset is not None else {}
+    final_metrics = final_eval(trainer) if trainer.eval_dataset is not None else {}
     if recipe.eval.generate is not None and trainer.eval_dataset is not None:
         final_metrics.update(_generation_metrics(plan, trainer, tok, console))
     saved = save.save_final(trainer, plan, tok)
     result = {}
     if console:
+        card.write(plan, final_metrics, trainer.state.global_step)
         result = report.summary(console, plan, final_metrics, saved, tokens_per_step)
         if recipe.output.loss_curve:
             report.loss_curve(run)
     return result
+
+
+def final_eval(trainer) -> dict:
+    """The eval at the end of training: the one the Trainer just ran at the last step (eval.strategy steps/epoch
+    landing there), else a fresh one; never the same eval twice (one row per eval in metrics.jsonl)."""
+    step = trainer.state.global_step
+    for entry in reversed(trainer.state.log_history):
+        if entry.get("step") != step:
+            break
+        if "eval_loss" in entry:
+            return {k: v for k, v in entry.items() if k != "step"}
+    return trainer.evaluate()
 
 
 def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
@@ -118,9 +121,10 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
     section = plan.recipe.eval.generate
     fmt = generation.prompt_format(plan.recipe, tok)
     metrics = generation.generation_metrics(
-        trainer.model, tok, trainer.eval_dataset, metrics=section.metrics, max_new_tokens=section.max_new_tokens,
-        max_samples=section.max_samples, stop_ids=generation.stop_token_ids(tok, fmt),
-        batch_size=trainer.args.per_device_eval_batch_size)
+        trainer.model, tok, trainer.eval_dataset, metrics=plan.generate_metrics or [],
+        max_new_tokens=section.max_new_tokens, max_samples=section.max_samples,
+        stop_ids=generation.stop_token_ids(tok, fmt), batch_size=trainer.args.per_device_eval_batch_size,
+        predictions=plan.run.predictions, log=console.print if console and not console.is_terminal else None)
     trainer.log(metrics)
     return metrics
 
@@ -167,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             distributed.close()
         except Terminated:
             raise terminated_error(None, None) from None
-        except OSError as err:
-            full = disk_full(err, run.root)
-            if full is None:
+        except Exception as err:  # noqa: BLE001 - a full disk, or a peer rank that stopped: user-facing errors
+            known = (disk_full(err, run.root) if isinstance(err, OSError) else None) or distributed.peer_stopped(
+                err, plan)
+            if known is None:
                 raise
-            raise full from err
+            raise known from err
         return 0
     except FtuneError as err:
         _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,

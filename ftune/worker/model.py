@@ -16,6 +16,8 @@ def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):
     spec = spec or plan.model_load
     token = plan.secret("model.hub_token")
     config = load_config(recipe, token, labels, path=spec.path)
+    for key, value in spec.config.items():  # the router's loss settings (plan.model_load.config)
+        setattr(config, key, value)
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         config.pad_token_id = tokenizer.pad_token_id
     cls = getattr(transformers, spec.auto_class)

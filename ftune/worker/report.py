@@ -29,10 +29,14 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
                       + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
     t = plan.trainer  # what runs, as the Plan gives it to the trainer
     table.add_row("batch", f"{plan.effective_batch_size} effective = {t['per_device_train_batch_size']} per device "
-                  f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} processes")
+                  f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} "
+                  f"process{'es' if plan.world_size != 1 else ''}")
     steps = f"{t['max_steps']} max steps" if t["max_steps"] > 0 else f"{t['num_train_epochs']:g} epochs"
     table.add_row("schedule", f"{steps}, lr {t['learning_rate']:g} ({t['lr_scheduler_type']}), seed {t['seed']}")
-    table.add_row("devices", f"{plan.world_size} × {plan.device} ({r.distributed.strategy}), precision {plan.mixed_precision}")
+    strategy = f" ({r.distributed.strategy})" if r.distributed.strategy != "none" else ""
+    table.add_row("devices", f"{plan.world_size} × {plan.device}{strategy}, precision {plan.mixed_precision}")
+    if plan.cpu_threads is not None:
+        table.add_row("threads", plan.cpu_threads.describe())
     table.add_row("run dir", plan.run_dir)
     if plan.resume_from:
         table.add_row("resume", plan.resume_from)
@@ -70,7 +74,7 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     }
     lines = ["[bold green]done[/bold green]"]
     if losses:
-        lines.append(f"train loss {losses[0]:.4f} → {losses[-1]:.4f}")
+        lines.append(loss_line(records))
     if "eval_loss" in final_metrics and plan.recipe.train.objective != "sft":  # no perplexity for a preference loss
         lines.append(f"eval loss {final_metrics['eval_loss']:.4f}, best {min(evals):.4f}")
     elif "eval_loss" in final_metrics:
@@ -86,9 +90,25 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "
                  f"{saved.get('tensors', 0)} tensors, verified)")
     lines.append(f"metrics {run.metrics}")
-    console.print("\n".join(lines))
+    console.print("\n".join(lines), soft_wrap=True)  # a log file gets whole lines, not 80-column pieces
     run.summary.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def loss_line(records: list[dict]) -> str:
+    """The train loss at the start and at the end, each the mean over its logging window (what the Trainer logs),
+    labelled with the steps it covers, so it is not read as the loss of the final model."""
+    steps = [r["step"] for r in records if "loss" in r]
+    losses = [r["loss"] for r in records if "loss" in r]
+
+    def window(k: int) -> str:
+        start = steps[k - 1] + 1 if k else 1
+        return f"step {start}" if start == steps[k] else f"steps {start}–{steps[k]}"
+
+    if len(losses) == 1:
+        return f"train loss {losses[0]:.4f} (mean over {window(0)})"
+    return (f"train loss {losses[0]:.4f} ({window(0)}) → {losses[-1]:.4f} (last logging window, "
+            f"{window(len(losses) - 1)})")
 
 
 def _peak_memory(plan) -> int | None:

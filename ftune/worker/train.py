@@ -7,7 +7,7 @@ import importlib
 import math
 
 from ftune.errors import FtuneError
-from ftune.recipe.objectives import OBJECTIVES, TRL_INSTALL
+from ftune.recipe.objectives import OBJECTIVES, RL_OBJECTIVES, TRL_INSTALL
 
 
 def _import(path: str):
@@ -61,6 +61,10 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
     from transformers import PrinterCallback
 
     r = plan.recipe
+    if r.train.objective in RL_OBJECTIVES:
+        from ftune.worker import rl
+
+        return rl.build_trainer(plan, _import(plan.trainer_class), model, tokenizer, bundle, args, callbacks)
     if r.train.objective != "sft":
         return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks, ref_model)
     Trainer = _import(plan.trainer_class)

@@ -94,6 +94,12 @@ def test_generation_metrics_at_the_end_of_the_run_and_in_eval(lora_run, capsys, 
     assert measured["eval_exact_match"] == logged[0]["eval_exact_match"]
     assert measured["eval_f1"] == pytest.approx(logged[0]["eval_f1"])
     assert measured["eval_perplexity"] == pytest.approx(2.718281828459045 ** measured["eval_loss"], rel=1e-6)
+    assert "epoch" not in measured and "eval_model_preparation_time" not in measured  # bookkeeping, not results
+    assert not (lora_run / "eval-tmp").exists()
+    rows = [json.loads(line) for line in (lora_run / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 20 and sum(r["scores"]["exact_match"] for r in rows) / 20 == measured["eval_exact_match"]
+    code, out = cli("eval", "recipe.yaml", capsys=capsys)
+    assert code == 0 and "predictions " in out and out.count("  completion ") == 3, out
 
 
 def test_merge_is_verified_sharded_and_loads_without_peft(lora_run, merged, tiny_model_dir):

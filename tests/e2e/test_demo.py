@@ -40,7 +40,7 @@ def test_task_rows_are_deterministic_and_held_out():
 @pytest.mark.slow
 def test_quick_demo_learns(tmp_path):
     env = {**os.environ, "FTUNE_DEMO_QUICK": "1"}
-    proc = subprocess.run([sys.executable, "-m", "ftune.demo", "--workdir", str(tmp_path)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "ftune.demo", "--no-real", "--workdir", str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "before -> after" in proc.stdout and "learned:" in proc.stdout

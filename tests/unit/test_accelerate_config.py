@@ -378,8 +378,9 @@ def test_dry_run_prints_two_node_config_and_command(rank, tmp_path, tiny_model_d
     assert (cfg["machine_rank"], cfg["main_process_ip"], cfg["main_process_port"]) == (rank, "10.0.0.1", 29500)
     assert plan["world_size"] == 4
     run_dir = tmp_path / "run"
+    inputs = run_dir if rank == 0 else run_dir / "nodes" / "node1"  # node 1 beside node 0 in the shared run dir
     assert launch.split() == [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
-                              str(run_dir / "accelerate.yaml"), "-m", "ftune.worker", str(run_dir / "plan.json")]
+                              str(inputs / "accelerate.yaml"), "-m", "ftune.worker", str(inputs / "plan.json")]
     assert not run_dir.exists()  # a dry run writes nothing
 
 

@@ -42,6 +42,32 @@ def test_directory_all_valid_bases_checked_through_recipes(tree, capsys):
     ]
 
 
+def test_directory_skips_named_accelerate_and_deepspeed_configs_and_run_dirs(tree, capsys):
+    """The issue's case: an accelerate config a recipe names was checked as a recipe (19 errors)."""
+    (tree / "recipes" / "team.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+                                               "num_processes: 8\nmixed_precision: bf16\n")
+    (tree / "recipes" / "ds").mkdir()
+    (tree / "recipes" / "ds" / "zero3.yaml").write_text("zero_optimization: {stage: 3}\n")
+    (tree / "recipes" / "b.yml").write_text(GOOD + "distributed: {strategy: ddp, accelerate_config: team.yaml}\n")
+    (tree / "recipes" / "bases" / "base.yaml").write_text("model: {path: m}\ntrain:\n  max_steps: 5\ndistributed:\n"
+                                                          "  strategy: deepspeed\n  deepspeed: {config: ../ds/zero3.yaml}\n")
+    run_dir = tree / "recipes" / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "ftune_run.json").write_text("{}")
+    (run_dir / "accelerate_config.yaml").write_text("distributed_type: NO\n")
+    code, out, _ = run(capsys, "recipes")
+    assert code == 0, out
+    assert out.splitlines() == [
+        "recipes/a.yaml: ok",
+        "recipes/b.yml: ok",
+        "2 recipes checked, all valid; 1 base file checked through the recipes extending them",
+        "not recipes, skipped: 2 accelerate/DeepSpeed configs that recipes name (recipes/ds/zero3.yaml, "
+        "recipes/team.yaml); 1 file in ftune run dirs (recipes/runs/r1)",
+    ]
+    code, out, _ = run(capsys, "recipes/team.yaml")  # named on the command line: checked as asked
+    assert code == 1
+
+
 def test_base_error_reported_through_extending_recipe(tree, capsys):
     (tree / "recipes" / "bases" / "base.yaml").write_text("model: {path: m}\ntrain:\n  max_stpes: 5\n")
     code, out, _ = run(capsys, "recipes", "--format", "json")

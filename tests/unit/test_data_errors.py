@@ -65,6 +65,33 @@ def test_missing_field_lists_available_fields_and_spots_sharegpt(tok, tmp_path):
     assert "conversations, id" in problems[0].message
 
 
+def test_sharegpt_under_chat_names_the_whole_mapping_on_the_first_error(tok, tmp_path):
+    """One round of errors, not three (conversations, then from, then value)."""
+    path = jsonl(tmp_path / "sg.jsonl", [{"conversations": [{"from": "human", "value": "hi"},
+                                                            {"from": "gpt", "value": "hello"}]}])
+    err = build_error(tok, recipe(path, {"format": "chat"}), tmp_path)
+    assert "needs field `messages`" in err.message
+    assert err.hint.startswith("this is ShareGPT data: set `format: sharegpt`")
+    assert "fields: {messages: conversations, role: from, content: value}" in err.hint
+    [(where, _, hint)] = [(p.path, p.message, p.hint) for p in check_fields(recipe(path, {"format": "chat"}))]
+    assert where == "data.train[0].fields.messages" and hint == err.hint
+    # another chat shape: every field named from the first message's keys
+    other = jsonl(tmp_path / "o.jsonl", [{"dialog": [{"role": "user", "text": "hi"}]}])
+    err = build_error(tok, recipe(other, {"format": "chat", "fields": {"messages": "dialog"}}), tmp_path)
+    assert err.hint == "set `format: chat` and `fields: {messages: dialog, role: role, content: text}`"
+    # and the alias itself reads it
+    assert recipe(path, {"format": "sharegpt"}).data.train[0].fields.messages == "conversations"
+
+
+def test_a_defaulted_format_is_named_at_the_source(tok, tmp_path):
+    path = jsonl(tmp_path / "a.jsonl", [{"instruction": "say hi", "output": "hi"}])
+    err = build_error(tok, recipe(path), tmp_path)
+    assert "this source sets no `format`, so it defaulted to text, which needs field `text`" in err.message
+    assert "set `format: alpaca` (= `format: instruction`)" in err.hint
+    [(where, message, _)] = [(p.path, p.message, p.hint) for p in check_fields(recipe(path))]
+    assert where == "data.train[0]" and "defaulted to text" in message
+
+
 def test_null_field_names_the_row_and_line(tok, tmp_path):
     path = jsonl(tmp_path / "n.jsonl", [{"text": "a"}, "", {"text": None}])
     err = build_error(tok, recipe(path), tmp_path)
@@ -88,7 +115,7 @@ def test_message_keys_missing(tok, tmp_path):
     path = jsonl(tmp_path / "k.jsonl", [{"messages": [{"from": "human", "value": "hi"}]}])
     err = build_error(tok, recipe(path, {"format": "chat"}), tmp_path)
     assert "needs keys `role` and `content`, has: from, value" in err.message
-    assert "{role: from, content: value}" in err.hint
+    assert err.hint == "set `format: chat` and `fields: {messages: messages, role: from, content: value}`"
 
 
 def test_empty_dataset(tok, tmp_path):

@@ -158,7 +158,8 @@ def _token_losses(model, batch):
 
     model.train()  # as in training (dropout is 0 in the tiny model); use_cache stays the config's default
     with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        inputs = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits.float().cpu()
     labels = batch["labels"]
     losses = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="none", ignore_index=-100
@@ -191,13 +192,16 @@ def _per_sample_losses_alone(model, samples):
     return out
 
 
-# Every attention implementation ftune allows on CPU (flash needs CUDA); flex compiles for half a minute: slow.
+# Every attention implementation ftune allows on CPU (flash needs CUDA). flex_attention runs on CUDA only: ftune
+# refuses it on CPU (ftune.plan.environment.FLEX_CPU: no CPU backward, and a compiled CPU forward that is wrong for
+# grouped-query models without AVX-512), so its case is a GPU test; it compiles for half a minute: slow.
 CASES = [
     ("eager", "position_ids"),
     ("sdpa", "position_ids"),
     ("eager", "block_mask"),
     ("sdpa", "block_mask"),
-    pytest.param("flex_attention", "position_ids", marks=pytest.mark.slow),
+    pytest.param("flex_attention", "position_ids", marks=[pytest.mark.slow, pytest.mark.gpu, pytest.mark.skipif(
+        "not __import__('torch').cuda.is_available()", reason="flex_attention runs on CUDA only in ftune")]),
 ]
 
 
@@ -209,7 +213,9 @@ def test_packed_losses_equal_unpacked_losses(attn, how, packed, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
+    device = "cuda" if attn == "flex_attention" else "cpu"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn, dtype=torch.float32)
+    model.to(device)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32)
     collator = PackedCollator(pad_token_id=0, mode=how, attn_implementation=attn)
     rows = [0, 1, 2, 3, 4, 5]

@@ -107,8 +107,9 @@ def test_unknown_hub_id_says_how_to_plan_it():
         resolve_config(make("someone/unknown-7b"))
     (p,) = err.value.problems
     assert p.path == "model.path" and "no config found for 'someone/unknown-7b'" in p.message
-    assert p.hint.startswith("set model.config to a local config.json of the model, or fetch it once "
-                                     "(`hf download someone/unknown-7b config.json`)")
+    assert p.hint.startswith("did you mean ")  # the closest catalog names, however far
+    assert ("Otherwise set model.config to a local config.json of the model, or fetch it once "
+            "(`hf download someone/unknown-7b config.json`)") in p.hint
 
 
 def test_chat_variant_resolves_to_its_base_in_the_catalog():
@@ -270,3 +271,30 @@ def test_the_reference_copy_is_sharded_like_the_model():
                   train={"objective": "dpo"}, data={"train": [{"path": "d.jsonl", "format": "preference"}]})
     refs = [i.bytes for i in plan(recipe, world=8).memory if "reference" in i.detail]
     assert refs == [LLAMA2_7B_BF16 // 8]
+
+
+def test_current_qwen3_2507_ids_plan_offline_with_their_exact_count():
+    """`Qwen/Qwen3-4B-Instruct-2507` (every current LLaMA-Factory qwen3 example): Qwen3-4B's architecture with a
+    262,144-token context; 4,022,468,096 parameters (tied embeddings), as a meta-device model of its config counts."""
+    for model_id in ("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507"):
+        est = plan(make(model_id, {"method": "full"}))
+        assert est.params_total == 4_022_468_096 and est.config_source.startswith("catalog Qwen--Qwen3-4B-")
+
+
+@pytest.mark.parametrize("model_id", ["mistralai/Mistral-Small-24B-Instruct-2501", "acme/zzz", "Qwen/Qwen9-1T"])
+def test_an_unknown_id_always_gets_near_names_and_the_model_config_hint(model_id):
+    with pytest.raises(RecipeError) as err:  # a problem at model.path, located by the caller
+        plan(make(model_id, {"method": "full"}))
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "did you mean " in p.hint and "set model.config" in p.hint
+    if model_id.startswith(("mistralai/", "Qwen/")):  # the same org's entries come first
+        assert p.hint.split("did you mean ")[1].startswith(model_id.split("/")[0] + "/")
+
+
+@pytest.mark.parametrize("path", ["/abs/nowhere/model", "./rel/model", "~/models/x"])
+def test_a_missing_local_folder_is_never_suggested_for_download(path):
+    with pytest.raises(RecipeError) as err:
+        plan(make(path, {"method": "full"}))
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "check the folder" in p.hint and "download" not in p.hint
+    assert ("relative to the working directory" in p.message) == path.startswith(".")

@@ -211,7 +211,20 @@ def test_zero3_offload_moves_states_and_weights_to_host():
     kinds = {(i.kind, i.detail): i.bytes for i in mem.items}
     assert kinds["weights", "bfloat16"] == 0 and kinds["optimizer", "AdamW (torch)"] == 0
     assert kinds["gradients", "bfloat16"] == 2 * 8000 // 4  # ZeRO-2/3 shard gradients
-    assert mem.offloaded == (2 * 2 * 8000 + 4) // 4 + 4 * 8000 // 4 + 2 * 8000 // 4
+    assert mem.offloaded == (2 * 4 * 8000 + 4) // 4 + 4 * 8000 // 4 + 2 * 8000 // 4  # fp32 moments of the master
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_mixed_precision_adam_is_16_bytes_per_parameter(stage):
+    """bf16 weights (2) + bf16 gradients (2) + fp32 master (4) + two fp32 Adam moments (8), as DeepSpeed counts;
+    the moments were counted at the weights' 2 bytes (12 B/param)."""
+    params = [fact((8000,), "bfloat16")]
+    mem = per_device(params, PROFILE, Layout(strategy="deepspeed", shard_ranks=1, zero_stage=stage,
+                                             master_weights=True))
+    kinds = {(i.kind, i.detail): i.bytes for i in mem.items}
+    per_param = (kinds["weights", "bfloat16"] + kinds["gradients", "bfloat16"] + kinds["optimizer", "AdamW (torch)"]
+                 - 4 + kinds["optimizer", "fp32 master weights"]) / 8000  # less torch's 4-byte step tensor
+    assert per_param == 16
 
 
 def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
@@ -257,3 +270,24 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, labels=ids)
     assert profile.saved(False) == sum(seen.values())
+
+
+def test_galore_keeps_projected_moments_and_layerwise_one_gradient():
+    """GaLore (rank r) keeps its Adam moments on the projected gradient, r x max(m, n) each, plus an r x min(m, n)
+    projector; untargeted tensors keep full moments. Layer-wise, each parameter is updated in its own backward
+    hook: one gradient at a time. It was planned as plain AdamW (59.8 GiB for an 8B GaLore run of about 16 GB)."""
+    params = [ParamFact("model.layers.0.mlp.up_proj.weight", (4096, 1024), "bfloat16", 2, True),
+              ParamFact("model.layers.0.self_attn.q_proj.weight", (1024, 1024), "bfloat16", 2, True),
+              ParamFact("model.norm.weight", (1024,), "bfloat16", 2, True)]
+    galore = Layout(optimizer="galore_adamw", low_rank=(128, ("mlp",)))
+    mem = per_device(params, PROFILE, galore)
+    opt = {i.kind: i.bytes for i in mem.items}["optimizer"]
+    assert opt == 2 * 128 * 4096 * 2 + 128 * 1024 * 2 + 2 * (1024 * 1024 + 1024) * 2
+    adamw = {i.kind: i.bytes for i in per_device(params, PROFILE, Layout(optimizer="adamw_torch")).items}["optimizer"]
+    assert opt < adamw
+    layerwise = per_device(params, PROFILE, Layout(optimizer="galore_adamw_layerwise", low_rank=(128, ("mlp",))))
+    grads = sum(i.bytes for i in layerwise.items if i.kind == "gradients")
+    assert grads == 4096 * 1024 * 2  # the largest parameter's gradient only
+    every = per_device(params, PROFILE, Layout(optimizer="galore_adamw", low_rank=(64, "all-linear")))
+    assert {i.kind: i.bytes for i in every.items}["optimizer"] == (2 * 64 * 4096 * 2 + 64 * 1024 * 2
+                                                                   + 2 * 64 * 1024 * 2 + 64 * 1024 * 2 + 2 * 1024 * 2)

@@ -25,22 +25,51 @@ def make(path: str, **model) -> Recipe:
 
 def closed_form(cfg: dict) -> int:
     """Parameters of a decoder from its config: embeddings + layers (attention, MLP, norms) + final norm + head."""
+    return _closed_form(cfg)[0]
+
+
+def _closed_form(cfg: dict) -> tuple[int, int]:
+    """(total parameters, parameters in the routed experts) from the config alone."""
     h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     kind = cfg["model_type"]
-    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or h // heads
+    q, kv = heads * head_dim, cfg["num_key_value_heads"] * head_dim
     attention = h * q + 2 * h * kv + q * h  # q, k, v, o (Phi-3's fused qkv_proj holds the same)
     if kind == "qwen2":
         attention += q + 2 * kv  # q, k, v biases
-    if kind in ("qwen3", "gemma3_text"):
+    if kind in ("qwen3", "gemma3_text", "qwen3_moe"):
         attention += 2 * head_dim  # q_norm, k_norm over one head
+    if kind == "olmoe":
+        attention += q + kv  # q_norm, k_norm over all heads
+    if kind == "gpt_oss":
+        attention += q + 2 * kv + h + heads  # biases of q, k, v, o and one attention sink per head
+    if kind == "deepseek_v2":  # multi-head latent attention (no query compression in -Lite)
+        nope, rope, v, rank = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        attention = h * heads * (nope + rope) + h * (rank + rope) + rank + rank * heads * (nope + v) + heads * v * h
     mlp = 3 * h * cfg["intermediate_size"]  # gate, up, down (Phi-3's fused gate_up_proj holds the same)
+    experts = 0
     if kind == "mixtral":
-        experts = cfg["num_local_experts"]
-        mlp = experts * mlp + h * experts  # the experts and the router
+        experts = layers * cfg["num_local_experts"] * mlp
+        mlp = cfg["num_local_experts"] * mlp + h * cfg["num_local_experts"]  # the experts and the router
+    if kind in ("qwen3_moe", "olmoe"):
+        e, size = cfg["num_experts"], cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+        experts = layers * e * 3 * h * size
+        mlp = e * 3 * h * size + e * h
+    if kind == "gpt_oss":  # fused gate_up (E, h, 2I) and down (E, I, h), with biases; the router has a bias too
+        e, size = cfg["num_local_experts"], cfg["intermediate_size"]
+        per_layer = e * (h * 2 * size + 2 * size + size * h + h)
+        experts, mlp = layers * per_layer, per_layer + e * h + e
     norms = (4 if kind.startswith("gemma") else 2) * h  # Gemma: pre/post norms around attention and MLP
     head = 0 if cfg["tie_word_embeddings"] else vocab * h
-    return vocab * h + layers * (attention + mlp + norms) + h + head
+    total = vocab * h + layers * (attention + mlp + norms) + h + head
+    if kind == "deepseek_v2":  # the first layer(s) dense; then routed experts, a router and the shared experts
+        dense, e, size = cfg["first_k_dense_replace"], cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        routed = e * 3 * h * size
+        moe = routed + e * h + cfg["n_shared_experts"] * 3 * h * size
+        experts = (layers - dense) * routed
+        total += (layers - dense) * (moe - mlp)
+    return total, experts
 
 
 def config(model_id: str) -> dict:
@@ -76,7 +105,7 @@ def test_every_catalog_config_builds_to_its_closed_form_count():
     assert counts["meta-llama/Llama-3.2-1B"][0] == 1_235_814_400  # tied head
     assert counts["mistralai/Mixtral-8x7B-v0.1"][0] == 46_702_792_704
     assert counts["google/gemma-3-1b-pt"][0] == 999_885_952
-    assert len(counts) >= 43
+    assert len(counts) >= 49
 
 
 def test_each_name_names_one_entry():
@@ -169,3 +198,47 @@ def test_missing_model_config_is_located_in_the_recipe(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert err.startswith(f"{tmp_path / 'r.yaml'}:4:3: error: model.config: 'nope/config.json' does not exist")
     assert "relative to the working directory" in err
+
+
+# Mixture-of-experts entries: published totals, and the active count per token from the config alone.
+MOE_TOTALS = {
+    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
+    "Qwen/Qwen3-235B-A22B": 235_093_634_560,
+    "openai/gpt-oss-20b": 20_914_757_184,
+    "openai/gpt-oss-120b": 116_829_156_672,
+    "allenai/OLMoE-1B-7B-0924": 6_919_161_856,
+    "deepseek-ai/DeepSeek-V2-Lite": 15_706_484_224,
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(MOE_TOTALS))
+def test_moe_total_and_active_counts(model_id):
+    """ftune.moe.count on the meta model agrees with the config's closed form: total, routed experts, and the
+    active count (everything but the experts, plus top_k / num_experts of them)."""
+    from ftune import moe
+
+    cfg = config(model_id)
+    model, _, _ = _build(make(model_id), catalog.lookup(model_id)[1])
+    counts = moe.count(model)
+    total, experts = _closed_form(cfg)
+    top_k = cfg.get("num_experts_per_tok") or cfg["experts_per_token"]
+    num = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg["n_routed_experts"]
+    assert (counts.total, counts.experts, counts.num_experts, counts.top_k) == (MOE_TOTALS[model_id], experts, num,
+                                                                                  top_k)
+    assert counts.active == total - experts + experts * top_k // num
+
+
+def test_moe_active_counts_as_published():
+    """The active counts the model cards round: Mixtral 12.9B, Qwen3-30B-A3B 3.3B, Qwen3-235B-A22B 22B, OLMoE 1.3B
+    (gpt-oss's 3.6B and 5.1B leave out the 0.58B embedding)."""
+    from ftune import moe
+
+    active = {m: moe.count(_build(make(m), catalog.lookup(m)[1])[0]).active for m in MOE_TOTALS}
+    assert active["mistralai/Mixtral-8x7B-v0.1"] == 12_879_925_248
+    assert active["Qwen/Qwen3-30B-A3B"] == 3_353_032_704
+    assert active["Qwen/Qwen3-235B-A22B"] == 22_190_763_520
+    assert active["allenai/OLMoE-1B-7B-0924"] == 1_282_017_280
+    embedding = 201_088 * 2880
+    assert round((active["openai/gpt-oss-20b"] - embedding) / 1e9, 1) == 3.6
+    assert round((active["openai/gpt-oss-120b"] - embedding) / 1e9, 1) == 5.1

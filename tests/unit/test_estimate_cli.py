@@ -139,6 +139,25 @@ def test_eval_split_and_limit_reduce_samples(tmp_path, tiny_model_dir, text_data
     assert data.samples == 150 - 15
 
 
+def test_split_slices_count_the_rows_they_select(tmp_path, tiny_model_dir):
+    """The issue's case: `train[:50%]` of 40 rows plans 20 samples and 10 steps (batch 1, accumulation 2)."""
+    from ftune.recipe import load_recipe
+
+    data_file = tmp_path / "d.jsonl"
+    data_file.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(40)))
+    path = write_recipe(tmp_path, tiny_model_dir, data_file, per_device_batch_size=1, epochs=1)
+    for split, samples in [("train[:50%]", 20), ("train[10:15]", 5), ("train[-10%:]", 4), ("train[:25%]+train[-5:]", 15),
+                           ("train", 40), ("train[:]", 40)]:
+        loaded = load_recipe(path, [f"data.train.0.split={split}"])
+        data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=1.0)
+        assert data.samples == samples, split
+    loaded = load_recipe(path, ["data.train.0.split=train[:50%]"])
+    data = count_data(loaded.recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=1.0)
+    assert (data.samples, data.steps_per_epoch, data.total_steps) == (20, 10, 10)
+    assert count_data(load_recipe(path, ["data.train.0.split=validation"]).recipe, world_size=1,
+                      tokenizer_path=str(tiny_model_dir), epochs=1.0) is None  # a local file has no such split
+
+
 @pytest.mark.parametrize(
     ("names", "expected"),
     [
@@ -159,7 +178,7 @@ def test_error_points_at_the_line_that_sets_the_key(capsys, tmp_path, tiny_model
     assert main(["plan", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{path}:{line}:")
-    assert "error: peft.target_modules: ['wq', 'wv'] match no module of the model" in err  # the compiler's preflight
+    assert "error: peft.target_modules: (wq, wv) matches no module of the model" in err  # the compiler's preflight
 
 
 def test_packing_without_a_local_tokenizer_leaves_steps_unknown(tmp_path, tiny_model_dir, text_data_file):
@@ -180,7 +199,7 @@ def test_json_format_prints_recipe_errors_as_json(tmp_path, capsys):
     assert json.loads(out) == {"recipe": str(tmp_path / "r.yaml"), "errors": [{
         "file": str(tmp_path / "r.yaml"), "line": 7, "column": 20, "path": "train.mixed_precision",
         "message": "invalid value false: an unquoted no, off or false is read as the boolean false",
-        "hint": "quote it: 'no' (allowed values: no, fp16, bf16)"}]}
+        "hint": "quote it: 'no', in an override too: \"train.mixed_precision='no'\" (allowed values: no, fp16, bf16)"}]}
 
 
 def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
@@ -194,3 +213,50 @@ def test_json_format_prints_plan_errors_as_json(capsys, monkeypatch):
     assert error["hint"].startswith("did you mean meta-llama/Llama-3.1-8B, ")
     assert main(["plan", "no-such.yaml", "--format", "json"]) == 2
     assert json.loads(capsys.readouterr().out)["errors"][0]["message"] == "recipe file not found: no-such.yaml"
+
+
+@pytest.mark.parametrize("source", [{"format": "sharegpt"}, {"format": "chat", "roles": {"bot": "assistant"}},
+                                    {"format": "alpaca", "as_chat": True}])
+def test_chat_tokens_are_counted_through_the_chat_template(tmp_path, tiny_model_dir, source):
+    """`plan`'s estimate for chat data is within 10% of what the data stage (`ftune data`) counts."""
+    import random
+
+    from ftune.recipe import load_recipe
+    from tests.data_stage import build
+
+    rng = random.Random(1)
+    data = tmp_path / "chat.jsonl"
+    if source["format"] == "alpaca":
+        rows = [{"instruction": f"add {a} and {b}", "input": "", "output": f"{a + b}"}
+                for a, b in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(40))]
+    else:
+        m, r, c = ("conversations", "from", "value") if source["format"] == "sharegpt" else ("messages", "role", "content")
+        bot = "gpt" if source["format"] == "sharegpt" else "bot"
+        rows = [{m: [{r: "system", c: "be brief"}, {r: "user" if bot == "bot" else "human", c: f"add {a} and {b}"},
+                     {r: bot, c: f"it is {a + b}"}]} for a, b in ((rng.randint(0, 9), rng.randint(0, 9))
+                                                                    for _ in range(40))]
+    data.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    path = write_recipe(tmp_path, tiny_model_dir, data)
+    recipe = load_recipe(path, ["data.max_seq_length=512", f"data.cache_dir={tmp_path / 'cache'}"]
+                         + [f"data.train.0.{k}={json.dumps(v)}" for k, v in source.items()]).recipe
+    counted = count_data(recipe, world_size=1, tokenizer_path=str(tiny_model_dir), epochs=2.0)
+    from transformers import AutoTokenizer
+
+    built = build(recipe, AutoTokenizer.from_pretrained(tiny_model_dir), log=lambda _: None).report.tokens
+    assert abs(counted.tokens - built) <= 0.1 * built, (counted.tokens, built)
+    from ftune.cli.plan import _row_text, _tokenizer
+
+    plain = sum(len(e.ids) for e in _tokenizer(str(tiny_model_dir)).encode_batch(
+        [_row_text(x, recipe.data.train[0]) for x in rows]))
+    assert plain < 0.8 * built  # the contents alone (the old estimate) miss the template's tokens
+
+
+def test_plan_prints_epochs_and_what_max_steps_comes_to(capsys, tmp_path, tiny_model_dir, text_data_file):
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file)  # epochs: 2
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(2 epochs)" in out and "threads      " in out and "per process" in out
+    assert main(["plan", str(path), "train.epochs=1"]) == 0
+    assert "(1 epoch)" in capsys.readouterr().out
+    assert main(["plan", str(path), "train.max_steps=5"]) == 0
+    assert "(train.max_steps: " in capsys.readouterr().out

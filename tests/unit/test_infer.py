@@ -212,9 +212,24 @@ def _recipe(**changes) -> Recipe:
 
 def test_eval_generate_rule():
     assert list(eval_generate_needs_prompts(_recipe())) == []
-    assert _recipe().eval.generate.metrics == ["exact_match", "f1"]
     problems = {p.path: p.message for p in eval_generate_needs_prompts(
         _recipe(data={"train": [{"path": "d", "format": "text"}], "eval": None}))}
-    assert problems.keys() == {"eval.generate"} and "needs instruction or chat data" in " ".join(
-        p.message for p in eval_generate_needs_prompts(_recipe(data={"train": [{"path": "d"}]})))
+    assert problems.keys() == {"eval.generate"} and "needs instruction or chat data" in " ".join(problems.values())
+    # a source that writes no format: said at the source, where the format goes
+    [defaulted] = eval_generate_needs_prompts(_recipe(data={"train": [{"path": "d"}]}))
+    assert defaulted.path == "data.train[0]" and "sets no `format`, so it defaulted to text" in defaulted.message
+    assert "format: sharegpt" in defaulted.hint
+
+
+def test_generation_metrics_fit_the_data():
+    from ftune.plan.evaluation import generation_metrics
+
+    assert _recipe().eval.generate.metrics is None
+    assert generation_metrics(_recipe()) == ["exact_match", "f1"]  # instruction: short, closed answers
+    chat = _recipe(data={"train": [{"path": "d", "format": "sharegpt"}]})
+    assert generation_metrics(chat) == ["f1"]  # free-form answers: exact match would read 0
+    as_chat = _recipe(data={"train": [{"path": "d", "format": "instruction", "as_chat": True}]})
+    assert generation_metrics(as_chat) == ["f1"]
+    chosen = _recipe(data={"train": [{"path": "d", "format": "chat"}]}, eval={"generate": {"metrics": ["exact_match"]}})
+    assert generation_metrics(chosen) == ["exact_match"]
     assert [p.path for p in eval_generate_needs_prompts(_recipe(data={"train_on": "all"}))] == ["data.train_on"]

@@ -29,8 +29,11 @@ sys.exit(code)
     "argv",
     [["--help"], ["validate", "recipes/"], ["show", "recipes/llama7b-lora.yaml"], ["show", "recipes/llama7b-qlora.yaml", "--origin"],
      ["import", "axolotl", "tests/data/import/axolotl/qlora.yml"],
-     ["launch-script", "slurm", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2"]],
-    ids=["help", "validate", "show", "show-origin", "import", "launch-script"],
+     ["launch-script", "slurm", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2"],
+     ["launch-script", "kubernetes", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--image", "img"],
+     ["launch-script", "skypilot", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--accelerators", "H100:8"]],
+    ids=["help", "validate", "show", "show-origin", "import", "launch-script", "launch-script-k8s",
+         "launch-script-sky"],
 )
 def test_light_command_imports_nothing_heavy(argv):
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -21,7 +21,7 @@ CASES = {
     "missing-column": ({"data": {"format": "instruction"}}, "data.train[0].fields.instruction",
                        "instruction data needs field `instruction`", "- path:"),  # the source entry
     "targets": ({"peft": {"method": "lora", "r": 4, "target_modules": ["nope_proj"]}}, "peft.target_modules",
-                "match no module of the model", "target_modules:"),
+                "matches no module of the model", "target_modules:"),
 }
 
 

@@ -14,6 +14,7 @@ import pytest
 from ftune.cli.main import main
 from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
+from ftune.recipe import _yaml
 from ftune.recipe._yaml import MAX_DEPTH
 from ftune.recipe.load import MAX_EXTENDS_DEPTH
 
@@ -183,13 +184,47 @@ def test_chain_at_the_limit_loads(top):
     assert load_recipe(top / "r.yaml").recipe.train.seed == 5
 
 
+class _GivesUpEarly(_yaml._ShortKeyLoader):
+    """A parser that stops deep nesting with its own error before emitting the level past MAX_DEPTH, as the
+    libyaml in PyYAML's wheels does for 100,000 `[`: the guard must not depend on which parser that is. (Built on
+    the short-key scanner so that, like libyaml, it is fast: the time asserted is the guard's.)"""
+
+    depth = 0
+
+    def get_event(self):
+        event = super().get_event()
+        self.depth += isinstance(event, _yaml.yaml.CollectionStartEvent) - isinstance(event, _yaml.yaml.CollectionEndEvent)
+        if self.depth > 10:
+            raise _yaml.yaml.parser.ParserError(None, None, "too deep for this parser", event.start_mark)
+        return event
+
+
+# Which fast parser `_yaml.parse` tries first is decided in one place (`_FAST`); every choice is forced here, so
+# the depth guard is tested the same whatever PyYAML this machine has (with or without libyaml).
+LOADERS = [
+    pytest.param(None, id="pure-python"),
+    pytest.param(getattr(_yaml.yaml, "CSafeLoader", None), id="libyaml",
+                 marks=pytest.mark.skipif(not hasattr(_yaml.yaml, "CSafeLoader"), reason="PyYAML without libyaml")),
+    pytest.param(_GivesUpEarly, id="gives-up-early"),
+]
+
+
+@pytest.fixture(params=LOADERS)
+def loader(request, monkeypatch):
+    from ftune.recipe import _extends
+
+    monkeypatch.setattr(_yaml, "_FAST", request.param)
+    monkeypatch.setattr(_extends, "_PARSED", {})  # parsed bases are cached by text: parse them with this parser
+    return request.param
+
+
 @pytest.mark.parametrize("text, at", [
     ("[" * 100_000, (1, MAX_DEPTH + 1)),
     ("a: " + "{b: " * 100_000, (1, 4 * MAX_DEPTH)),  # the top mapping is the first level
     ("".join(" " * i + "a:\n" for i in range(300)), (MAX_DEPTH + 1, MAX_DEPTH + 1)),
     ("- " * 50_000 + "x\n", (1, 2 * MAX_DEPTH + 1)),
 ])
-def test_deep_nesting_is_a_located_error(tmp_path, text, at):
+def test_deep_nesting_is_a_located_error(tmp_path, text, at, loader):
     (tmp_path / "r.yaml").write_text(text)
     start = time.perf_counter()
     (p,) = problems(tmp_path / "r.yaml")
@@ -197,7 +232,7 @@ def test_deep_nesting_is_a_located_error(tmp_path, text, at):
     assert (p.message, where(p)) == (f"the document nests deeper than {MAX_DEPTH} levels", ("r.yaml", *at))
 
 
-def test_deep_nesting_through_aliases_is_a_located_error(tmp_path):
+def test_deep_nesting_through_aliases_is_a_located_error(tmp_path, loader):
     rows = [f"a0: &a0 {'[' * 40}1{']' * 40}\n"]
     rows += [f"a{i}: &a{i} {'[' * 40}*a{i - 1}{']' * 40}\n" for i in range(1, 40)]
     (tmp_path / "r.yaml").write_text("".join(rows))
@@ -205,7 +240,7 @@ def test_deep_nesting_through_aliases_is_a_located_error(tmp_path):
     assert [p.message for p in found] == [f"the document nests deeper than {MAX_DEPTH} levels"]
 
 
-def test_deep_base_is_located_in_the_base(top):
+def test_deep_base_is_located_in_the_base(top, loader):
     (top / "b.yaml").write_text("train: " + "[" * 100_000)
     (top / "r.yaml").write_text(GOOD + "extends: b.yaml\n")
     (p,) = problems(top / "r.yaml")
@@ -219,10 +254,18 @@ def test_huge_base_is_refused_unparsed(top):
     assert where(p) == ("b.yaml", None, None) and p.message.endswith("b.yaml is larger than 1 MiB: not a recipe")
 
 
-def test_deep_nesting_in_a_subprocess_exits_1_not_a_crash(tmp_path):
-    """The issue's case: 100,000 `[` segfaulted the validator (exit 139)."""
+@pytest.mark.parametrize("fast", ["None", "_yaml.yaml.CSafeLoader"], ids=["pure-python", "libyaml"])
+def test_deep_nesting_in_a_subprocess_exits_1_not_a_crash(tmp_path, fast):
+    """The issue's case: 100,000 `[` segfaulted the validator (exit 139), then, with libyaml, overflowed the
+    recursion limit (exit 3, "internal error"). Located, exit 1, well within a second, with either parser."""
+    if fast.endswith("CSafeLoader") and not hasattr(_yaml.yaml, "CSafeLoader"):
+        pytest.skip("PyYAML without libyaml")
     (tmp_path / "r.yaml").write_text("[" * 100_000)
-    proc = subprocess.run([sys.executable, "-m", "ftune.cli.main", "validate", "r.yaml"], cwd=tmp_path,
+    code = (f"import sys; from ftune.recipe import _yaml; _yaml._FAST = {fast}; import time; t = time.perf_counter(); "
+            "from ftune.cli.main import main; rc = main(['validate', 'r.yaml']); "
+            "print(f'SECONDS {time.perf_counter() - t:.3f}'); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith(f"r.yaml:1:{MAX_DEPTH + 1}: error: the document nests deeper than {MAX_DEPTH} levels")
+    assert float(proc.stdout.rsplit("SECONDS ", 1)[1]) < 1.0

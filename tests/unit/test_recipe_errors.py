@@ -37,8 +37,8 @@ def test_issue_example_text(tmp_path):
     (p,) = errors(tmp_path, GOOD + "peft:\n  method: lora\n  rnak: 8\n")
     assert p.render().endswith(
         "r.yaml:11:3: error: peft.rnak: unknown key (did you mean 'r'?)\n"
-        "    hint: allowed keys under `peft`: method, r, alpha, dropout, target_modules, modules_to_save, bias, "
-        "use_rslora, use_dora, init"
+        "    hint: allowed keys under `peft`: method, r, alpha, dropout, target_modules, target_parameters, experts, "
+        "router, modules_to_save, bias, use_rslora, use_dora, init"
     )
 
 
@@ -281,11 +281,11 @@ def test_yaml_boolean_in_an_enum_says_to_quote_it(tmp_path):
                    + "eval: {strategy: Off}\n")
     assert [(p.path, where(p)[1:], p.message, p.hint) for p in found] == [
         ("train.mixed_precision", (9, 20), "invalid value false: an unquoted no, off or false is read as the boolean "
-         "false", "quote it: 'no' (allowed values: no, fp16, bf16)"),
+         "false", "quote it: 'no', in an override too: \"train.mixed_precision='no'\" (allowed values: no, fp16, bf16)"),
         ("train.lr_scheduler", (10, 17), "invalid value true: an unquoted yes, on or true is read as the boolean true",
          found[1].hint),
         ("eval.strategy", (11, 18), "invalid value false: an unquoted no, off or false is read as the boolean false",
-         "quote it: 'no' (allowed values: no, steps, epoch)"),
+         "quote it: 'no', in an override too: \"eval.strategy='no'\" (allowed values: no, steps, epoch)"),
     ]
     assert found[1].hint.startswith("allowed values: linear, cosine")  # no allowed value YAML reads as true
 
@@ -304,7 +304,8 @@ def test_yaml_boolean_in_a_string_or_union_says_so(tmp_path):
 def test_yaml_boolean_in_an_override_says_to_quote_it(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["train.mixed_precision=off"])
     assert (p.path, where(p), p.hint) == ("train.mixed_precision", ("override", None, None),
-                                          "quote it: 'no' (allowed values: no, fp16, bf16)")
+                                          "quote it: 'no', in an override too: \"train.mixed_precision='no'\" "
+                                          "(allowed values: no, fp16, bf16)")
 
 
 @pytest.mark.parametrize("yaml_value, shown", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), ("1e999", "'1e999'")])

@@ -63,6 +63,28 @@ def test_liger_and_flash_attention_are_refused_on_cpu_located(tmp_path):
     assert "CUDA GPUs only" in found["model.attn_implementation"].message
 
 
+def test_flex_attention_training_is_refused_on_cpu_before_launch_located(tmp_path):
+    """torch has no FlexAttention backward on CPU: the run used to launch and fail after (exit 3)."""
+    found = _problems(tmp_path, compile_too=True, model={"path": "m", "attn_implementation": "flex_attention"},
+                      data={"train": [{"path": "d.jsonl"}], "packing": True, "max_seq_length": 64})
+    p = found["model.attn_implementation"]
+    assert p.message.startswith("flex_attention can't train on cpu: torch has no FlexAttention backward on CPU")
+    assert "model.attn_implementation: sdpa" in p.hint and p.location.line == 4  # name, model:, path, attn
+
+
+def test_flex_attention_is_allowed_on_cuda_and_swapped_for_forward_uses_on_cpu():
+    from ftune.plan import environment
+    from ftune.recipe.schema import Recipe
+
+    r = Recipe.model_validate({**BASE, "model": {"path": "m", "attn_implementation": "flex_attention"}})
+    assert "model.attn_implementation" not in {p.path for p in environment.kernels(r, "cuda")}
+    assert environment.forward_attention("flex_attention", "cuda") == ("flex_attention", None)
+    attn, note = environment.forward_attention("flex_attention", "cpu")
+    assert attn == "sdpa" and "wrong outputs, or NaN, for grouped-query models" in note
+    assert environment.forward_attention("eager", "cpu") == ("eager", None)
+    assert environment.forward_attention(None, "cpu") == (None, None)
+
+
 def test_liger_without_the_package_on_a_gpu_machine_gives_the_install_hint(monkeypatch):
     from ftune.plan import environment
     from ftune.recipe.schema import Recipe
@@ -102,3 +124,19 @@ def test_memory_model_accounts_for_the_levers():
     offloaded = per_device(facts, profile, replace(Layout(), offload_activations=True))
     assert offloaded.offloaded == profile.saved(False)
     assert base.total - offloaded.total == profile.saved(False) - max(profile.layer_bytes)
+
+
+@pytest.mark.parametrize("fused_loss", [False, True])
+def test_checkpointing_never_adds_to_activation_offloading(fused_loss):
+    """The issue's case: with offloading and Liger (fused loss), turning checkpointing on doubled a long-context
+    plan (94.6 -> 188.3 GiB): the recomputed layer is the layer in flight, already counted once."""
+    from ftune.estimate.memory import ActivationProfile, Layout, ParamFact, per_device
+
+    facts = [ParamFact("w", (1024, 1024), "bfloat16", 2, True)]
+    profile = ActivationProfile((40_000_000,) * 4, (5_000_000,) * 4, 9_000_000, 8_000_000)
+    alone = per_device(facts, profile, Layout(offload_activations=True, fused_loss=fused_loss))
+    both = per_device(facts, profile, Layout(offload_activations=True, checkpointing=True, fused_loss=fused_loss))
+    assert both.total == alone.total  # one layer on the device either way
+    assert both.offloaded < alone.offloaded  # the host keeps layer inputs only
+    ckpt = per_device(facts, profile, Layout(checkpointing=True, fused_loss=fused_loss))
+    assert both.total <= ckpt.total

@@ -31,6 +31,9 @@ ALLOWED = {
     "train.early_stopping": "the callback's settings", "train.activation_offloading": "a context manager",
     "eval.generate": "generation metrics' settings",
     "output.loss_curve": "whether to draw the curve",
+    "train.rl": "online RL's reward functions by name, the completions logged, the clipped-completions message",
+    "train.router_collapse": "the router-collapse guard's settings",
+    "distributed.timeout": "named in the error on a collective that did not answer",
     "distributed.strategy": "the CPU FSDP shim", "distributed.fsdp": "the CPU FSDP shim (its version)",
 }
 # Keys the compiler decides, so a worker read of them is a second decision (the Plan field that holds each).

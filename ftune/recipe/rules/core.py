@@ -64,7 +64,8 @@ def eval_needs_eval_data(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at(
             "eval.strategy",
             f"eval.strategy is '{recipe.eval.strategy}' but there is no eval data",
-            "set `data.eval: {split: 0.05}` (or a list of sources), or `eval.strategy: no`",
+            "set `data.eval: {split: 0.05}` (or a list of sources), or `eval.strategy: 'no'` (quoted; as an override: "
+            "\"eval.strategy='no'\")",
         )
 
 
@@ -88,7 +89,13 @@ def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("eval.generate", f"eval.generate needs a causal-lm model, not model.task '{recipe.model.task}'",
                          "remove `eval.generate`: classification reports accuracy through the eval loss only")
     formats = {s.format for s in recipe.data.train}
-    if not formats & {"instruction", "chat"}:
+    defaulted = [i for i, s in enumerate(recipe.data.train) if "format" not in s.model_fields_set]
+    if not formats & {"instruction", "chat"} and defaulted:  # say so where the format would be written
+        yield Problem.at(f"data.train[{defaulted[0]}]", "this source sets no `format`, so it defaulted to text; "
+                         "eval.generate scores answers to prompts, which needs instruction or chat data",
+                         "set `format: instruction` (alias `alpaca`), `format: chat` or `format: sharegpt` here, "
+                         "or remove `eval.generate`")
+    elif not formats & {"instruction", "chat"}:
         yield Problem.at("eval.generate", "eval.generate scores answers to prompts, so it needs instruction or chat "
                          f"data; data.train has {', '.join(sorted(formats))}",
                          "use `format: instruction` or `format: chat` sources, or remove `eval.generate`")
@@ -230,7 +237,8 @@ def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
                 "format 'classification' needs model.task 'sequence-classification', but it is 'causal-lm'",
                 "set `model.task: sequence-classification` (with model.labels), or another data format",
             )
-        elif task == "sequence-classification" and source.format != "classification":
+        elif task == "sequence-classification" and source.format != "classification" \
+                and not (recipe.train.objective == "reward" and source.format == "preference"):
             yield Problem.at(
                 path,
                 f"model.task is 'sequence-classification' but this source has format '{source.format}'"
@@ -248,7 +256,8 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
             f"num_labels is {m.num_labels} but model.labels names {len(m.labels)} classes",
             "drop `num_labels` (it defaults to len(labels)) or make them agree",
         )
-    if m.task == "sequence-classification" and m.num_labels is None and m.labels is None:
+    if m.task == "sequence-classification" and m.num_labels is None and m.labels is None \
+            and recipe.train.objective != "reward":  # a reward model has one output
         yield Problem.at(
             "model.task",
             "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",

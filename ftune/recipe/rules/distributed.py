@@ -91,6 +91,25 @@ def deepspeed_options_consistent(recipe: Recipe) -> Iterator[Problem]:
                             "put these settings in the DeepSpeed JSON file, or drop `config`")
 
 
+def expert_parallel_refused(recipe: Recipe) -> Iterator[Problem]:
+    """distributed.expert_parallel_size > 1: refused, with the reason that fits the recipe."""
+    size = recipe.distributed.expert_parallel_size
+    if size is None or size == 1:
+        return
+    d = recipe.distributed
+    if d.strategy in ("none", "ddp"):
+        why = (f"distributed.strategy {d.strategy} keeps a whole model on every rank" if d.strategy == "ddp"
+               else "one process has no ranks to split the experts over")
+        hint = "remove distributed.expert_parallel_size; shard the experts with `distributed.strategy: fsdp`"
+    else:
+        why = (f"{d.strategy} shards the experts' tensors with every other parameter, but ftune has no expert-"
+               "parallel training path: transformers 5.23 splits experts only when loading for inference "
+               "(DistributedConfig(ep_size)), and neither accelerate 1.15 nor the Trainer trains such a model")
+        hint = "remove distributed.expert_parallel_size; FSDP already spreads the experts' memory over the ranks"
+    yield Problem.at("distributed.expert_parallel_size", f"expert parallelism ({size} ranks) is refused: {why}",
+                     hint + " (docs/moe.md)")
+
+
 RULES: list[Rule] = [
     one_process_without_strategy,
     multi_node_needs_address,
@@ -98,4 +117,5 @@ RULES: list[Rule] = [
     no_8bit_with_fsdp,
     fsdp_options_fit_version,
     deepspeed_options_consistent,
+    expert_parallel_refused,
 ]

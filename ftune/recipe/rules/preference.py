@@ -18,26 +18,36 @@ from ftune.recipe.schema import Recipe
 def formats_fit_objective(recipe: Recipe) -> Iterator[Problem]:
     obj = objective(recipe.train.objective)
     for where, src in sources(recipe):
-        if obj.data_format is None and src.format in PREFERENCE_FORMATS:
+        if obj.data_format is None and src.format == "prompt":
+            yield Problem.at(f"{where}.format", "prompt data is for online RL (completions generated and rewarded "
+                             "during training), but train.objective is 'sft'",
+                             "set `train.objective: grpo` (or rloo) with `train.rl.rewards`")
+        elif obj.data_format is None and src.format in PREFERENCE_FORMATS:
             yield Problem.at(f"{where}.format", f"{src.format} data needs a preference objective, but "
                              "train.objective is 'sft'",
                              "set `train.objective: dpo` (or orpo, simpo; kto for unpaired-preference)")
         elif obj.data_format is not None and src.format != obj.data_format:
-            other = "kto" if src.format == "unpaired-preference" else "dpo, orpo or simpo"
+            other = {"unpaired-preference": "kto", "prompt": "grpo or rloo"}.get(src.format,
+                                                                                   "dpo, orpo, simpo or reward")
             yield Problem.at(f"{where}.format", f"train.objective '{obj.name}' reads `format: {obj.data_format}` "
                              f"rows, not {src.format}",
                              f"write the rows as {_shape(obj.data_format)}"
-                             + (f", or use {other}" if src.format in PREFERENCE_FORMATS else ""))
+                             + (f", or use {other}" if src.format in (*PREFERENCE_FORMATS, "prompt") else ""))
 
 
 def _shape(fmt: str) -> str:
-    return "{prompt, chosen, rejected}" if fmt == "preference" else "{prompt, completion, label: true|false}"
+    return {"preference": "{prompt, chosen, rejected}", "prompt": "{prompt, answer?, ...}"}.get(
+        fmt, "{prompt, completion, label: true|false}")
 
 
 def settings_fit_objective(recipe: Recipe) -> Iterator[Problem]:
     t = recipe.train
     obj = objective(t.objective)
     if t.preference is None:
+        return
+    if obj.data_format == "prompt":
+        yield Problem.at("train.preference", f"{obj.name} is online RL: its settings go under train.rl "
+                         "(beta, epsilon, num_generations, ...)", "move them to `train.rl`")
         return
     if obj.data_format is None:
         yield Problem.at("train.preference", "train.preference sets a preference objective's options, but "
@@ -66,7 +76,16 @@ def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at("data.max_prompt_length", "max_prompt_length truncates the prompts of preference data; "
                              "train.objective is 'sft'", "remove it, or use data.max_seq_length")
         return
-    if recipe.model.task != "causal-lm":
+    if t.objective == "reward":
+        if recipe.model.task != "sequence-classification":
+            yield Problem.at("model.task", "a reward model is a sequence classifier with one output (its logit "
+                             f"scores a text); model.task is '{recipe.model.task}'",
+                             "set `model.task: sequence-classification`")
+        for key in ("labels", "num_labels"):
+            if getattr(recipe.model, key) is not None:
+                yield Problem.at(f"model.{key}", "a reward model has one output, the reward; it has no classes",
+                                 "remove it")
+    elif recipe.model.task != "causal-lm":
         yield Problem.at("train.objective", f"{t.objective} trains a causal LM on completions; model.task is "
                          f"'{recipe.model.task}'", "use `model.task: causal-lm`, or `train.objective: sft`")
     if d.packing:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from ftune.plan.batching import DataPlan
 from ftune.plugins import installed
-from ftune.recipe.objectives import preference_data
+from ftune.recipe.objectives import preference_data, rl_data
 from ftune.recipe.schema import Recipe
+from ftune.data.chat_rows import chat_template_of
 from ftune.data.errors import DataError
 from ftune.worker.data.report import DataReport
 
@@ -42,19 +43,6 @@ class DataBundle:
     """Problems that don't stop training but will show later (a stop token never trained)."""
 
 
-def chat_template_of(recipe: Recipe, tokenizer) -> str:
-    """data.chat_template (a built-in's file or the Jinja string), else the tokenizer's, else ftune's default."""
-    from ftune.chat import resolve
-    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
-
-    if recipe.data.chat_template:
-        return resolve(recipe.data.chat_template)
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, dict):
-        own = own.get("default") or next(iter(own.values()), None)
-    return own or DEFAULT_CHAT_TEMPLATE
-
-
 def _datasets(entry):
     """A cache entry's train and eval datasets (eval None when the recipe has none)."""
     import datasets
@@ -77,7 +65,7 @@ def build(
 
     from ftune.worker.data import packing
     from ftune.worker.data.cache import Cache, make_key, tokenizer_fingerprint
-    from ftune.worker.data import preference
+    from ftune.worker.data import preference, prompt
     from ftune.worker.data.pipeline import preprocess
     from ftune.data.sources import content_hash, resolve
 
@@ -128,11 +116,13 @@ def build(
             reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                if preference_data(recipe):
+                if rl_data(recipe):
+                    report = prompt.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
+                elif preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
                     report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch,
-                                           decided.packing)
+                                           decided.packing, log=log)
                 entry = cache.commit(scratch, key)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -144,7 +134,7 @@ def build(
         log(line)
 
     how = decided.collator
-    if preference_data(recipe):  # TRL tokenizes the text columns and brings its own collator
+    if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     if recipe.model.task == "sequence-classification":

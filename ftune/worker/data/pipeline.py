@@ -57,7 +57,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
     """Encode one source; returns (dataset with bookkeeping columns, its SourceReport)."""
     import numpy as np
 
-    check_columns(src, ds.column_names)
+    check_columns(src, ds.column_names, ds[0] if len(ds) else None)
     check_template(src)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(ds)) if recipe.data.shuffle else np.arange(len(ds))
@@ -194,9 +194,12 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
-               template: str, scratch: Path, packs: bool) -> tuple[DataReport, list[str] | None]:
+               template: str, scratch: Path, packs: bool, log=None) -> tuple[DataReport, list[str] | None]:
     """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report; `packs` is the Plan's
-    packing decision (`DataPlan.packing`)."""
+    packing decision (`DataPlan.packing`). `log`: a plain line as each source starts and ends encoding (progress
+    that a log file or a pipe shows too)."""
+    import time
+
     import numpy as np
 
     data, seed = recipe.data, recipe.train.seed
@@ -205,8 +208,17 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, names, recipe.model.num_labels)
     report = DataReport(max_seq_length=data.max_seq_length, packing=packs, label_names=names)
 
-    train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=lambda src, ds, s: encode_source(
-        src, ds if ds is not None else load(src, scratch), ctx, recipe, scratch, s))
+    def encode(src, ds, s):
+        ds = ds if ds is not None else load(src, scratch)
+        t0 = time.time()
+        if log is not None:
+            log(f"data: encoding {src.where} ({src.spec.format}, {len(ds):,} rows) ...")
+        enc, rep = encode_source(src, ds, ctx, recipe, scratch, s)
+        if log is not None:
+            log(f"data: encoded {src.where}: {rep.samples:,} samples in {time.time() - t0:.1f}s")
+        return enc, rep
+
+    train, evals = assemble(recipe, loaded, eval_srcs, report=report, encode=encode)
 
     cols = train.select_columns(BOOKKEEPING).with_format("numpy")[:]  # only these columns are gathered
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]

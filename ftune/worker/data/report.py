@@ -116,7 +116,8 @@ class DataReport:
                     + " while training runs; nothing is counted or cached first"]
         out = [
             f"data: {self.rows} rows -> {self.kept} samples ({self.dropped} dropped without a trainable token, "
-            f"{self.truncated} truncated at {self.max_seq_length})",
+            + (f"{self.truncated} truncated at {self.max_seq_length})" if self.max_seq_length is not None
+               else "no length limit)"),
             f"data: train {self.train_samples} samples, eval {self.eval_samples}; {self.tokens} tokens, "
             f"{self.trainable_tokens} trained ({_pct(self.trainable_tokens, self.tokens)})",
             f"data: lengths min {self.length_min} · mean {self.length_mean:.1f} · p95 {self.length_p95} "

@@ -1,0 +1,74 @@
+"""The demo's figures as README.md and docs/demo.md quote them: one source, `docs/demo-summary.json`.
+
+`python -m ftune.demo.figures runs/demo-summary.json` copies a measured summary (what `make demo` wrote) to
+docs/demo-summary.json and rewrites the marked blocks of both pages from it; tests/unit/test_demo_figures.py
+fails when a page's block is not what the committed summary gives, so no figure is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY = REPO / "docs" / "demo-summary.json"
+PAGES = (REPO / "README.md", REPO / "docs" / "demo.md")
+BEGIN = "<!-- demo-figures: generated from docs/demo-summary.json by `python -m ftune.demo.figures`; do not edit -->"
+END = "<!-- /demo-figures -->"
+
+
+def markdown(summary: dict) -> str:
+    """The block: stage C's before/after table on held-out questions, then stages A-B, timings and date."""
+    real, b = summary.get("real") or {}, summary["lora"]
+    t = summary["timings_s"]
+    lines = []
+    if "samples" in real:
+        lines += [f"Stage C, LoRA on SmolLM2-135M-Instruct ({real['steps']} steps, 32 chat rows): answers in the "
+                  f"house format `[ftune] ...` on **{real['rule_before']:.0%} → {real['rule_after']:.0%}** of "
+                  f"{real['held_out_prompts']} held-out questions; the fact the base knew kept "
+                  f"({real['knowledge_before']:.0%} → {real['knowledge_after']:.0%}). Greedy answers:", "",
+                  "| held-out question | before | after |", "|---|---|---|"]
+        lines += [f"| {s['prompt']} | {_cell(s['before'])} | {_cell(s['after'])} |" for s in real["samples"][:5]]
+        lines.append("")
+    lines.append(f"Stage B, LoRA on the tiny from-scratch Llama: eval loss {b['eval_loss_before']:.2f} → "
+                 f"{b['eval_loss_after']:.2f}, greedy accuracy on {b['eval_questions']} held-out questions "
+                 f"{b['accuracy_before']:.0%} → {b['accuracy_after']:.0%}.")
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total")
+    lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}; the model already converted) on "
+                 f"{summary.get('machine', 'an unrecorded machine')}; measured {summary.get('date', 'undated')}.")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def block(page_text: str) -> str | None:
+    match = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), page_text, re.S)
+    return match.group(1) if match else None
+
+
+def rewrite(page: Path, summary: dict) -> None:
+    text = page.read_text()
+    if block(text) is None:
+        raise SystemExit(f"{page} has no {BEGIN} ... {END} block")
+    new = re.sub(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END),
+                 lambda _: f"{BEGIN}\n{markdown(summary)}\n{END}", text, flags=re.S)
+    page.write_text(new)
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        shutil.copyfile(argv[0], SUMMARY)
+    summary = json.loads(SUMMARY.read_text())
+    for page in PAGES:
+        rewrite(page, summary)
+        print(f"updated {page.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""What every job spec needs: the request from the command line, and the recipe checked as every node will load it.
+
+Each node runs `ftune run RECIPE` with the scheduler's variables (`ftune.plan.cluster` maps them onto the
+launch), so the spec never writes a node's rank or address itself unless the scheduler gives it no variable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ftune.errors import FtuneError, UsageError
+
+JOB_KEYS = ("distributed.num_machines", "distributed.machine_rank", "distributed.main_process_ip",
+            "distributed.main_process_port")
+GENERATED_SECRET = "FTUNE_SECRET_"
+DEFAULT_PORT = 29500
+
+
+@dataclass
+class Request:
+    """`ftune launch-script TARGET RECIPE ...` as given."""
+
+    target: str
+    recipe: str
+    overrides: list[str] = field(default_factory=list)
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    output: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    image: str | None = None
+    pvc: str | None = None
+    runtime: str = "torch-distributed"
+    secret_name: str = "ftune-secrets"
+    accelerators: str | None = None
+    bucket: str | None = None
+    install: str | None = None
+
+
+def dump_yaml(data: dict) -> str:
+    """YAML as a person reads it: keys in the spec's order, multi-line strings (scripts) as `|` blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False)
+
+
+def no_space(flag: str, value: str | None) -> str | None:
+    """A value that lands in a spec verbatim: non-empty, no whitespace (it would split or break the spec)."""
+    if value is not None and (not value or any(c.isspace() for c in value)):
+        raise UsageError(f"--{flag} {value!r}: it can't be empty or contain whitespace")
+    return value
+
+
+def dns_name(text: str) -> str:
+    """A Kubernetes object name (RFC 1123 label, 63 characters) from a recipe name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].rstrip("-")
+    return name or "ftune"
+
+
+def check(req: Request):
+    """Load the recipe as every node will (errors located, exit 1); returns (loaded, overrides, gpus per node)."""
+    from ftune.recipe import load_recipe
+
+    if req.nodes < 1:
+        raise UsageError(f"--nodes must be at least 1 (got {req.nodes})")
+    if req.gpus_per_node is not None and req.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be at least 1 (got {req.gpus_per_node})")
+    taken = [o for o in req.overrides if o.partition("=")[0].lstrip("~") in JOB_KEYS]
+    if taken:
+        raise UsageError(f"{taken[0]}: each node takes {', '.join(JOB_KEYS)} from the scheduler's environment",
+                         hint="leave these keys out of the overrides")
+    overrides = list(req.overrides)
+    if req.gpus_per_node is not None:
+        overrides.append(f"distributed.num_processes={req.gpus_per_node}")
+    loaded = load_recipe(req.recipe, overrides)
+    d = loaded.recipe.distributed
+    if d.strategy == "none" and req.nodes > 1:
+        raise FtuneError(
+            f"{req.recipe}: distributed.strategy is 'none' (one process), so there is nothing to spread over "
+            f"{req.nodes} nodes",
+            hint="set `distributed.strategy: ddp` (or fsdp / deepspeed) in the recipe, or pass "
+                 "distributed.strategy=fsdp after the recipe",
+            location=loaded.locate("distributed.strategy"),
+        )
+    # the job's shape, checked once as node 0 will see it (machine_rank < num_machines, an address, ...)
+    load_recipe(req.recipe, [*overrides, f"distributed.num_machines={req.nodes}", "distributed.machine_rank=0",
+                             "distributed.main_process_ip=node0"])
+    gpus = req.gpus_per_node
+    if gpus is None and isinstance(d.num_processes, int) and d.num_processes > 1:
+        gpus = d.num_processes
+    return loaded, overrides, gpus
+
+
+def secret_variables(loaded, where: str) -> list[str]:
+    """The environment variables the recipe reads its secrets from (`hub_token: ${env:HF_TOKEN}`), for the spec to
+    pass from the scheduler's secret store. A secret written into the recipe or an override is refused: a job
+    spec is shared and kept, so it would carry the secret in clear."""
+    literal = sorted(path for path, var in loaded.secrets.items() if var.startswith(GENERATED_SECRET))
+    if literal:
+        raise FtuneError(
+            f"{literal[0]}: a secret is written in the recipe (or an override); a {where} spec would carry it in "
+            "clear",
+            hint=f"write `{literal[0].rsplit('.', 1)[-1]}: ${{env:HF_TOKEN}}` (any variable name) and keep the value "
+                 "in the scheduler's secret store",
+            location=loaded.locate(literal[0]))
+    return sorted({var for var in loaded.secrets.values()})

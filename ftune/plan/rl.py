@@ -1,0 +1,72 @@
+"""The online RL objectives' part of `plan.trainer`: the exact extra kwargs of TRL's GRPOConfig / RLOOConfig.
+
+Every value TRL would otherwise default (generations, lengths, sampling, beta, clipping) is written out, so
+`ftune plan --format json` shows what will run. Light: no trl import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftune.recipe.objectives import RL_OBJECTIVES, rl_setting
+from ftune.recipe.schema import Recipe
+
+GRPO_LOSS = "dapo"
+GRPO_SCALE = "group"
+
+
+def config_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """`train.objective` + `train.rl` → GRPOConfig/RLOOConfig's own kwargs ({} for the other objectives)."""
+    name = recipe.train.objective
+    rl = recipe.train.rl
+    if name not in RL_OBJECTIVES or rl is None:
+        return {}
+    out: dict[str, Any] = {
+        "num_generations": rl_setting(recipe, "num_generations"),
+        "max_completion_length": rl.max_completion_length,
+        "temperature": rl.temperature,
+        "top_p": rl.top_p,
+        "beta": rl_setting(recipe, "beta"),
+        "epsilon": rl.epsilon,
+        "num_iterations": rl.num_iterations,
+        "reward_weights": [r.weight for r in rl.rewards],
+        # the rewards read the rows' other columns (answer, ...): TRL's default, written out
+        "remove_unused_columns": False,
+        "use_vllm": rl.generation.backend == "vllm",
+        "log_completions": False,  # ftune writes completions.jsonl itself (TRL's needs pandas/rich tables)
+    }
+    if rl.generation.backend == "vllm":
+        out |= {"vllm_mode": rl.generation.vllm_mode,
+                "vllm_gpu_memory_utilization": rl.generation.vllm_gpu_memory_utilization}
+    if name == "grpo":
+        out |= {"loss_type": rl.loss_type or GRPO_LOSS, "scale_rewards": rl.scale_rewards or GRPO_SCALE}
+    return out
+
+
+def generation_batch(recipe: Recipe, world_size: int) -> tuple[int, int]:
+    """(prompts, completions) sampled per optimizer step: the per-device batch counts completions."""
+    t = recipe.train
+    completions = t.per_device_batch_size * t.gradient_accumulation_steps * world_size
+    return completions // rl_setting(recipe, "num_generations"), completions
+
+
+def notes(recipe: Recipe, world_size: int, continued: bool) -> list[str]:
+    """What an RL run does per step and what its reference costs, for `plan.notes`."""
+    if recipe.train.objective not in RL_OBJECTIVES or recipe.train.rl is None:
+        return []
+    rl = recipe.train.rl
+    prompts, completions = generation_batch(recipe, world_size)
+    out = [f"{recipe.train.objective}: each step samples {prompts} prompt(s) x {rl_setting(recipe, 'num_generations')} "
+           f"completions ({completions} in all, up to {rl.max_completion_length} tokens each) with "
+           f"{rl.generation.backend}, then scores them with {len(rl.rewards)} reward(s)"]
+    beta = rl_setting(recipe, "beta")
+    if beta == 0:
+        out.append(f"{recipe.train.objective} reference: none (beta 0: no KL term, no reference model in memory)")
+    elif recipe.peft.uses_peft_library:
+        what = "the base without the continued adapter" if continued else "the base"
+        out.append(f"{recipe.train.objective} reference (beta {beta}): {what}, scored with the adapter disabled "
+                   "(no second copy in memory)")
+    else:
+        out.append(f"{recipe.train.objective} reference (beta {beta}): a frozen copy of the model loaded from "
+                   "model.path (its weights once more in memory)")
+    return out

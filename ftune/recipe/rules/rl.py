@@ -1,0 +1,121 @@
+"""Online RL rules (grpo, rloo): the rewards a recipe names exist and their arguments fit, the generation batch
+holds whole groups, and the settings belong to the objective. Refused at `validate`, located at the key.
+
+Whether the data has the `answer` column a reward reads is checked where the data is read (`ftune validate
+--check-paths`, the data stage); vLLM without CUDA and a reward model that is no sequence classifier are
+environment checks (`ftune.plan.environment`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from pydantic import ValidationError
+
+from ftune.errors import Problem
+from ftune.recipe.objectives import RL_OBJECTIVES, objective, rl_setting
+from ftune.recipe.rules import Rule
+from ftune.recipe.schema import Recipe
+
+
+def rl_section(recipe: Recipe) -> Iterator[Problem]:
+    t = recipe.train
+    if t.objective not in RL_OBJECTIVES:
+        if t.rl is not None:
+            yield Problem.at("train.rl", f"train.rl sets online RL options, but train.objective is '{t.objective}'",
+                             "set `train.objective: grpo` (or rloo), or remove train.rl")
+        return
+    obj = objective(t.objective)
+    if t.rl is None or not t.rl.rewards:
+        yield Problem.at("train.rl" if t.rl is None else "train.rl.rewards",
+                         f"{obj.name} learns from rewards, and the recipe names none",
+                         "add `train.rl.rewards: [{name: exact_match}]` (or numeric, contains, regex, ...)")
+        return
+    for key in sorted(t.rl.model_fields_set):
+        if key not in obj.settings:
+            yield Problem.at(f"train.rl.{key}", f"{obj.name} has no `{key}` setting (grpo only)",
+                             f"remove it; {obj.name} takes: {', '.join(obj.settings)}")
+
+
+def rewards_known(recipe: Recipe) -> Iterator[Problem]:
+    from ftune.rewards import available, where
+
+    rl = recipe.train.rl
+    if recipe.train.objective not in RL_OBJECTIVES or rl is None:
+        return
+    known = available()
+    seen: set[str] = set()
+    for i, spec in enumerate(rl.rewards):
+        at = f"train.rl.rewards.{i}"
+        reward = known.get(spec.name)
+        if reward is None:
+            close = difflib.get_close_matches(spec.name, list(known), n=3, cutoff=0.5)
+            yield Problem.at(f"{at}.name", f"no reward named '{spec.name}'",
+                             (f"did you mean {', '.join(repr(c) for c in close)}? " if close else "")
+                             + f"rewards: {', '.join(sorted(known))} (more only through installed plugins)")
+            continue
+        if spec.name in seen:
+            yield Problem.at(f"{at}.name", f"reward '{spec.name}' is named twice; its metrics would merge",
+                             "give it once (its weight sets how much it counts)")
+        seen.add(spec.name)
+        try:
+            reward.args.model_validate(spec.args)
+        except ValidationError as err:
+            for e in err.errors():
+                key = ".".join(str(p) for p in e["loc"])
+                msg = e["msg"] if e["type"] != "extra_forbidden" else "unknown argument"
+                fields = ", ".join(reward.args.model_fields) or "none"
+                yield Problem.at(f"{at}.{key}" if key else at, f"reward '{spec.name}': {msg}",
+                                 f"its arguments: {fields} (besides name and weight); see {where(spec.name)}'s "
+                                 "documentation")
+
+
+def whole_groups(recipe: Recipe) -> Iterator[Problem]:
+    """TRL samples `num_generations` completions per prompt in every generation batch (per-device batch x
+    accumulation x processes completions): the batch must hold whole groups."""
+    t, rl = recipe.train, recipe.train.rl
+    if t.objective not in RL_OBJECTIVES or rl is None or not rl.rewards:
+        return
+    n = recipe.distributed.num_processes
+    world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
+    batch = t.per_device_batch_size * t.gradient_accumulation_steps * world
+    groups = rl_setting(recipe, "num_generations")
+    if batch % groups:
+        fits = [g for g in range(2, batch + 1) if batch % g == 0]
+        yield Problem.at("train.rl.num_generations",
+                         f"{groups} generations per prompt don't divide the generation batch of {batch} "
+                         f"completions (per_device_batch_size {t.per_device_batch_size} x gradient_accumulation_steps "
+                         f"{t.gradient_accumulation_steps} x {world} process{'es' if world > 1 else ''})",
+                         f"use num_generations {', '.join(map(str, fits)) or '(none fits: raise the batch)'}, or make "
+                         f"the batch a multiple of {groups}")
+    d = recipe.data
+    if d.max_prompt_length is not None and d.max_seq_length is not None \
+            and d.max_prompt_length + rl.max_completion_length > d.max_seq_length:
+        yield Problem.at("train.rl.max_completion_length",
+                         f"data.max_prompt_length ({d.max_prompt_length}) + max_completion_length "
+                         f"({rl.max_completion_length}) is longer than data.max_seq_length ({d.max_seq_length})",
+                         "lower one of them, or raise data.max_seq_length")
+    if rl.generation.backend == "vllm" and recipe.peft.method not in (
+            "lora", "full", "freeze"):
+        yield Problem.at("train.rl.generation.backend", f"vLLM can't load a {recipe.peft.method} adapter",
+                         "use `backend: transformers`, or peft.method lora")
+
+
+def reference_buildable(recipe: Recipe) -> Iterator[Problem]:
+    """beta > 0 scores a reference: the disabled adapter (PEFT methods) or a frozen copy loaded from model.path
+    (full, freeze), which a randomly initialised model doesn't have."""
+    t = recipe.train
+    if t.objective not in RL_OBJECTIVES or t.rl is None:
+        return
+    beta = rl_setting(recipe, "beta")
+    if beta == 0:
+        return
+    if not recipe.peft.uses_peft_library and recipe.model.init == "random":
+        yield Problem.at("train.rl.beta", f"beta {beta} scores a reference model, and with "
+                         f"peft.method {recipe.peft.method} it is a frozen copy loaded from model.path; "
+                         "`model.init: random` has no weights to load",
+                         "set `train.rl.beta: 0`, or start from saved weights (model.init: pretrained)")
+
+
+RULES: list[Rule] = [rl_section, rewards_known, whole_groups, reference_buildable]

@@ -1,0 +1,111 @@
+"""Prompt data for online RL (grpo, rloo): rows → {prompt, answer?, ...the other columns, _row}.
+
+The prompt is a string, or chat messages rendered here with the run's chat template and its generation prompt,
+so TRL generates from plain text and every reward sees the same prompt. `answer` (mapped by `fields.answer`)
+and every other column pass through to the rewards; `_row` names the source row, so a reward that fails is
+reported with the row it failed on. The prompt keeps its last `data.max_prompt_length` tokens. The order of steps,
+the seeds and the cache are the SFT pipeline's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ftune.recipe.schema import Recipe
+from ftune.data.errors import DataError, row_location
+from ftune.data.formats import check_columns, normalize_messages
+from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.data.sources import Source, load
+
+BOOKKEEPING = ["_len", "_truncated"]
+ROW = "_row"
+"""The column naming each row's source (`data.train[0] row 12 of math.jsonl`), for reward errors."""
+
+
+def _answer_readers(recipe: Recipe) -> list[str]:
+    from ftune.data.check import answer_readers
+
+    return answer_readers(recipe)
+
+
+def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: Path, seed: int):
+    import numpy as np
+
+    check_columns(src, ds.column_names)
+    f = src.spec.fields
+    readers = _answer_readers(recipe)
+    if readers and f.answer not in ds.column_names:
+        raise DataError(f"{src.where}: reward {', '.join(readers)} compares completions with each row's "
+                        f"`{f.answer}`, but row 1 of {src.spec.path} has: {', '.join(ds.column_names)}",
+                        hint="add an answer to every row, or map its column (`fields: {answer: solution}`)",
+                        location=row_location(src.path, src.kind, 0) if src.local else None)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(ds)) if recipe.data.shuffle else np.arange(len(ds))
+    if src.spec.limit:
+        order = order[: src.spec.limit]
+    ds = ds.select(order, keep_in_memory=True)
+    rows = order.tolist()
+    max_prompt = recipe.data.max_prompt_length
+
+    def fail(i: int, message: str, hint: str | None = None) -> DataError:
+        return DataError(f"{src.where}: row {rows[i] + 1} of {src.spec.path}: {message}", hint=hint,
+                         location=row_location(src.path, src.kind, rows[i]) if src.local else None)
+
+    def encode(row: dict, i: int) -> dict:
+        prompt = row[f.prompt]
+        if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
+            raise fail(i, f"field `{f.prompt}` is empty")
+        if not isinstance(prompt, str):
+            msgs = normalize_messages(prompt, src, i, fail)
+            try:
+                prompt = tok.apply_chat_template(msgs, chat_template=template, tokenize=False,
+                                                 add_generation_prompt=True)
+            except Exception as err:  # noqa: BLE001 - jinja raise_exception(), bad role order, ...
+                raise fail(i, f"the chat template rejected the conversation: {err}") from err
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        cut = max_prompt is not None and len(ids) > max_prompt
+        if cut:  # keep the end of the prompt: it sits next to the completion
+            prompt, ids = tok.decode(ids[-max_prompt:]), ids[-max_prompt:]
+        out = {"prompt": prompt, ROW: f"{src.where} row {rows[i] + 1} of {src.spec.path}", "_len": len(ids),
+               "_truncated": cut}
+        if readers and row.get(f.answer) in (None, ""):
+            raise fail(i, f"field `{f.answer}` is empty, and reward {', '.join(readers)} reads it")
+        if f.answer in row:
+            out["answer"] = None if row[f.answer] is None else str(row[f.answer])
+        return out
+
+    drop = [c for c in (f.prompt, f.answer) if c in ds.column_names and c not in ("prompt", "answer")]
+    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
+    enc = ds.map(encode, with_indices=True, remove_columns=drop, num_proc=recipe.data.num_proc,
+                 cache_file_name=str(scratch / f"enc-{tag}.arrow"), load_from_cache_file=False,
+                 new_fingerprint=f"ftune-{tag}-{seed}", desc=f"ftune: {src.where} (prompt)")
+    truncated = int(np.asarray(enc["_truncated"]).sum())
+    return enc, SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
+
+
+def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
+               scratch: Path) -> DataReport:
+    """Build the prompt datasets into `scratch/train` (and `scratch/eval`) and return the report."""
+    import numpy as np
+
+    from ftune.worker.data.pipeline import assemble
+
+    data = recipe.data
+    report = DataReport(max_seq_length=data.max_seq_length)
+    train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, report=report,
+                            encode=lambda src, ds, s: encode_source(src, load(src, scratch), recipe, tokenizer,
+                                                                    template, scratch, s))
+    lengths = np.asarray(train["_len"])
+    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
+    report.tokens, report.trainable_tokens = int(lengths.sum()), 0  # the completions are generated in training
+    for k, v in length_stats(lengths).items():
+        setattr(report, k, v)
+    train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
+    if evals is not None:
+        evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
+    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    return report

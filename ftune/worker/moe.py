@@ -1,0 +1,117 @@
+"""Mixture-of-experts training details: the router's load-balancing loss and the per-expert token share, logged to
+metrics.jsonl at each log (`aux_loss`, `expert_share_max`, `expert_share`), and the router-collapse guard
+(`train.router_collapse`) that stops a run whose router sends nearly every token to one expert.
+
+Forward hooks read what the model computes anyway (the routers' chosen experts, the model output's `aux_loss`):
+no extra forward pass, nothing in a dense model's run. Counts are summed over all ranks at each log, so every
+rank sees the same share and stops at the same step.
+"""
+
+from __future__ import annotations
+
+from ftune.errors import RunError
+from ftune.moe import moe_layout
+
+
+def router_stats(plan, model):
+    """The callback for an MoE `model` (None for a dense one)."""
+    from transformers import TrainerCallback
+
+    layout = moe_layout(model)
+    if layout is None:
+        return None
+    guard = plan.recipe.train.router_collapse
+    experts = layout.num_experts
+    routers = set(layout.router_modules)
+
+    class RouterStats(TrainerCallback):
+        def __init__(self) -> None:
+            self.counts: dict[str, list[int]] = {}
+            self.tokens: dict[str, int] = {}
+            self.aux_sum, self.aux_n = 0.0, 0
+            self.streak = 0
+            self.handles: list = []
+
+        def _route_hook(self, name: str):
+            def hook(module, args, output):
+                if not module.training:
+                    return
+                indices = next((t for t in reversed(output if isinstance(output, tuple) else (output,))
+                                if hasattr(t, "dtype") and not t.dtype.is_floating_point), None)
+                if indices is None:
+                    return
+                import torch
+
+                seen = torch.bincount(indices.detach().reshape(-1).cpu(), minlength=experts).tolist()
+                mine = self.counts.setdefault(name, [0] * experts)
+                for e, c in enumerate(seen[:experts]):
+                    mine[e] += c
+                self.tokens[name] = self.tokens.get(name, 0) + indices.shape[0]
+            return hook
+
+        def _aux_hook(self, module, args, output):
+            aux = getattr(output, "aux_loss", None)
+            if module.training and aux is not None:
+                self.aux_sum += float(aux.detach().float())
+                self.aux_n += 1
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            from ftune.moe import base_name
+
+            if model is None:
+                return
+            inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+            self.handles.append(inner.register_forward_hook(self._aux_hook))
+            for name, module in model.named_modules():
+                if ".base_layer" not in name and base_name(name) in routers:
+                    self.handles.append(module.register_forward_hook(self._route_hook(base_name(name))))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            for h in self.handles:
+                h.remove()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is None or "loss" not in logs:
+                return
+            counts, tokens, aux = self._gathered(args)
+            self.counts, self.tokens, self.aux_sum, self.aux_n = {}, {}, 0.0, 0
+            if aux is not None:
+                logs["aux_loss"] = aux
+            if not tokens:
+                return
+            shares = {name: [c / max(tokens[name], 1) for c in row] for name, row in counts.items()}
+            top_layer, top = max(((n, max(row)) for n, row in shares.items()), key=lambda x: x[1])
+            logs["expert_share_max"] = round(top, 4)
+            logs["expert_share"] = [round(sum(row[e] for row in shares.values()) / len(shares), 4)
+                                    for e in range(experts)]
+            if guard is None:
+                return
+            self.streak = self.streak + 1 if top > guard.max_share else 0
+            if self.streak >= guard.logs:
+                expert = shares[top_layer].index(top)
+                raise RunError(
+                    f"router collapse: in {top_layer}, expert {expert} received {top:.0%} of the tokens for "
+                    f"{self.streak} logs in a row (train.router_collapse.max_share {guard.max_share:g}), at step "
+                    f"{state.global_step}",
+                    hint="raise model.router_aux_loss_coef (the load-balancing loss), lower the learning rate or "
+                         "keep the router frozen (peft.router); train.router_collapse: null turns the guard off")
+
+        def _gathered(self, args):
+            """Counts, tokens and the mean aux loss, summed over every rank."""
+            names = sorted(routers)
+            flat = [c for n in names for c in self.counts.get(n, [0] * experts)]
+            flat += [self.tokens.get(n, 0) for n in names] + [self.aux_sum, self.aux_n]
+            if args.world_size > 1:
+                import torch
+                import torch.distributed as dist
+
+                t = torch.tensor(flat, dtype=torch.float64, device=args.device)
+                dist.all_reduce(t)
+                flat = t.tolist()
+            k = len(names) * experts
+            counts = {n: flat[i * experts:(i + 1) * experts] for i, n in enumerate(names)}
+            tokens = {n: flat[k + i] for i, n in enumerate(names) if flat[k + i]}
+            aux_sum, aux_n = flat[-2], flat[-1]
+            return ({n: counts[n] for n in tokens}, tokens, round(aux_sum / aux_n, 6) if aux_n else None)
+
+    return RouterStats()

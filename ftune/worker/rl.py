@@ -1,0 +1,184 @@
+"""Online RL in the worker (grpo, rloo): the recipe's rewards as TRL reward functions, TRL's trainer, the guards
+and completions.jsonl. TRL generates, computes advantages and the loss; ftune writes none of them.
+
+Each reward is scored row by row (`ftune.rewards.Sample`), so a reward that raises or returns NaN stops the run
+naming the reward and the row. TRL's logged names are mapped to ftune's (`ALIASES`) in metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from ftune.errors import RunError
+from ftune.plugins import load_object
+from ftune.rewards import REWARD_MODEL, Sample, available
+from ftune.worker.data.prompt import ROW
+
+ALIASES = {"frac_reward_zero_std": "zero_advantage_frac", "completions/mean_length": "completion_length",
+           "completions/clipped_ratio": "clipped_ratio"}
+"""TRL's metric → ftune's name (both are kept). `reward`, `reward_std`, `rewards/<name>/mean|std` and `kl` keep
+TRL's names."""
+
+
+def reward_function(spec, plugin):
+    """The TRL reward function (batched keyword call) for one `train.rl.rewards` entry."""
+    args = plugin.args.model_validate(spec.args) if plugin.args is not None else None
+    score = load_object(plugin.make)(args)
+    name = spec.name
+
+    def reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
+        n = len(completions)
+        answers = columns.get("answer") or [None] * n
+        rows = columns.get(ROW) or [f"completion {j + 1}" for j in range(n)]
+        other = {k: v for k, v in columns.items()
+                 if isinstance(v, list) and len(v) == n and k not in ("answer", ROW)}
+        out = []
+        for j in range(n):
+            text = completions[j] if isinstance(completions[j], str) else completions[j][-1]["content"]
+            sample = Sample(prompt=str(prompts[j]), completion=text,
+                            completion_ids=tuple(completion_ids[j]) if completion_ids is not None else (),
+                            answer=answers[j], row={k: v[j] for k, v in other.items()})
+            try:
+                value = float(score(sample))
+            except Exception as err:  # noqa: BLE001 - the reward is the user's (or a plugin's): say which and where
+                raise RunError(f"reward '{name}' failed on {rows[j]}: {type(err).__name__}: {err}",
+                               hint=f"completion: {text[:120]!r}; answer: {answers[j]!r}. Fix the row or the "
+                               "reward's arguments") from None
+            if not math.isfinite(value):
+                raise RunError(f"reward '{name}' returned {value} on {rows[j]}",
+                               hint=f"completion: {text[:120]!r}; a reward must be a finite number for every "
+                               "completion (a NaN would silently drop the group's learning signal)")
+            out.append(value)
+        return out
+
+    reward.__name__ = name  # TRL logs rewards/<__name__>/mean and /std
+    return reward
+
+
+def reward_model_function(spec, device):
+    """A `reward_model` entry: the sequence classifier's logit for prompt + completion + eos, the text as TRL's
+    RewardTrainer scored it in training (it appends eos to every completion). Without the eos the score is read at
+    the completion's last word, where it was never trained: a tiny GRPO run learned to repeat the rewarded word
+    forever (reward -0.68 -> 2.24, every completion clipped)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = spec.args["path"]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval().requires_grad_(False)
+    model.config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model.to(device)
+    eos = tok.eos_token or ""
+
+    def reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
+        texts = [str(p) + (c if isinstance(c, str) else c[-1]["content"]) + eos for p, c in zip(prompts, completions)]
+        batch = tok(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        with torch.inference_mode():
+            return model(**batch.to(device)).logits[:, 0].float().tolist()
+
+    reward.__name__ = REWARD_MODEL
+    return reward
+
+
+def reward_functions(plan, device) -> list:
+    """TRL's reward_funcs, in the recipe's order (weights: plan.trainer)."""
+    known = available()
+    return [reward_model_function(spec, device) if spec.name == REWARD_MODEL
+            else reward_function(spec, known[spec.name]) for spec in plan.recipe.train.rl.rewards]
+
+
+def guard(plan):
+    """Add ftune's metric names to each training log, and stop the run on RL's silent failures: rewards identical
+    within every group (zero advantages: nothing to learn), or every completion clipped at the length limit, for
+    `train.rl.guard_logs` logs in a row. Logged values are gathered over processes, so every rank stops alike.
+    Placed first among the callbacks, so metrics.jsonl sees the names it adds."""
+    from transformers import TrainerCallback
+
+    rl = plan.recipe.train.rl
+    objective = plan.recipe.train.objective
+    limit = rl.guard_logs
+
+    class RLGuard(TrainerCallback):
+        def __init__(self) -> None:
+            self.flat = self.clipped = 0
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "reward" not in logs:
+                return
+            for trl_name, name in ALIASES.items():
+                if trl_name in logs:
+                    logs[name] = logs[trl_name]
+            self.flat = self.flat + 1 if logs.get("frac_reward_zero_std") == 1.0 else 0
+            self.clipped = self.clipped + 1 if logs.get("completions/clipped_ratio") == 1.0 else 0
+            if self.flat >= limit:
+                per = ", ".join(f"{k.split('/')[1]} {logs[k]:.3g}" for k in logs
+                                if k.startswith("rewards/") and k.endswith("/mean"))
+                raise RunError(
+                    f"{objective}: every group's completions got identical rewards for {self.flat} logs in a row "
+                    f"(step {state.global_step}; mean reward {logs['reward']:.3g}: {per}); every advantage is zero, "
+                    "so nothing is learned", hint="check the rewards against the data (the answer's format, a "
+                    "regex that never matches), see completions.jsonl; raise train.rl.temperature or "
+                    "num_generations, or add a graded reward (e.g. length, contains) beside a pass/fail one")
+            if self.clipped >= limit:
+                raise RunError(
+                    f"{objective}: every completion hit max_completion_length ({rl.max_completion_length} tokens) "
+                    f"for {self.clipped} logs in a row (step {state.global_step}): none ended, so answers are cut "
+                    "before they are scored", hint="raise train.rl.max_completion_length, check that the model "
+                    "ends its answers with the tokenizer's eos token (model.special_tokens.eos_token; an SFT "
+                    "stage first teaches it), or add soft_overlong_punishment")
+
+    return RLGuard()
+
+
+def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
+    """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
+    the recipe's rewards."""
+    from transformers import PrinterCallback
+
+    from ftune.worker.distributed import set_mixed_precision_policy
+
+    rl = plan.recipe.train.rl
+    run = plan.run
+    funcs = reward_functions(plan, args.device)
+
+    class RLTrainer(trainer_class):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            set_mixed_precision_policy(self.accelerator, plan)
+
+        def log(self, logs, start_time=None):
+            sample = self._sample() if self.model.training and "loss" in logs else None
+            super().log(logs, start_time)
+            if sample:
+                with run.completions.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in sample)
+
+        def _sample(self) -> list[dict] | None:
+            """The last `completions_sample` completions generated, with their rewards (rank 0)."""
+            logs = getattr(self, "_logs", None)
+            if not rl.completions_sample or not self.accelerator.is_main_process or not logs or not logs["prompt"]:
+                return None
+            prompts, comps = list(logs["prompt"]), list(logs["completion"])
+            rewards = {k: list(v) for k, v in logs["rewards"].items()}
+            advantages = list(logs.get("advantages", []))
+            k = min(rl.completions_sample, len(comps))
+            out = []
+            for j in range(len(comps) - k, len(comps)):
+                out.append({"step": self.state.global_step, "time": round(time.time(), 3), "prompt": prompts[j],
+                            "completion": comps[j], "rewards": {n: v[j] for n, v in rewards.items() if j < len(v)},
+                            **({"advantage": advantages[j]} if j < len(advantages) else {})})
+            return out
+
+    trainer = RLTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=bundle.train,
+        eval_dataset=bundle.eval,
+        processing_class=tokenizer,
+        callbacks=[guard(plan), *callbacks],
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer

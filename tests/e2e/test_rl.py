@@ -1,0 +1,175 @@
+"""GRPO and RLOO learn through `ftune run` on the tiny model: a short SFT stage teaches it to answer `Q: ...\nA:`
+with one of four words and end (eos); RL then rewards one of them (`exact_match` against each row's answer). Mean
+reward rises from the first logs to the last, and held-out greedy exact match rises from the SFT model's to the
+RL model's. Full fine-tuning on both stages: the tiny random-init model needs it to learn in few steps (LoRA on q/v at
+lr 3e-2 collapsed to clipped gibberish, at 5e-3 the reward stayed flat over 16 steps).
+
+One SFT run and one run per objective (module-scoped), shared by the tests that read them."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from ftune.tiny import WORDS
+from tests.e2e._util import base_recipe, ftune, metrics, write_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(__import__("importlib").util.find_spec("trl") is None,
+                                                   reason="needs trl (pip install 'ftune[preference]')")]
+
+ANSWERS = ("cat", "dog", "sun", "rain")
+TARGET = "sun"
+FILLER = [w for w in WORDS if w not in ANSWERS]
+TEMPLATE = "Q: {instruction}\nA:"
+
+
+def questions(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(FILLER) for _ in range(3)) for _ in range(n)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run(folder: Path, recipe: dict, expect: int = 0):
+    res = ftune("run", str(write_recipe(folder, recipe)), cwd=folder)
+    assert res.code == expect, res.text
+    return folder / recipe["output"]["dir"], res
+
+
+def rl_recipe(model: Path, data: Path, objective: str, out: str, **rl) -> dict:
+    return base_recipe(
+        model, data,
+        data={"train": [{"path": str(data), "format": "prompt"}], "eval": None, "max_seq_length": None},
+        peft={"method": "full"},
+        train={"objective": objective, "max_steps": 16, "logging_steps": 4, "learning_rate": 5e-3, "lr_scheduler": "constant",
+               "per_device_batch_size": 16, "seed": 3,
+               "rl": {"rewards": [{"name": "exact_match"}], "num_generations": 4, "max_completion_length": 4,
+                      "beta": 0.0, **rl}},
+        eval={"strategy": "no"}, checkpoint={"strategy": "no"},
+        output={"dir": out, "report_to": ["none"], "loss_curve": False},
+    )
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, tiny_model_dir) -> dict:
+    """The SFT stage: any of ANSWERS (at random) after `A:`, then eos."""
+    folder = tmp_path_factory.mktemp("rl")
+    rng = random.Random(1)
+    sft_rows = [{"instruction": q, "output": f" {rng.choice(ANSWERS)}"} for q in questions(256, seed=1)]
+    write_jsonl(folder / "sft.jsonl", sft_rows)
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": TEMPLATE.format(instruction=q), "answer": TARGET}
+                                           for q in questions(128, seed=2)])
+    recipe = base_recipe(tiny_model_dir, folder / "sft.jsonl",
+                         data={"train": [{"path": str(folder / "sft.jsonl"), "format": "instruction",
+                                          "template": TEMPLATE}], "eval": None},
+                         train={"max_steps": 40, "learning_rate": 3e-3, "per_device_batch_size": 16, "seed": 1,
+                                "logging_steps": 10},
+                         eval={"strategy": "no"}, checkpoint={"strategy": "no"},
+                         output={"dir": "runs/sft", "report_to": ["none"], "loss_curve": False})
+    recipe["peft"] = {"method": "full"}
+    sft, _ = run(folder, recipe)
+    return {"folder": folder, "sft": sft / "final", "heldout": [TEMPLATE.format(instruction=q)
+                                                                  for q in questions(40, seed=3)]}
+
+
+@pytest.fixture(scope="module")
+def rl_runs(work) -> dict:
+    cache: dict[str, Path] = {}
+
+    def get(objective: str) -> Path:
+        if objective not in cache:
+            recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", objective, f"runs/{objective}")
+            cache[objective], _ = run(work["folder"], recipe)
+        return cache[objective]
+
+    return get
+
+
+@pytest.mark.parametrize("objective", ["grpo", "rloo"])
+def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work):
+    out = rl_runs(objective)
+    logs = [r for r in metrics(out) if "reward" in r]
+    assert [r["step"] for r in logs] == [1, 4, 8, 12, 16]
+    first, last = logs[0], logs[-1]
+    # the SFT model says TARGET about a quarter of the time; RL makes it the answer
+    assert first["reward"] <= 0.5 and last["reward"] >= 0.7 and last["reward"] > first["reward"] + 0.3
+    assert last["rewards/exact_match/mean"] == last["reward"]  # one reward of weight 1
+    for key in ("reward_std", "rewards/exact_match/std", "zero_advantage_frac", "completion_length",
+                "clipped_ratio"):
+        assert key in last, key
+    assert last["clipped_ratio"] < 0.5  # the SFT stage taught it to end its answers
+    before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
+    assert before <= 0.5 and after >= 0.9, (before, after)
+    sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert sample and set(sample[-1]) >= {"step", "prompt", "completion", "rewards"}
+    assert sample[-1]["rewards"]["exact_match"] in (0.0, 1.0) and sample[-1]["prompt"].startswith("Q: ")
+
+
+@pytest.fixture(scope="module")
+def reward_run(work, tiny_model_dir) -> Path:
+    """`objective: reward` on pairs whose chosen answer is TARGET alone and rejected one of the others, or TARGET
+    among other words (trained on single words only, the model scored `dog sun sun sun` above `sun`, and GRPO
+    learned to say that: reward up, every completion clipped, exact match 0)."""
+    rng = random.Random(4)
+    others = [a for a in ANSWERS if a != TARGET]
+
+    def rejected() -> str:
+        words = [rng.choice(others)] if rng.random() < 0.5 else rng.sample([*others, TARGET, TARGET], 3)
+        return " " + " ".join(words)
+
+    pairs = [{"prompt": TEMPLATE.format(instruction=q), "chosen": f" {TARGET}", "rejected": rejected()}
+             for q in questions(240, seed=4)]
+    data = write_jsonl(work["folder"] / "pairs.jsonl", pairs)
+    recipe = base_recipe(tiny_model_dir, data,
+                         model={"path": str(tiny_model_dir), "dtype": "float32", "task": "sequence-classification"},
+                         data={"train": [{"path": str(data), "format": "preference"}], "eval": {"split": 0.15}},
+                         peft={"method": "full"},
+                         train={"objective": "reward", "max_steps": 20, "learning_rate": 3e-3,
+                                "per_device_batch_size": 16, "seed": 4, "logging_steps": 10},
+                         eval={"strategy": "steps", "steps": 20, "on_start": True}, checkpoint={"strategy": "no"},
+                         output={"dir": "runs/reward", "report_to": ["none"], "loss_curve": False})
+    out, _ = run(work["folder"], recipe)
+    return out
+
+
+def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
+    """Held-out pairwise accuracy from chance to >= 0.9, then the model's logit is the reward of a GRPO run."""
+    evals = [r for r in metrics(reward_run) if "eval_accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["eval_accuracy"] >= 0.9, evals  # held-out pairs
+    config = json.loads((reward_run / "final" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
+
+    recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", "grpo", "runs/grpo-rm",
+                       rewards=[{"name": "reward_model", "path": str(reward_run / "final")}])
+    out, _ = run(work["folder"], recipe)
+    logs = [r for r in metrics(out) if "reward" in r]
+    curve = [(r["step"], r["rewards/reward_model/mean"], r["clipped_ratio"]) for r in logs]
+    # the reward model's score drives the policy: it rises from about 0 to about 2 (measured: -0.09 -> 1.92 by step
+    # 4). Held-out greedy exact match after this run was 0.0 (sampled completions were ` sun` at step 16): not
+    # asserted, not yet explained (see docs/rl.md)
+    assert logs[-1]["reward"] > logs[0]["reward"] + 1.0, curve
+    sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert set(sample[-1]["rewards"]) == {"reward_model"}
+
+
+def exact_match(folder: Path, prompts: list[str]) -> float:
+    """Greedy held-out exact match of the model's answer against TARGET (what `exact_match` rewards)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hits = 0
+    with torch.no_grad():
+        for p in prompts:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == TARGET
+    return hits / len(prompts)
