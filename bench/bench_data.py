@@ -85,10 +85,10 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
     import datasets
 
     from ftune.recipe.schema import DataSource
-    from ftune.worker.data.formats import Context, encoder
+    from ftune.data.formats import Context, encoder
     from ftune.worker.data.packing import pack
     from ftune.worker.data.pipeline import BOOKKEEPING, features
-    from ftune.worker.data.sources import Source
+    from ftune.data.sources import Source
 
     ds = datasets.Dataset.from_dict({"text": texts})
     src = Source(DataSource(path="mem"), "data.train[0]", "mem", "json")
@@ -113,8 +113,12 @@ def main() -> dict:
     import datasets
     from transformers import AutoTokenizer
 
-    from ftune.worker.data import build
+    from ftune.plan.batching import data_plan
     from ftune.tiny import build_tiny_llama, train_tokenizer
+    from ftune.worker.data import build as stage
+
+    def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
+        return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)
 
     datasets.disable_progress_bars()
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-data-"))

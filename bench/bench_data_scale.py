@@ -71,8 +71,12 @@ def side(name: str, data: str, tok_dir: str) -> dict:
     from transformers import AutoTokenizer
 
     from ftune.recipe.schema import Recipe
-    from ftune.worker.data import build
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.plan.batching import data_plan
+    from ftune.worker.data import build as stage
+
+    def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
+        return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
 
     datasets.disable_progress_bars()
     tok = AutoTokenizer.from_pretrained(tok_dir)

@@ -81,7 +81,7 @@ PLAIN = textwrap.dedent('''
 
 def _assets(folder: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.conftest import corpus
+    from ftune.tiny import corpus
 
     from ftune.tiny import build_tiny_llama, train_tokenizer
 
@@ -242,7 +242,7 @@ def minilm_assets(folder: Path) -> tuple[Path, Path]:
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.conftest import corpus
+    from ftune.tiny import corpus
 
     model_dir = folder / "minilm"
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

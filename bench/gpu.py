@@ -63,7 +63,7 @@ def _assets(folder: Path) -> tuple[Path, Path]:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from ftune.tiny import train_tokenizer
-    from tests.conftest import corpus
+    from ftune.tiny import corpus
 
     model_dir = folder / "model"
     tok = train_tokenizer(corpus(2000), model_dir, vocab_size=CONFIG["vocab_size"])

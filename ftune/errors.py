@@ -6,6 +6,8 @@ Every error a user can cause by what they wrote (a recipe, an override, a data f
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 # Documented exit codes (README "Exit codes").
@@ -17,6 +19,22 @@ EXIT_NONFINITE = 4  # training stopped on a non-finite loss or gradient norm (no
 EXIT_BUSY = 5  # the run dir is in use by another live ftune process (its lock is held)
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): complete checkpoints are kept
 EXIT_TERMINATED = 143  # SIGTERM (preemption): a checkpoint of the current step was saved; rerun to resume
+
+
+
+def key(path: Iterable[str | int]) -> str:
+    """The one spelling of a recipe key, as the recipe writes it: ("data", "train", 0, "path") ->
+    `data.train[0].path`. Every `Problem.path` is spelled so."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def key_path(text: str) -> tuple[str | int, ...]:
+    """`data.train[0].path` (or the dotted `data.train.0.path` an override writes) -> ("data", "train", 0, "path")."""
+    parts = re.sub(r"\[(\d+)\]", r".\1", text).split(".") if text else []
+    return tuple(int(p) if p.isdigit() else p for p in parts)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ def build_meta_model(recipe, config=None):
     import transformers
     from accelerate import init_empty_weights
 
-    config = load_config(recipe) if config is None else config
+    if config is None:
+        config = load_config(recipe)
+        config._attn_implementation = "eager"  # shapes and names don't depend on the kernel (flash may be absent here)
     cls = getattr(transformers, TASK_CLASSES[recipe.model.task])
     with init_empty_weights():
         return cls.from_config(config, trust_remote_code=recipe.model.trust_remote_code)

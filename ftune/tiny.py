@@ -11,6 +11,28 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
+CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384,
+          "max_position_embeddings": 512}
+"""A tiny Llama's config.json alone (no weights): enough for the compiler's checks on the meta device."""
+
+WORDS = (
+    "the cat sat on a mat and the dog ran in the park while birds sang songs about rain sun wind "
+    "people read books write code train models fine tune small networks learn fast answer questions"
+).split()
+
+
+def corpus(n: int = 400, seed: int = 0) -> list[str]:
+    """A deterministic toy corpus (also used to train the tiny tokenizer)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        k = rng.randint(5, 20)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)) + f" {i % 10} {rng.randint(0, 99)}.")
+    return lines
+
 
 def train_tokenizer(texts: Iterable[str], folder: str | Path, vocab_size: int = 512):
     """Train a byte-level BPE tokenizer on `texts` and save it (tokenizer.json + config) in `folder`."""

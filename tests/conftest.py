@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ftune.tiny import corpus
+
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="ftune-tests-"))
 
 # Set before anything imports transformers/datasets (collection imports test modules).
@@ -41,24 +43,6 @@ for _name in [n for n in os.environ if n.startswith(("PET_", "SLURM_", "OMPI_", 
 tempfile.tempdir = None  # re-read TMPDIR: torchelastic_* folders land in our temp dir and are removed
 
 REPO = Path(__file__).resolve().parent.parent
-
-WORDS = (
-    "the cat sat on a mat and the dog ran in the park while birds sang songs about rain sun wind "
-    "people read books write code train models fine tune small networks learn fast answer questions"
-).split()
-
-
-def corpus(n: int = 400, seed: int = 0) -> list[str]:
-    """A deterministic toy corpus (also used to train the tiny tokenizer)."""
-    import random
-
-    rng = random.Random(seed)
-    lines = []
-    for i in range(n):
-        k = rng.randint(5, 20)
-        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)) + f" {i % 10} {rng.randint(0, 99)}.")
-    return lines
-
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)

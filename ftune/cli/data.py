@@ -24,12 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
 
 
-def load_tokenizer(recipe, token: str | None):
-    """The recipe's tokenizer (model.tokenizer, else model.path), as the worker loads it; no weights."""
-    from ftune.plan.compile import tokenizer_source
-    from ftune.worker import tokenizer
-
-    return tokenizer.load(tokenizer_source(recipe), recipe, token=token)
 
 
 def samples(ds, n: int, task: str) -> list[dict]:
@@ -110,17 +104,24 @@ def histogram_lines(report, width: int = 40) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ftune.recipe.load import load_recipe
 
+    from ftune.plan.compile import compile_plan
+
     loaded = load_recipe(args.recipe, args.overrides)
-    recipe = loaded.recipe
+    n = loaded.recipe.distributed.num_processes
+    gpus = n if isinstance(n, int) and loaded.recipe.distributed.strategy != "none" else 1
+    # the data decisions (and every pre-launch check) of a run, planned for the recipe's own layout, as
+    # `ftune plan --gpus N` does: the data of a GPU recipe can be inspected on a laptop
+    plan = compile_plan(loaded, check_inputs=False, gpus=gpus)
+    recipe = plan.recipe
     from ftune.worker.quiet import quiet_libraries
 
     quiet_libraries()  # datasets' map bars: ftune prints its own lines
-    tok = load_tokenizer(recipe, loaded.secret("model.hub_token"))
-
+    from ftune.worker import tokenizer
     from ftune.worker.data import build
 
+    tok = tokenizer.load(plan.tokenizer_path, recipe, token=loaded.secret("model.hub_token"))
     log: list[str] = []
-    bundle = build(recipe, tok, log=log.append)
+    bundle = build(recipe, tok, plan.data, log=log.append)
     ds = bundle.train if args.split == "train" else bundle.eval
     if ds is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")

@@ -41,7 +41,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune.worker import data, generation, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
+    bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
     if bundle.eval is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)

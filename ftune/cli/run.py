@@ -20,7 +20,7 @@ def _check_preference_data(loaded) -> None:
     import re
 
     from ftune.errors import Problem
-    from ftune.worker.data.check import preference_balance
+    from ftune.data.check import preference_balance
 
     found = preference_balance(loaded.recipe)
     errors = [Problem.at(re.sub(r"\[(\d+)\]", r".\1", p), m, h) for p, m, h, sev in found if sev == "error"]
@@ -34,22 +34,28 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ftune.plan.compile import compile_plan
-    from ftune.plan.preflight import preflight
     from ftune.recipe import load_recipe
 
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
-    plan = compile_plan(loaded)
+    plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
         from ftune.gguf.convert import ensure
+        from ftune.plan.preflight import config_is_local, problems
 
+        checked = config_is_local(plan.recipe)  # converted before: the compiler checked its structure
         ensure(plan.model_load.gguf.model_dump(), log=console.print)
-    warnings = preflight(loaded, plan)
+        if not checked:
+            found = problems(plan.recipe, plan.device)  # the converted model's structure, now that it exists
+            if errors := [p for p in found if p.severity == "error"]:
+                raise loaded.error(errors)
+            warnings += [p.render() for p in loaded.error(found).problems]
     _check_preference_data(loaded)
     if args.dry_run and args.format == "json":
         print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr
     for w in warnings:
-        print(w.render(), file=sys.stderr)
+        print(w, file=sys.stderr)
     command = shlex.join(plan.launch.command)
     if args.dry_run:
         if args.format == "text":

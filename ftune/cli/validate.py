@@ -116,20 +116,16 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
 def missing_paths(loaded) -> list[Problem]:
     """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
     from ftune.recipe.load import display, looks_local
+    from ftune.recipe.sources import sources
 
     r = loaded.recipe
     here = Path(loaded.file).parent
     checks: list[tuple[str, str, Path]] = [("model.path", r.model.path, Path(r.model.path).expanduser())]
     if r.model.tokenizer:
         checks.append(("model.tokenizer", r.model.tokenizer, Path(r.model.tokenizer).expanduser()))
-    sources = [("train", s) for s in r.data.train]
-    if isinstance(r.data.eval, list):
-        sources += [("eval", s) for s in r.data.eval]
-    counts: dict[str, int] = {}
-    for split, s in sources:
-        i = counts[split] = counts.get(split, -1) + 1
+    for key, s in sources(r):
         if s.type != "hub":
-            checks.append((f"data.{split}.{i}.path", s.path, Path(s.path).expanduser()))
+            checks.append((f"{key}.path", s.path, Path(s.path).expanduser()))
     d = r.distributed
     if d.accelerate_config:
         checks.append(("distributed.accelerate_config", d.accelerate_config, here / d.accelerate_config))
@@ -164,29 +160,25 @@ def check_file(file: Path, check_paths: bool) -> Report:
         report.unreadable = True
         return report
     if check_paths:
-        report.problems = missing_paths(loaded)
-        report.problems += field_problems(loaded, {p.path for p in report.problems})
+        report.problems = missing_paths(loaded) + field_problems(loaded)
     return report
 
 
-def field_problems(loaded, already: set[str]) -> list[Problem]:
-    """--check-paths: fields each local source lacks in its first rows (the data stage's own light reader)."""
-    import re
-
+def field_problems(loaded) -> list[Problem]:
+    """--check-paths: the compiler's own check of the data files (`ftune.data.check`: fields, formats, roles in
+    their first rows), so `validate --check-paths` refuses the data `plan` and `run` refuse."""
+    from ftune.data.check import check_fields, preference_balance
     from ftune.recipe.load import display
-    from ftune.worker.data import check_fields
-    from ftune.worker.data.check import preference_balance
 
+    found = list(check_fields(loaded.recipe))
+    found += [Problem(message, path, hint, severity=severity)
+              for path, message, hint, severity in preference_balance(loaded.recipe)]
     problems = []
-    found = [(*p, "error") for p in check_fields(loaded.recipe)] + preference_balance(loaded.recipe)
-    for raw_path, message, hint, severity in found:
-        path = re.sub(r"\[(\d+)\]", r".\1", raw_path)  # data.train[0].path -> data.train.0.path (origins' form)
-        if path in already:
-            continue  # a missing file is already reported by missing_paths
-        where = loaded.locate(path)
+    for p in loaded.error(found).problems:
+        where = p.location
         if where.file:
             where = Location(display(where.file), where.line, where.column)
-        problems.append(Problem(message, path, hint, where, severity))
+        problems.append(Problem(p.message, p.path, p.hint, where, p.severity))
     return problems
 
 

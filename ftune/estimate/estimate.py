@@ -12,8 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ftune.errors import FtuneError, Location
-from ftune.estimate import catalog
+from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.estimate.meta import DTYPES, _build, resolve_config
 from ftune.estimate.moe import MoeFacts, moe_facts
 from ftune.estimate.memory import (
     Layout,
@@ -24,13 +24,13 @@ from ftune.estimate.memory import (
     optimizer_spec,
     parse_bytes,  # noqa: F401  (re-exported for the CLI)
     per_device,
-    suggest,
     weight_bytes,
 )
+from ftune.estimate.suggest import suggest
+from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
 
-DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -86,149 +86,30 @@ class Estimate:
 
 
 # ------------------------------------------------------------------------------------------ config
-def resolve_config(recipe: Recipe) -> tuple[Path, str]:
-    """The config.json to build from, in this order: `model.path` as a local folder or file, the offline
-    HF cache, `model.config`, the bundled catalog (by id, or by name for mirrors and variants).
-
-    The model's own config wins; `model.config` is what the user names for everything else, so it comes
-    before the catalog's match by name.
-    """
-    path = recipe.model.path
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise FtuneError(f"model folder {path} has no config.json", hint="point model.path at a HF model folder")
-        return local / "config.json", f"local {local}"
-    if local.is_file() and local.name.endswith(".json"):
-        return local, f"local {local}"
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json", revision=recipe.model.revision)
-    except Exception:  # not a valid repo id: fall through to the catalog and its error
-        cached = None
-    if isinstance(cached, str):
-        return Path(cached), f"hf-cache {cached}"
-    if recipe.model.config is not None:
-        return _own_config(recipe.model.config)
-    found = catalog.lookup(path)
-    if found is not None:
-        return found[1], f"catalog {found[1].name}"
-    if str(path).lower().endswith(".gguf"):  # a llama.cpp file: there is nothing to download to make it trainable
-        raise FtuneError(f"model.path {path!r} is a GGUF file (llama.cpp's format): ftune fine-tunes Hugging Face "
-                         "models (config.json and safetensors weights)",
-                         hint="point model.path at the original HF model folder (or its hub id) the GGUF was "
-                         "converted from", location=Location(origin="model.path"))
-    from ftune.recipe.load import looks_local
-
-    if looks_local(path):  # a folder that isn't there: never suggest downloading a path
-        where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
-        raise FtuneError(f"model folder not found: {path}{where}",
-                         hint="check the folder: model.path must be a folder holding config.json (or set "
-                         "model.config to the model's config.json to plan without its weights)",
-                         location=Location(origin="model.path"))
-    near = catalog.near(path)
-    guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
-    raise FtuneError(
-        f"no config found for model.path {path!r}: not a local folder, not in the HF cache, not in the catalog",
-        hint=f"{guess}set model.config to a local config.json of the model, or fetch it once "
-        f"(`hf download {path} config.json`); the catalog (docs/plan.md) matches a name under its own org "
-        f"or a mirror ({', '.join(catalog.MIRROR_ORGS)})",
-        location=Location(origin="model.path"),
-    )
-
-
-def _own_config(value: str) -> tuple[Path, str]:
-    """`model.config`: a config.json, or a folder holding one."""
-    file = Path(value).expanduser()
-    if file.is_dir():
-        if not (file / "config.json").is_file():
-            raise FtuneError(f"model.config {value!r} is a folder with no config.json in it",
-                             hint="name the model's config.json, or a folder holding one",
-                             location=Location(origin="model.config"))
-        file = file / "config.json"
-    if not file.is_file():
-        raise FtuneError(f"model.config {value!r} does not exist", hint="name a config.json (or a folder holding "
-                         "one); a relative path is relative to the working directory",
-                         location=Location(origin="model.config"))
-    return file, f"model.config {file}"
-
-
-def resolve_dtype(recipe: Recipe, config) -> str:
-    if recipe.model.dtype != "auto":
-        return recipe.model.dtype
-    own = getattr(config, "dtype", None)
-    name = str(own).removeprefix("torch.") if own is not None else "float32"
-    return name if name in DTYPES else "float32"
-
-
-def _build(recipe: Recipe, config_file: Path):
-    """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    remote = recipe.model.trust_remote_code
-    try:
-        config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=remote)
-    except (ValueError, KeyError, OSError) as e:
-        raise FtuneError(f"cannot read model config {config_file}: {e}", hint="set model.trust_remote_code "
-                         "if the model ships its own code") from None
-    dtype = resolve_dtype(recipe, config)
-    auto = AutoModelForCausalLM
-    if recipe.model.task == "sequence-classification":
-        auto = AutoModelForSequenceClassification
-        config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
-    attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
-
-    def build(attn: str):
-        with torch.device("meta"):
-            return auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
-                                    trust_remote_code=remote)
-
-    try:
-        try:
-            model = build(attn)
-        except ValueError as e:  # no SDPA (Gemma 2's softcapping): transformers' own default is eager
-            if attn != "sdpa" or recipe.model.attn_implementation == "sdpa" or "scaled_dot_product" not in str(e):
-                raise
-            model = build("eager")
-    except (ValueError, ImportError, RuntimeError, TypeError) as e:
-        raise FtuneError(f"cannot build {recipe.model.path} on the meta device: {e}",
-                         hint="check model.task and model.trust_remote_code for this architecture") from None
-    return model, config, dtype
-
-
-def _linear_names(model) -> list[str]:
-    import torch
-
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    return sorted(names)
-
-
 def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None):
     from ftune.methods import method_module
 
     cfg = recipe.peft
     if cfg.method == "lora" and cfg.init != "default":
         cfg = cfg.model_copy(update={"init": "default"})  # same shapes; PiSSA's SVD can't run on the meta device
-    linear = _linear_names(model)
+    linear = linear_layer_names(model)
     try:
         if trained_tokens and cfg.method == "lora":  # as the worker's peft stage
             return method_module(cfg.method).inject(model, cfg, recipe.model.task, trained_tokens=trained_tokens)
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
-    except FtuneError as e:  # e.g. freeze's "matches no parameter": say which key
-        if e.location is None:
-            e.location = Location(origin="peft.trainable" if cfg.method == "freeze" else "peft")
+    except RecipeError:
         raise
+    except FtuneError as e:  # e.g. freeze's "matches no parameter": at the key that says what to train
+        if e.location is not None:
+            raise
+        key = "peft.trainable" if cfg.method == "freeze" else "peft"
+        raise RecipeError([Problem.at(key, e.message.removeprefix(f"{key} "), e.hint)]) from None
     except ValueError as e:
         if "target" not in str(e).lower() and "not found" not in str(e).lower():
             raise
         wanted = cfg.target_modules if isinstance(cfg.target_modules, str) else ", ".join(cfg.target_modules)
-        raise FtuneError(
-            f"peft.target_modules ({wanted}) matches no module of the model",
-            hint=f"the model's linear layers are: {', '.join(linear)}",
-            location=Location(origin="peft.target_modules"),
-        ) from None
+        raise RecipeError([Problem.at("peft.target_modules", f"({wanted}) matches no module of the model",
+                                      f"the model's linear layers are: {', '.join(linear)}")]) from None
 
 
 def _quantize_layout(model, recipe: Recipe) -> set[int]:
@@ -238,8 +119,8 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
         return set()
     from ftune.plan.quantization import fused_expert_problems, quantized_linears, upcasts
 
-    for problem in fused_expert_problems(recipe, model):
-        raise FtuneError(problem.message, hint=problem.hint, location=Location(origin=problem.path))
+    if problems := fused_expert_problems(recipe, model):
+        raise RecipeError(problems)
 
     modules = dict(model.named_modules())
     ids = {id(modules[name].weight) for name in quantized_linears(recipe, model)}

@@ -49,6 +49,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
     if adapter.is_adapter(model_dir):
         from peft import PeftModel
 
+        from ftune.plan.quantization import upcasts
         from ftune.worker import quantize
 
         # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
@@ -57,7 +58,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         recipe = plan.recipe.model_copy(update={"quantization": section})
         base = load_model(plan, tokenizer, labels=labels, spec=with_extra(model_load(recipe)))
         if section is not None:
-            base = quantize.prepare_for_eval(base, recipe)
+            base = quantize.prepare_for_eval(base, upcast=upcasts(recipe))
         import warnings
 
         hint = ("merge it first (`ftune merge RUN_DIR`) and generate with the merged folder, or raise --max-memory "

@@ -100,7 +100,7 @@ def _sample_inputs(plan, tokenizer) -> tuple[list[list[int]], str]:
     from ftune.worker import data
 
     try:
-        bundle = data.build(plan.recipe, tokenizer, log=lambda *a, **k: None)
+        bundle = data.build(plan.recipe, tokenizer, plan.data, log=lambda *a, **k: None)
     except (FtuneError, OSError):
         return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (data unavailable)"
     rows, where = (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")

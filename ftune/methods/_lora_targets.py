@@ -119,8 +119,8 @@ def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
             import torch
 
             every = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-            problems.append(Problem.at("peft.target_modules", f"peft.target_modules ({', '.join(cfg.target_modules)})"
-                                       " matches no module of the model",
+            problems.append(Problem.at("peft.target_modules", f"({', '.join(cfg.target_modules)}) matches "
+                                       "no module of the model",
                                        f"the model's linear layers are: {', '.join(every)}"))
     if cfg.experts and layout is None:
         problems.append(Problem.at("peft.experts", f"{type(model).__name__} has no mixture-of-experts layers "
@@ -154,7 +154,7 @@ def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
     dropout = cfg.dropout
     if parameters and dropout:
         if "dropout" in cfg.model_fields_set:
-            problems.append(Problem.at("peft.dropout", f"peft.dropout is {dropout}, but LoRA on "
+            problems.append(Problem.at("peft.dropout", f"{dropout}, but LoRA on "
                                        f"{_what(parameters)} (peft's ParamWrapper) can't apply dropout, and one "
                                        "dropout serves every target", "set `peft.dropout: 0`"))
         else:

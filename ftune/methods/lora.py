@@ -102,14 +102,13 @@ def target_problems(model, cfg: Config) -> list:
 
 
 def resolve_targets(model, cfg: Config):
-    """The targets peft is given (ftune.methods._lora_targets), or a FtuneError naming the first problem's key."""
-    from ftune.errors import FtuneError, Location
+    """The targets peft is given (ftune.methods._lora_targets), or a RecipeError of the problems at their keys."""
+    from ftune.errors import RecipeError
     from ftune.methods._lora_targets import resolve
 
     targets, problems = resolve(model, cfg)
-    if problems:
-        first = problems[0]
-        raise FtuneError(first.message, hint=first.hint, location=Location(origin=first.path))
+    if errors := [p for p in problems if p.severity == "error"]:
+        raise RecipeError(errors)
     return targets
 
 

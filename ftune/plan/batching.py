@@ -15,7 +15,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from ftune.recipe.objectives import preference_data
 from ftune.recipe.schema import Recipe
@@ -33,3 +37,34 @@ def collator(recipe: Recipe) -> Collator:
     if recipe.model.trust_remote_code:
         return "block_mask"  # custom modelling code may ignore position-id packing
     return "position_ids"
+
+
+class DataPlan(BaseModel):
+    """What the data stage carries out (`Plan.data`): the compiler decides it, the worker and `ftune data` (which
+    compiles a Plan too) read it; neither looks at `data.packing`, `data.cache_dir` or $WORLD_SIZE again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    collator: Collator
+    """How rows are batched (see this module's docstring)."""
+    packing: bool
+    """Rows are packed into sequences of data.max_seq_length."""
+    cache: str
+    """The data cache root (absolute): `data.cache_dir`, else $FTUNE_CACHE, else ~/.cache/ftune/data."""
+    step_samples: int
+    """Samples one optimizer step consumes (the Plan's effective batch size), for the data report."""
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    """`data.cache_dir`, else $FTUNE_CACHE, else ~/.cache/ftune/data (as this process sees it, at compile time)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser().resolve()
+    env = os.environ.get("FTUNE_CACHE")
+    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "ftune" / "data"
+
+
+def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
+    """The data stage's decisions for `recipe` when one optimizer step consumes `step_samples` samples."""
+    packs = bool(recipe.data.packing) and collator(recipe) != "padding"
+    return DataPlan(collator=collator(recipe), packing=packs, cache=str(cache_root(recipe.data.cache_dir)),
+                    step_samples=step_samples)

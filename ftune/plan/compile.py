@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 
 from ftune import __version__, adapter
+from ftune.data.check import check_fields
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, cluster, environment, gguf, preference, rl
+from ftune.plan import accelerate, batching, cluster, environment, gguf, preference, preflight, quantization, rl
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
 from ftune.plan.threads import CpuThreads, cpu_threads
 from ftune.plan.trackers import tracker_env
-from ftune.plan.trainer import training_arguments
+from ftune.plan.trainer import checkpointing_owner, training_arguments
 from ftune.recipe.objectives import objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import BNB_OPTIMIZERS
@@ -97,7 +98,10 @@ def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list
 def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
-    `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
+    Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: the
+    environment (`ftune.plan.environment`), the data files' fields (`ftune.data.check`) and the model's
+    structure on the meta device (`ftune.plan.preflight`; without `check_inputs` only when the model's config is
+    local). `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
     instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
     not checked then); `environ` is read for a launcher's variables (`ftune.plan.cluster`; default os.environ)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
@@ -125,8 +129,15 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                                                                                     recipe_dir))
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
-    if problems:
-        raise loaded.error(problems)
+    problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
+    model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
+    # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
+    converted = gguf_source is None or preflight.config_is_local(recipe)
+    if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
+        problems += preflight.problems(recipe, device)  # the model on the meta device
+    if errors := [p for p in problems if p.severity == "error"]:
+        raise loaded.error(errors)
+    warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
 
     config, cfg_notes = accelerate.build(recipe, device=device, num_processes=num_processes,
                                          recipe_dir=recipe_dir, mixed_precision=mp)
@@ -146,6 +157,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                                   accelerate_config=config, resuming=resume_from is not None)
                | preference.config_kwargs(recipe) | rl.config_kwargs(recipe))
     load = model_load(recipe, adapter=adapter_dir)
+    effective_batch = train.per_device_batch_size * train.gradient_accumulation_steps * world_size
     if gguf_source is not None:
         load = load.model_copy(update={"gguf": gguf_source})
         notes.append(gguf.note(gguf_source, recipe.model.path))
@@ -160,10 +172,12 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         num_processes=num_processes,
         world_size=world_size,
         mixed_precision=mp,
-        effective_batch_size=train.per_device_batch_size * train.gradient_accumulation_steps * world_size,
+        effective_batch_size=effective_batch,
         tokenizer_path=tokenizer_source(written),
         model_load=load,
-        collator=batching.collator(recipe),
+        data=batching.data_plan(recipe, step_samples=effective_batch),
+        activation_checkpointing=checkpointing_owner(trainer),
+        upcast_non_quantized=recipe.quantization is not None and quantization.upcasts(recipe),
         trainer=trainer,
         uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,
         config_class=obj.config_path,
@@ -180,6 +194,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
             env=_worker_env(threads, run) | tracker_env(recipe),
         ),
         notes=notes,
+        warnings=warnings,
     )
 
 

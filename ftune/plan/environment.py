@@ -16,6 +16,7 @@ from ftune.plan import quantization
 from ftune.recipe.load import looks_local
 from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
+from ftune.recipe.sources import sources
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
 
@@ -41,22 +42,18 @@ def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
         found.append(Problem.at("model.path", f"{model_path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
-    sources = [("data.train", recipe.data.train)]
-    if isinstance(recipe.data.eval, list):
-        sources.append(("data.eval", recipe.data.eval))
-    for prefix, items in sources:
-        for i, src in enumerate(items):
-            if src.type == "hub":
-                continue
-            if src.is_glob:
-                if not src.files():
-                    found.append(Problem.at(f"{prefix}.{i}.path", f"no file matches {src.path}",
-                                            "paths are relative to the working directory "
-                                            f"({os.getcwd()}); check the pattern"))
-            elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
-                found.append(Problem.at(f"{prefix}.{i}.path", f"data file not found: {src.path}",
+    for key, src in sources(recipe):
+        if src.type == "hub":
+            continue
+        if src.is_glob:
+            if not src.files():
+                found.append(Problem.at(f"{key}.path", f"no file matches {src.path}",
                                         "paths are relative to the working directory "
-                                        f"({os.getcwd()}); check the spelling or run from the project root"))
+                                        f"({os.getcwd()}); check the pattern"))
+        elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
+            found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
+                                    "paths are relative to the working directory "
+                                    f"({os.getcwd()}); check the spelling or run from the project root"))
     return found + reward_models(recipe)
 
 
@@ -71,7 +68,7 @@ def reward_models(recipe: Recipe) -> list[Problem]:
         path = spec.args.get("path")
         if spec.name != "reward_model" or not isinstance(path, str):
             continue
-        where = f"train.rl.rewards.{i}.path"
+        where = f"train.rl.rewards[{i}].path"
         config = Path(path).expanduser() / "config.json"
         if not config.is_file():
             found.append(Problem.at(where, f"reward model not found: {path} has no config.json",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ftune.plan.batching import Collator
+from ftune.plan.batching import Collator, DataPlan
 from ftune.plan.cluster import ClusterEnv
 from ftune.plan.gguf import GgufSource
 from ftune.plan.threads import CpuThreads
@@ -78,9 +78,16 @@ class Plan(BaseModel):
     tokenizer_path: str
     """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
     model_load: ModelLoad
-    collator: Collator = "padding"
-    """How the data stage batches rows (`ftune.plan.batching`): padding | position_ids | block_mask |
-    padding_free (packed rows flattened into one row with no pad token, for flash/flex attention)."""
+    data: DataPlan
+    """What the data stage carries out (`ftune.plan.batching`): the collator (padding | position_ids | block_mask
+    | padding_free), packing, the cache root, samples per optimizer step."""
+    activation_checkpointing: Literal["trainer", "fsdp"] | None = None
+    """Who checkpoints activations, never both: the Trainer (`train.gradient_checkpointing`, on the model; k-bit
+    preparation turns it on the same way), FSDP (`distributed.fsdp.activation_checkpointing`, wrapped after
+    sharding; it replaces the Trainer's), or nobody."""
+    upcast_non_quantized: bool = False
+    """With a quantized model: k-bit preparation upcasts the unquantized weights to fp32 (peft's default; not
+    under FSDP, one dtype per shard). `ftune.plan.quantization.upcasts` decides it."""
     trainer: dict[str, Any]
     """The exact keyword arguments of `config_class` (TrainingArguments or a TRL subclass of it); the worker
     passes them through unchanged."""
@@ -109,6 +116,14 @@ class Plan(BaseModel):
     variable each value came from; None when `ftune run` was started outside any launcher."""
     notes: list[str] = []
     """Decisions worth telling the user (e.g. 'bf16 on CPU: autocast')."""
+    warnings: list[str] = []
+    """The pre-launch checks' warnings, located and rendered (e.g. a LoRA target list half of which matches
+    nothing): shown by `run` and `plan`; training goes on."""
+
+    @property
+    def collator(self) -> Collator:
+        """How the data stage batches rows (`data.collator`)."""
+        return self.data.collator
 
     @property
     def machine_rank(self) -> int:

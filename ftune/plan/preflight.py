@@ -1,31 +1,40 @@
-"""Checks that need the model's structure (not its weights), run on the meta device before launch.
+"""Checks that need the model's structure (not its weights), run on the meta device by the compiler.
 
-LoRA targets that match nothing, FSDP wrap classes missing from the model, and 4-bit shapes the CPU
-kernels can't run are reported as located recipe errors, before the run dir is written.
+LoRA targets that match nothing, FSDP wrap classes missing from the model, `data.max_seq_length` past the
+model's positions and 4-bit shapes the CPU kernels can't run are `Problem`s at their recipe keys, reported
+with every other pre-launch problem by `compile_plan` (so `plan`, `run --dry-run` and `run` refuse alike,
+before the run dir is written).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from ftune.errors import Problem
+from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import quantization
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
-def preflight(loaded, plan) -> list[Problem]:
-    """Raise the errors; return the warnings (located), for the caller to show."""
-    recipe = plan.recipe
-    model = build_meta_model(recipe)
+def config_is_local(recipe: Recipe) -> bool:
+    """The model's config can be read without a hub: `model.path` is a folder holding config.json."""
+    return (Path(recipe.model.path).expanduser() / "config.json").is_file()
+
+
+def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
+    """Every model-structure problem of `recipe` (as it runs: a continued adapter's base), on `model` (the meta
+    model, built here from the config when not given). Errors and warnings (`severity`): the compiler refuses the
+    errors and carries the warnings in `Plan.warnings`."""
+    if model is None:
+        try:
+            model = build_meta_model(recipe)
+        except FtuneError as err:  # an unreadable config: at the key that names the model
+            return [Problem.at("model.path", err.message, err.hint)]
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
     found += completion_position_problems(recipe, model)
-    found += quantization.check_model_config(recipe, model, plan.device)
-    errors = [p for p in found if p.severity == "error"]
-    if errors:
-        raise loaded.error(errors)
-    return loaded.error([p for p in found if p.severity != "error"]).problems
+    return found + quantization.check_model_config(recipe, model, device)
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:

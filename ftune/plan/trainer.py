@@ -183,3 +183,14 @@ def deepspeed_trainer_config(ds: dict[str, Any]) -> dict | str:
         "gradient_accumulation_steps": "auto",
         "gradient_clipping": "auto",
     }
+
+
+def checkpointing_owner(trainer: dict[str, Any]) -> str | None:
+    """Who checkpoints activations under these TrainingArguments kwargs: `trainer` (the Trainer turns on the
+    model's gradient checkpointing), `fsdp` (accelerate wraps the layers after sharding, and the Trainer's is off:
+    `_distributed`), or None. One owner, never both: the worker's k-bit preparation asks the Plan, not the recipe."""
+    if trainer.get("activation_checkpointing"):
+        return "trainer"
+    if (trainer.get("fsdp_config") or {}).get("activation_checkpointing"):
+        return "fsdp"
+    return None

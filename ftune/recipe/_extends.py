@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftune.errors import Location, Problem
+from ftune.errors import Location, Problem, key
 from ftune.recipe import _yaml
 from ftune.recipe._schema import did_you_mean
 from ftune.recipe._yaml import Marks
@@ -48,7 +48,7 @@ class LoadContext:
 
     def add(self, message: str, path: KeyPath | str = "", hint: str | None = None, where: Location | None = None):
         loc = where or Location(str(self.root), 1, 1)
-        self.problems.append(Problem(message, path if isinstance(path, str) else dotted(path), hint, loc))
+        self.problems.append(Problem(message, path if isinstance(path, str) else key(path), hint, loc))
 
 
 # ------------------------------------------------------------------------------------ extends/merge

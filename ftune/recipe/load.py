@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ftune.errors import Location, Problem, RecipeError, UsageError
+from ftune.errors import Location, Problem, RecipeError, UsageError, key, key_path
 from ftune.recipe._extends import (
     MAX_EXTENDS_DEPTH,
     KeyPath,
@@ -61,8 +61,9 @@ class LoadedRecipe:
 
     def locate(self, path: str) -> Location:
         """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
-        wrote; else the recipe file. Every error about a recipe key is located through this."""
-        probe = path
+        wrote; else the recipe file. Every error about a recipe key is located through this. A list index may
+        be written either way: `data.train[0].path` (as problems spell it) or `data.train.0.path`."""
+        probe = ".".join(map(str, key_path(path)))  # origins are keyed data.train.0.path
         while probe:
             where = self.origins.get(probe)
             if where is not None and where != DEFAULT:
@@ -110,7 +111,7 @@ def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: LoadCo
 
 def _problem(issue: Issue, marks: dict[KeyPath, Marks], ctx: LoadContext) -> Problem:
     where, suffix = _locate(issue.path, issue.anchor, marks, ctx)
-    return Problem(issue.message + suffix, dotted(issue.path), issue.hint, where)
+    return Problem(issue.message + suffix, key(issue.path), issue.hint, where)
 
 
 def _related(a: KeyPath, b: KeyPath) -> bool:
@@ -163,7 +164,7 @@ def _rule_issues(data: dict, known: list[Issue], first: tuple[Recipe | None, lis
         return []
     found = []
     for v in rules.check(recipe):
-        path = tuple(int(p) if p.isdigit() else p for p in v.path.split(".")) if v.path else ()
+        path = key_path(v.path)
         if any(_related(path, b) for b in values) or any(path[: len(k)] == k for k in keys):
             continue
         found.append(Issue(path, v.message, v.hint, "key"))
@@ -218,7 +219,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     bad = [i.path for i in issues]
     recipe, schema_issues = _validate(data)
     reported = {p.path for p in ctx.problems}  # e.g. a bad `extends` value, already reported while composing
-    issues += [i for i in schema_issues if i.path not in bad and dotted(i.path) not in reported
+    issues += [i for i in schema_issues if i.path not in bad and key(i.path) not in reported
                and not (ctx.lost_base and i.anchor == "parent")]  # "missing": the lost base may set it
     issues += _rule_issues(data, issues, (recipe, schema_issues))
     ctx.problems.extend(_problem(i, marks, ctx) for i in issues)

@@ -18,8 +18,10 @@ def model_card(plan, metrics: dict, steps: int, recipe_text: str) -> str:
         method += f", {r.quantization.bits}-bit base"
     sources = [f"- `{s.path}` ({s.format}" + (f", at most {s.limit} rows" if s.limit else "") + ")"
                for s in r.data.train]
-    schedule = f"{steps} optimizer steps" + (f" of at most {r.train.max_steps}" if r.train.max_steps else
-                                             f" ({r.train.epochs:g} epochs)" if r.train.epochs else "")
+    t = plan.trainer  # what ran, as the Plan gave it to the trainer
+    schedule = f"{steps} optimizer steps" + (f" of at most {t['max_steps']}" if t.get("max_steps", -1) > 0 else
+                                             f" ({t['num_train_epochs']:g} epochs)" if t.get("num_train_epochs")
+                                             else "")
     lines = [
         f"# {r.name}",
         "",
@@ -30,8 +32,8 @@ def model_card(plan, metrics: dict, steps: int, recipe_text: str) -> str:
         f"| base model | `{r.model.path}` |",
         f"| method | {method} |",
         f"| objective | {r.train.objective} |",
-        f"| training | {schedule}, effective batch {plan.effective_batch_size}, lr {r.train.learning_rate:g} "
-        f"({r.train.lr_scheduler}), seed {r.train.seed} |",
+        f"| training | {schedule}, effective batch {plan.effective_batch_size}, lr {t['learning_rate']:g} "
+        f"({t['lr_scheduler_type']}), seed {r.train.seed} |",
         f"| precision | {plan.mixed_precision} on {plan.world_size} × {plan.device} |",
         "",
         "## Data",

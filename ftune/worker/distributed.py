@@ -1,4 +1,4 @@
-"""Stage 5: distributed set-up on the worker, before TrainingArguments exist.
+"""Distributed set-up on the worker, before TrainingArguments exist.
 
 The distributed TrainingArguments are compiled into `plan.trainer` from the same accelerate config the
 launcher writes (ftune.plan.trainer). What is left for run time is `prepare`: the CPU FSDP shim and the FSDP v1

@@ -72,6 +72,9 @@ def _facts(model, trainer) -> dict:
         "params": len(params),
         "local_numel": sum(p.to_local().numel() if _is_dtensor(p) else p.numel() for p in params),
         "full_numel": sum(p.numel() for p in params),
+        # who checkpoints activations: HF's per-layer flag (the Trainer, or k-bit preparation) and FSDP's wrappers
+        "hf_checkpointing_layers": sum(getattr(m, "gradient_checkpointing", False) is True for m in wrapped.modules()),
+        "fsdp_checkpoint_wrappers": sum(type(m).__name__.endswith("CheckpointWrapper") for m in wrapped.modules()),
     }
     facts.update(_first_batch_fingerprint(trainer))
     return facts

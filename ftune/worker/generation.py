@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftune.worker.data import stops
-from ftune.worker.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
-from ftune.worker.data.masking import IGNORE
+from ftune.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
+from ftune.data.masking import IGNORE
 
 Prompt = str | dict
 """A plain prompt, `{"instruction", "input"}`, `{"prompt"}`, or `{"messages": [...]}` (a conversation)."""

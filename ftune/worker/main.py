@@ -1,6 +1,8 @@
 """The worker: `accelerate launch ... -m ftune.worker <run>/plan.json` runs the stages in order.
 
-It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
+The order, written once (here and in docs/ARCHITECTURE.md), as `run_stages` runs it:
+distributed (the CPU FSDP shim, the process group) → tokenizer → data → model → quantize (k-bit preparation,
+when quantized) → peft → train → save. It decides nothing the Plan already says. Errors are written to `<run>/error.json` (rank 0) so the
 launcher can report them without a traceback; the traceback is kept there for --debug.
 """
 
@@ -45,7 +47,7 @@ def run_stages(plan: Plan) -> dict:
     console = Console(stderr=False, highlight=False) if main else None
 
     tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(recipe, tok, collator=plan.collator, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
+    bundle = data.build(recipe, tok, plan.data, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
                         log=console.print if console else (lambda *a, **k: None))
     model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None
@@ -53,7 +55,8 @@ def run_stages(plan: Plan) -> dict:
         from ftune.estimate.quant import describe, describe_line
         from ftune.worker import quantize
 
-        model = quantize.prepare(model, recipe)
+        model = quantize.prepare(model, upcast=plan.upcast_non_quantized,
+                                 checkpointing=plan.activation_checkpointing == "trainer")
         quant_line = describe_line(describe(recipe, model))
     model, counts = apply_method(model, plan, tokenizer.trained_token_ids(tok, recipe.model))
     if main and save.converts_initial(plan):

@@ -1,4 +1,4 @@
-"""Stage 3: the model, loaded exactly as `plan.model_load` says (from a folder or hub id, or built from its
+"""The model, loaded exactly as `plan.model_load` says (from a folder or hub id, or built from its
 config for `init: random`). The kwargs are passed through unchanged; only the hub token (a secret, never in
 the Plan) and the label names found in the data are added here."""
 

@@ -1,4 +1,4 @@
-"""Stage 4: inject the fine-tuning method chosen in `peft.method` (see ftune.methods), or load the saved adapter
+"""Inject the fine-tuning method chosen in `peft.method` (see ftune.methods), or load the saved adapter
 the plan continues (`plan.model_load.adapter`) trainable, and count parameters."""
 
 from __future__ import annotations

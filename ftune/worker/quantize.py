@@ -23,18 +23,18 @@ if TYPE_CHECKING:
 """final/ftune.json (written by the save stage) records the `quantization` section the adapter was trained on."""
 
 
-def prepare(model, recipe: Recipe):
+def prepare(model, *, upcast: bool, checkpointing: bool):
     """Freeze the quantized base and make it trainable under adapters; returns the model.
 
-    When the unquantized weights are upcast (`plan.quantization.upcasts`: peft's default, not under FSDP) this is
-    peft's `prepare_model_for_kbit_training` (norms and the head upcast to fp32, input grads, gradient
-    checkpointing as `train.gradient_checkpointing` says); otherwise the same without the upcast.
+    The worker passes the Plan's decisions: `upcast` is `plan.upcast_non_quantized` (peft's default, not under
+    FSDP), and then this is peft's `prepare_model_for_kbit_training` (norms and the head upcast to fp32, input
+    grads), otherwise the same without the upcast; `checkpointing` is `plan.activation_checkpointing ==
+    "trainer"`: under FSDP activation checkpointing FSDP owns it, and turning the model's on here as well would
+    checkpoint every layer twice.
     """
-    from ftune.plan.quantization import upcasts
-
-    gc = recipe.train.gradient_checkpointing
+    gc = checkpointing
     gc_kwargs = {"use_reentrant": False}
-    if not upcasts(recipe):
+    if not upcast:
         for p in model.parameters():
             p.requires_grad_(False)
         if gc:
@@ -101,13 +101,11 @@ def recorded_quantization(final_dir: str | Path) -> QuantizationSection | None:
     return None if data is None else QuantizationSection.model_validate(data)
 
 
-def prepare_for_eval(model, recipe: Recipe):
+def prepare_for_eval(model, *, upcast: bool):
     """A freshly loaded quantized base made numerically like the training one: guarded, and its other
-    weights upcast to fp32 as k-bit preparation did (kept in the model dtype under FSDP). Eval mode."""
+    weights upcast to fp32 as k-bit preparation did (`upcast`; kept in the model dtype under FSDP). Eval mode."""
     guard(model)
-    from ftune.plan.quantization import upcasts
-
-    if upcasts(recipe):
+    if upcast:
         _upcast(model)
     return model.eval()
 

@@ -27,11 +27,12 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     else:
         table.add_row("data", f"{len(bundle.train):,} train rows"
                       + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
-    table.add_row("batch", f"{plan.effective_batch_size} effective = {r.train.per_device_batch_size} per device "
-                  f"× {r.train.gradient_accumulation_steps} accumulation × {plan.world_size} "
+    t = plan.trainer  # what runs, as the Plan gives it to the trainer
+    table.add_row("batch", f"{plan.effective_batch_size} effective = {t['per_device_train_batch_size']} per device "
+                  f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} "
                   f"process{'es' if plan.world_size != 1 else ''}")
-    steps = f"{r.train.max_steps} max steps" if r.train.max_steps else f"{r.train.epochs} epochs"
-    table.add_row("schedule", f"{steps}, lr {r.train.learning_rate:g} ({r.train.lr_scheduler}), seed {r.train.seed}")
+    steps = f"{t['max_steps']} max steps" if t["max_steps"] > 0 else f"{t['num_train_epochs']:g} epochs"
+    table.add_row("schedule", f"{steps}, lr {t['learning_rate']:g} ({t['lr_scheduler_type']}), seed {t['seed']}")
     strategy = f" ({r.distributed.strategy})" if r.distributed.strategy != "none" else ""
     table.add_row("devices", f"{plan.world_size} × {plan.device}{strategy}, precision {plan.mixed_precision}")
     if plan.cpu_threads is not None:

@@ -1,4 +1,4 @@
-"""Stage 7: save `final/` — a normal HF model or PEFT adapter folder plus the tokenizer — and verify it.
+"""Save `final/` — a normal HF model or PEFT adapter folder plus the tokenizer — and verify it.
 
 After writing, the saved tensors are read back and their names and shapes compared with the model's;
 a mismatch (or an adapter with zero tensors) is an error, never a silent success. Only then is the

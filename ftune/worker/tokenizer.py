@@ -1,8 +1,9 @@
-"""Stage 1: the tokenizer, from where the plan says (`plan.tokenizer_path`: `model.tokenizer`, else `model.path`)."""
+"""The tokenizer, from where the plan says (`plan.tokenizer_path`: `model.tokenizer`, else `model.path`)."""
 
 from __future__ import annotations
 
 from ftune.errors import FtuneError
+from ftune.recipe.sources import sources
 
 
 def load(path: str, recipe, token: str | None = None):
@@ -31,8 +32,7 @@ def load(path: str, recipe, token: str | None = None):
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     apply_tokens(tok, recipe.model)
-    sources = list(recipe.data.train) + (list(recipe.data.eval) if isinstance(recipe.data.eval, list) else [])
-    if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for s in sources):
+    if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for _, s in sources(recipe)):
         from ftune.worker.data import chat_template_of
 
         # the template the data is rendered with is saved with the tokenizer in final/, so inference formats

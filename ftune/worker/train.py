@@ -1,4 +1,4 @@
-"""Stage 6: the HF Trainer, or TRL's for a preference objective, configured by the Plan (`plan.trainer`,
+"""The HF Trainer, or TRL's for a preference objective, configured by the Plan (`plan.trainer`,
 `plan.config_class`, `plan.trainer_class`). ftune writes no training loop and no loss of its own."""
 
 from __future__ import annotations

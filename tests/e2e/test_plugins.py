@@ -41,16 +41,16 @@ def test_validate_knows_installed_plugins(tmp_path, tiny_model_dir):
     assert ftune("validate", str(path), cwd=tmp_path, env=_env()).code == 0
     without = ftune("validate", str(path), cwd=tmp_path)  # the plugin not installed: every name is refused
     assert without.code == 1
-    assert "data.train.0.format: invalid value 'qa'" in without.text  # the schema's choices include plugins'
+    assert "data.train[0].format: invalid value 'qa'" in without.text  # the schema's choices include plugins'
     assert "embed-only" in without.text and "methods: lora, prefix, llama-adapter, full, freeze" in without.text
     bad = yaml.safe_load(path.read_text())
     bad["train"]["callbacks"] = [{"name": "step-logg", "args": {"every": 0}}, {"name": "step-log", "args": {"every": 0}}]
     path.write_text(yaml.safe_dump(bad, sort_keys=False))
     res = ftune("validate", str(path), cwd=tmp_path, env=_env())
     assert res.code == 1
-    assert "train.callbacks.0.name: no installed plugin registers a callback named 'step-logg'" in res.text
+    assert "train.callbacks[0].name: no installed plugin registers a callback named 'step-logg'" in res.text
     assert "did you mean 'step-log'?" in res.text
-    assert "train.callbacks.1.args.every: callback 'step-log': Input should be greater than 0" in res.text
+    assert "train.callbacks[1].args.every: callback 'step-log': Input should be greater than 0" in res.text
     assert "recipe.yaml:" in res.text  # located
 
 

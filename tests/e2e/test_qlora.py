@@ -32,12 +32,12 @@ def _load(model_dir, recipe: Recipe):
     from ftune.methods import lora
     from ftune.estimate.quant import describe
     from ftune.modeling import build_meta_model
-    from ftune.plan.quantization import bnb_config
+    from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, quantization_config=bnb_config(recipe.quantization), dtype=getattr(torch, recipe.model.dtype))
-    model = quantize.prepare(model, recipe)
+    model = quantize.prepare(model, upcast=upcasts(recipe), checkpointing=recipe.train.gradient_checkpointing)
     torch.manual_seed(0)
     model = lora.inject(model, recipe.peft, "causal-lm")
     for name, p in model.named_parameters():  # lora_B starts at zero: make every layer's update visible
@@ -210,7 +210,7 @@ def cyclic_data_file(tmp_path_factory):
     a random tiny base learns it within 30 steps (loss -15%), where random word salad stays near flat."""
     import random
 
-    from tests.conftest import WORDS
+    from ftune.tiny import WORDS
 
     cycle = list(dict.fromkeys(WORDS))
     rng = random.Random(5)
@@ -252,7 +252,7 @@ def _reloaded_eval_loss(run_dir, **load) -> float:
 
     plan = Plan.load(run_dir / "plan.json")
     tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(plan.recipe, tok, log=lambda *a, **k: None)
+    bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
     model = quantize.load_for_eval(run_dir / "final", **load)
     args = train.eval_arguments(plan, run_dir / "reload-eval")
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])

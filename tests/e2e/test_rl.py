@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WORDS
+from ftune.tiny import WORDS
 from tests.e2e._util import base_recipe, ftune, metrics, write_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(__import__("importlib").util.find_spec("trl") is None,

@@ -77,7 +77,7 @@ def test_bad_inputs_are_refused_before_anything_is_written(tmp_path, tiny_model_
     _assert_clean_error(res, "model folder not found: ./no-such-model", "model.path", "hint:")
 
     res = ftune("run", str(path), f"data.train=[{{path: missing.jsonl, format: text}}]", cwd=tmp_path)
-    _assert_clean_error(res, "data file not found: missing.jsonl", "data.train.0.path")
+    _assert_clean_error(res, "data file not found: missing.jsonl", "data.train[0].path")
 
     (tmp_path / "afile").write_text("x")
     res = ftune("run", str(path), "output.dir=afile/run", cwd=tmp_path)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import corpus
+from ftune.tiny import corpus
 from tests.e2e._util import base_recipe, ftune, write_recipe
 
 pytestmark = pytest.mark.slow

@@ -191,7 +191,7 @@ def test_one_row_with_an_eval_split_is_a_located_error(tmp_path, tiny_tokenizer_
     from transformers import AutoTokenizer
 
     from ftune.recipe.schema import Recipe
-    from ftune.worker.data import build
+    from tests.data_stage import build
 
     (tmp_path / "one.jsonl").write_text('{"text": "hello world"}\n')
     recipe = Recipe.model_validate({"name": "t", "model": {"path": "unused"},
@@ -212,16 +212,19 @@ def test_a_lost_lock_race_names_no_question_marks():
 
 
 def test_model_config_folder_without_config_json_and_gguf_paths(tmp_path):
-    from ftune.estimate.estimate import _own_config, resolve_config
+    from ftune.errors import RecipeError
+    from ftune.estimate.meta import _own_config, resolve_config
     from ftune.recipe.schema import Recipe
 
-    with pytest.raises(FtuneError, match="is a folder with no config.json in it"):
+    with pytest.raises(RecipeError) as info:
         _own_config(str(tmp_path))
+    assert "is a folder with no config.json in it" in info.value.problems[0].message
     recipe = Recipe.model_validate({"name": "t", "model": {"path": "llama-3-8b.Q4_K_M.gguf"},
                                     "data": {"train": [{"path": "d.jsonl"}]}})
-    with pytest.raises(FtuneError) as info:
+    with pytest.raises(RecipeError) as info:
         resolve_config(recipe)
-    assert "is a GGUF file" in info.value.message and "hf download" not in info.value.hint
+    (p,) = info.value.problems
+    assert p.path == "model.path" and "is a GGUF file" in p.message and "hf download" not in p.hint
 
 
 def test_a_big_yaml_without_aliases_is_not_called_an_alias_bomb(monkeypatch):

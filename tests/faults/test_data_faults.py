@@ -8,7 +8,7 @@ import pytest
 
 from ftune.errors import FtuneError
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
+from tests.data_stage import build
 
 
 @pytest.fixture(scope="module")

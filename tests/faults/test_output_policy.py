@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ftune.cli.main import main
+from ftune.tiny import CONFIG
 from ftune.errors import FtuneError
 from ftune.infer.chat import Session
 from ftune.rundir import RunDir, mark_complete
@@ -48,7 +49,7 @@ def world(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights: the compiler checks it
     (model / "model.safetensors").write_bytes(b"weights")
     recipe = {"name": "unit", "model": {"path": str(model)},
               "data": {"train": [{"path": str(tmp_path / "train.jsonl"), "format": "instruction"}]},

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
+from tests.data_stage import build
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +61,16 @@ def test_clean_chat_has_no_anomaly_warning(tok, tmp_path):
 
 
 def test_a_step_larger_than_the_dataset_is_warned(tok, tmp_path, monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "7")  # samples per step are the Plan's, never the launched environment's
     path = _chat_file(tmp_path / "c.jsonl", [GOOD] * 6)
     r = _recipe(tmp_path, path, train={"per_device_batch_size": 4, "gradient_accumulation_steps": 2})
     bundle = build(r, tok, log=lambda _: None)
     assert bundle.report.step_samples == 8 and bundle.report.train_samples == 6
     [w] = [w for w in bundle.warnings if "optimizer step" in w]
     assert "one optimizer step takes 8 samples" in w and "the training set has 6" in w
-    monkeypatch.setenv("WORLD_SIZE", "1")
     r = _recipe(tmp_path, path, train={"per_device_batch_size": 2, "gradient_accumulation_steps": 3})
     assert not any("optimizer step" in w for w in build(r, tok, log=lambda _: None).warnings)
+    assert build(r, tok, world_size=2, log=lambda _: None).report.step_samples == 12
 
 
 def _entry(tmp_path):
@@ -101,10 +101,8 @@ def test_a_corrupt_cache_entry_is_rebuilt(tok, tmp_path, damage):
 
 
 def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_dir):
-    from types import SimpleNamespace
-
     from ftune.modeling import build_meta_model
-    from ftune.plan.preflight import position_problems, preflight
+    from ftune.plan.preflight import position_problems, problems
 
     positions = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
 
@@ -119,16 +117,8 @@ def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_
     assert p.hint == f"set data.max_seq_length to at most {positions}"
     assert position_problems(recipe(positions), build_meta_model(recipe(positions))) == []
 
-    class Refused(Exception):
-        pass
-
-    def error(found):
-        return Refused([x.path for x in found])
-
-    loaded = SimpleNamespace(error=error)
-    with pytest.raises(Refused) as info:  # preflight (before the run dir is written) runs the check
-        preflight(loaded, SimpleNamespace(recipe=r, device="cpu"))
-    assert info.value.args[0] == ["data.max_seq_length"]
+    # the preflight the compiler runs (so `plan` and `run` refuse it before the run dir is written)
+    assert [p.path for p in problems(r, "cpu")] == ["data.max_seq_length"]
 
 
 # ------------------------------------------------------------------ `ftune eval` on a folder that doesn't fit

@@ -20,6 +20,7 @@ from ftune.launch.lock import acquire, claim
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe
 from ftune.rundir import RunDir, mark_complete
+from ftune.tiny import CONFIG
 
 
 def _recipe(tmp_path: Path, out: Path, **extra) -> Path:
@@ -222,7 +223,7 @@ def test_truncated_model_weights_name_the_file(tmp_path):
 
     model = tmp_path / "m"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights
     save_file({"w": np.ones((64, 64), dtype=np.float32)}, str(model / "model.safetensors"))
     data = (model / "model.safetensors").read_bytes()
     (model / "model.safetensors").write_bytes(data[: len(data) // 2])

@@ -12,7 +12,8 @@ from ftune.cli.main import main
 from ftune.errors import FtuneError
 from ftune.recipe.schema import Recipe
 from ftune.typed import not_text
-from ftune.worker.data import build, check_fields
+from ftune.data.check import check_fields
+from tests.data_stage import build
 
 IMAGE_CHAT = [{"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "what?"}]},
               {"role": "assistant", "content": [{"type": "text", "text": "a cat"}]}]
@@ -50,7 +51,7 @@ def test_the_data_stage_refuses_non_text_located_at_the_row(tok, tmp_path, fmt, 
 
 @pytest.mark.parametrize(("fmt", "rows", "field", "holds", "hint"), CASES, ids=[c[0] for c in CASES])
 def test_validate_check_paths_refuses_them_before_launch(tmp_path, fmt, rows, field, holds, hint):
-    [(path, message, found_hint)] = check_fields(_recipe(tmp_path, fmt, rows))
+    [(path, message, found_hint)] = [(p.path, p.message, p.hint) for p in check_fields(_recipe(tmp_path, fmt, rows))]
     assert path.startswith("data.train[0].fields.") and f"holds {holds}, not text" in message and hint in found_hint
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from ftune.chat import BUILTIN, builtin, resolve
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
-from ftune.worker.data.formats import ChatRenderer, render_with_spans
+from tests.data_stage import build
+from ftune.data.formats import ChatRenderer, render_with_spans
 from ftune.worker.tokenizer import apply_tokens, trained_token_ids
 
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
@@ -102,7 +102,7 @@ def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_
 
 
 def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
     from ftune.worker.tokenizer import load
 
     def recipe(**data):
@@ -119,7 +119,7 @@ def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_pa
 def test_the_fast_renderer_equals_apply_chat_template(tok, name):
     """ChatRenderer binds the compiled template once; its output is apply_chat_template's, byte for byte, for every
     built-in template and ftune's default, with and without the generation prompt, on every prefix."""
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
 
     template = builtin(name) if name else DEFAULT_CHAT_TEMPLATE
     render = ChatRenderer(tok, template)
@@ -141,7 +141,7 @@ def test_span_labels_walk_equals_the_bisect_reference():
     """The linear walk over tokens and spans labels exactly what a bisect per token labels (random cases)."""
     import random
 
-    from ftune.worker.data.masking import _labels_by_bisect, labels_from_spans
+    from ftune.data.masking import _labels_by_bisect, labels_from_spans
 
     rng = random.Random(0)
     for _ in range(500):
@@ -160,7 +160,7 @@ def test_span_labels_walk_equals_the_bisect_reference():
 def test_offsets_from_the_backend_equal_the_wrappers(tok):
     """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
     the text included, and a backend left truncating sends it back through the wrapper."""
-    from ftune.worker.data.formats import encode_with_offsets
+    from ftune.data.formats import encode_with_offsets
 
     texts = ["<s>User: hi</s> the cat sat", "", "Assistant: 5 books \n\n read"]
     want = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
@@ -174,7 +174,7 @@ def test_offsets_from_the_backend_equal_the_wrappers(tok):
 
 
 def test_trainable_counts_targets_after_the_first_token():
-    from ftune.worker.data.masking import IGNORE, trainable
+    from ftune.data.masking import IGNORE, trainable
 
     for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
         assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)

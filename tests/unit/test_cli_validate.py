@@ -140,7 +140,7 @@ def test_check_paths(tree, capsys):
     code, out, _ = run(capsys, "local.yaml", "--check-paths", "--format", "json")
     assert code == 1
     errors = json.loads(out)["files"][0]["errors"]
-    assert [(e["path"], e["line"], e["column"]) for e in errors] == [("model.path", 2, 9), ("data.train.0.path", 5, 7)]
+    assert [(e["path"], e["line"], e["column"]) for e in errors] == [("model.path", 2, 9), ("data.train[0].path", 5, 7)]
     assert errors[0]["message"] == "'./models/tiny' does not exist"
     (tree / "models" / "tiny").mkdir(parents=True)
     (tree / "data").mkdir()
@@ -159,7 +159,7 @@ def test_check_paths_reads_the_first_rows_for_fields(tree, capsys):
     code, out, _ = run(capsys, "local.yaml", "--check-paths", "--format", "json")
     assert code == 1
     (error, *_) = json.loads(out)["files"][0]["errors"]
-    assert error["path"].startswith("data.train.0")
+    assert error["path"].startswith("data.train[0]")
     assert "instruction" in error["message"] and error["line"] == 5
     assert "prompt" in (error["message"] + (error["hint"] or ""))  # names the fields that are there
 

@@ -3,6 +3,8 @@ onto the accelerate launch, their sources in the plan, contradictions and missin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -10,6 +12,7 @@ from ftune.errors import RecipeError
 from ftune.plan.cluster import detect, first_host
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe
+from ftune.tiny import CONFIG
 
 PET = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "trainjob-node-0-0",
        "PET_MASTER_PORT": "29400"}
@@ -24,7 +27,7 @@ MPI = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORL
 def _recipe(tmp_path, distributed: dict | None = None):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama the compiler's preflight can build
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "hello"}\n')
     recipe = {"name": "unit", "model": {"path": str(model)}, "data": {"train": [{"path": str(data)}]},

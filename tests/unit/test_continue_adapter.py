@@ -12,6 +12,7 @@ import yaml
 from ftune.errors import RecipeError
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe
+from ftune.tiny import CONFIG
 
 LORA = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
         "target_modules": ["v_proj", "q_proj"], "modules_to_save": None, "bias": "none", "use_rslora": False,
@@ -23,7 +24,7 @@ def _adapter(tmp_path: Path, config: dict | None = None, record: dict | None = N
     """A run's final/-like adapter folder (json only: the compiler reads no weights) over a model folder."""
     model = tmp_path / "base"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights
     folder = tmp_path / "first" / "final"
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(LORA if config is None else config)

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
-from ftune.worker.data.cache import Cache, default_root, make_key
+from tests.data_stage import build
+from ftune.plan.batching import cache_root
+from ftune.worker.data.cache import Cache, make_key
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +130,10 @@ def test_failed_preprocessing_leaves_no_entry(tok, tmp_path):
 
 def test_cache_root_and_lost_race(tmp_path, monkeypatch):
     monkeypatch.setenv("FTUNE_CACHE", str(tmp_path / "env"))
-    assert default_root(None) == tmp_path / "env"
-    assert default_root(str(tmp_path / "x")) == tmp_path / "x"
+    assert cache_root(None) == tmp_path / "env"
+    assert cache_root(str(tmp_path / "x")) == tmp_path / "x"
     monkeypatch.delenv("FTUNE_CACHE")
-    assert default_root(None).parts[-3:] == (".cache", "ftune", "data")
+    assert cache_root(None).parts[-3:] == (".cache", "ftune", "data")
     cache = Cache(tmp_path / "c")
     key = make_key(data_section={}, extra={}, files={"f": "1"}, tokenizer="t", template="x")
     a, b = cache.scratch(), cache.scratch()

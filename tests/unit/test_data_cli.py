@@ -75,9 +75,10 @@ def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, c
 
 def test_bad_data_is_a_clear_error_not_a_traceback(tmp_path, tiny_tokenizer_dir, text_data_file, capsys):
     data = f"  train:\n    - path: {text_data_file}\n      format: chat\n"
-    assert main(["data", write_recipe(tmp_path, tiny_tokenizer_dir, data)]) == 1
-    err = capsys.readouterr().err
-    assert "needs field `messages`" in err and "has: text" in err and f"{text_data_file}:1:1" in err
+    recipe = write_recipe(tmp_path, tiny_tokenizer_dir, data)
+    assert main(["data", recipe]) == 1
+    err = capsys.readouterr().err  # refused by the compiler's data check, at the source in the recipe
+    assert "needs field `messages`" in err and "have: text" in err and f"{recipe}:6:7: error: data.train[0]" in err
     assert "hint:" in err and "Traceback" not in err
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from ftune.errors import FtuneError
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build, check_fields
+from ftune.data.check import check_fields
+from tests.data_stage import build
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_missing_file(tok, tmp_path):
     err = build_error(tok, recipe(tmp_path / "nope.jsonl"), tmp_path)
     assert "data.train[0].path: no such file:" in err.message and "nope.jsonl" in err.message
     assert "relative to the working directory" in err.hint
-    assert check_fields(recipe(tmp_path / "nope.jsonl"))[0][0] == "data.train[0].path"
+    assert check_fields(recipe(tmp_path / "nope.jsonl")) == []  # the compiler's input check reports a missing file
 
 
 def test_unparsable_jsonl_line_names_the_line(tok, tmp_path):
@@ -49,7 +50,7 @@ def test_unparsable_jsonl_line_names_the_line(tok, tmp_path):
     err = build_error(tok, recipe(path), tmp_path)
     assert "line 3 of" in err.message and "not valid JSON" in err.message
     assert err.location.file == str(path) and err.location.line == 3
-    (where, message, _), = check_fields(recipe(path))
+    ((where, message),) = [(p.path, p.message) for p in check_fields(recipe(path))]
     assert where == "data.train[0].path" and "line 3" in message
 
 
@@ -60,8 +61,8 @@ def test_missing_field_lists_available_fields_and_spots_sharegpt(tok, tmp_path):
     assert "format: chat" in err.hint and "role: from, content: value" in err.hint
     assert err.location.line == 1
     problems = check_fields(recipe(path, {"format": "instruction"}))
-    assert [p[0] for p in problems] == ["data.train[0].fields.instruction", "data.train[0].fields.output"]
-    assert "conversations, id" in problems[0][1]
+    assert [p.path for p in problems] == ["data.train[0].fields.instruction", "data.train[0].fields.output"]
+    assert "conversations, id" in problems[0].message
 
 
 def test_sharegpt_under_chat_names_the_whole_mapping_on_the_first_error(tok, tmp_path):
@@ -72,7 +73,7 @@ def test_sharegpt_under_chat_names_the_whole_mapping_on_the_first_error(tok, tmp
     assert "needs field `messages`" in err.message
     assert err.hint.startswith("this is ShareGPT data: set `format: sharegpt`")
     assert "fields: {messages: conversations, role: from, content: value}" in err.hint
-    [(where, _, hint)] = check_fields(recipe(path, {"format": "chat"}))
+    [(where, _, hint)] = [(p.path, p.message, p.hint) for p in check_fields(recipe(path, {"format": "chat"}))]
     assert where == "data.train[0].fields.messages" and hint == err.hint
     # another chat shape: every field named from the first message's keys
     other = jsonl(tmp_path / "o.jsonl", [{"dialog": [{"role": "user", "text": "hi"}]}])
@@ -87,7 +88,7 @@ def test_a_defaulted_format_is_named_at_the_source(tok, tmp_path):
     err = build_error(tok, recipe(path), tmp_path)
     assert "this source sets no `format`, so it defaulted to text, which needs field `text`" in err.message
     assert "set `format: alpaca` (= `format: instruction`)" in err.hint
-    [(where, message, _)] = check_fields(recipe(path))
+    [(where, message, _)] = [(p.path, p.message, p.hint) for p in check_fields(recipe(path))]
     assert where == "data.train[0]" and "defaulted to text" in message
 
 
@@ -106,7 +107,7 @@ def test_unknown_role(tok, tmp_path):
     assert "row 2 of" in err.message and "unknown role 'bot'" in err.message and "gpt" in err.message
     assert "roles: {bot: assistant}" in err.hint
     assert err.location.line == 2
-    (where, message, _), = check_fields(recipe(path, {"format": "chat"}))
+    ((where, message),) = [(p.path, p.message) for p in check_fields(recipe(path, {"format": "chat"}))]
     assert where == "data.train[0].roles" and "'bot'" in message
 
 
@@ -132,7 +133,7 @@ def test_label_not_in_label_names(tok, tmp_path):
     err = build_error(tok, r, tmp_path)
     assert "row 2 of" in err.message and "label 'neutral'" in err.message and "negative, positive" in err.message
     assert err.location.line == 2
-    (where, message, _), = check_fields(r)
+    ((where, message),) = [(p.path, p.message) for p in check_fields(r)]
     assert where == "data.train[0].fields.label" and "'neutral'" in message
 
 
@@ -168,7 +169,7 @@ def test_data_errors_survive_worker_processes():
     import pickle
 
     from ftune.errors import Location
-    from ftune.worker.data.errors import DataError
+    from ftune.data.errors import DataError
 
     err = pickle.loads(pickle.dumps(DataError("m", hint="h", location=Location(file="f", line=3))))
     assert (err.message, err.hint, err.location.line) == ("m", "h", 3)
@@ -179,7 +180,7 @@ def test_importing_the_data_stage_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, ftune.worker.data; "
+    code = ("import sys, ftune.worker.data, ftune.data.check; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'numpy', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

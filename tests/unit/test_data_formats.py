@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
-from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+from tests.data_stage import build
+from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
+from ftune.worker.data import DataReport
+from ftune.worker.data import build as stage
+from tests.data_stage import build, decided
 from ftune.plan.batching import collator
 from ftune.worker.data.packing import PackedCollator, PaddingFreeCollator, first_fit_decreasing
 
@@ -146,7 +148,7 @@ def test_build_honours_the_plans_collator(packed, tokenizer, instruction_data_fi
     b = build(flash, tokenizer, log=lambda _: None)
     assert b.mechanism == "padding_free" and isinstance(b.collator, PaddingFreeCollator)
     assert b.report.cache_hit  # the attention implementation is not part of the data
-    b = build(flash, tokenizer, log=lambda _: None, collator="position_ids")  # the Plan's word wins
+    b = stage(flash, tokenizer, decided(flash, collator="position_ids"), log=lambda _: None)  # the Plan's word wins
     assert b.mechanism == "position_ids" and isinstance(b.collator, PackedCollator)
 
 
@@ -273,7 +275,7 @@ def test_unpacked_padding_collator_masks_padding(tokenizer, text_data_file, tmp_
     assert batch["attention_mask"].sum(1).tolist() == [n0, n1]
     short = 0 if n0 < n1 else 1
     assert (batch["labels"][short, min(n0, n1):] == -100).all()
-    assert json.dumps(b.report.as_dict())  # serialisable
+    assert DataReport.from_dict(json.loads(json.dumps(b.report.as_dict()))) == b.report  # JSON keeps it whole
 
 
 def test_the_hf_trainer_trains_and_evaluates_on_packed_batches(packed, tiny_model_dir, tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import build
+from tests.data_stage import build
 
 TEXTS = [f"the cat sat on mat number {i}" for i in range(40)]
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ftune.errors import FtuneError
-from ftune.estimate.estimate import estimate, parse_bytes, resolve_config
+from ftune.errors import FtuneError, RecipeError
+from ftune.estimate.estimate import estimate, parse_bytes
+from ftune.estimate.meta import resolve_config
 from ftune.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,20 +94,22 @@ def test_freeze_counts_only_matching_parameters():
 
 
 def test_unmatched_target_modules_list_the_linear_layers():
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:  # a problem at the key; the CLI locates it in the recipe
         plan(make("meta-llama/Llama-2-7b-hf", {"method": "lora", "target_modules": ["query", "value"]}))
-    assert "peft.target_modules (query, value) matches no module" in err.value.message
-    assert err.value.hint == ("the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, "
+    (p,) = err.value.problems
+    assert p.path == "peft.target_modules" and "(query, value) matches no module" in p.message
+    assert p.hint == ("the model's linear layers are: down_proj, gate_proj, k_proj, lm_head, o_proj, "
                               "q_proj, up_proj, v_proj")
 
 
 def test_unknown_hub_id_says_how_to_plan_it():
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:
         resolve_config(make("someone/unknown-7b"))
-    assert "no config found for model.path 'someone/unknown-7b'" in err.value.message
-    assert err.value.hint.startswith("did you mean ")  # the closest catalog names, however far
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "no config found for 'someone/unknown-7b'" in p.message
+    assert p.hint.startswith("did you mean ")  # the closest catalog names, however far
     assert ("Otherwise set model.config to a local config.json of the model, or fetch it once "
-            "(`hf download someone/unknown-7b config.json`)") in err.value.hint
+            "(`hf download someone/unknown-7b config.json`)") in p.hint
 
 
 def test_chat_variant_resolves_to_its_base_in_the_catalog():
@@ -280,20 +283,18 @@ def test_current_qwen3_2507_ids_plan_offline_with_their_exact_count():
 
 @pytest.mark.parametrize("model_id", ["mistralai/Mistral-Small-24B-Instruct-2501", "acme/zzz", "Qwen/Qwen9-1T"])
 def test_an_unknown_id_always_gets_near_names_and_the_model_config_hint(model_id):
-    from ftune.errors import FtuneError
-
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:  # a problem at model.path, located by the caller
         plan(make(model_id, {"method": "full"}))
-    assert "did you mean " in err.value.hint and "set model.config" in err.value.hint
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "did you mean " in p.hint and "set model.config" in p.hint
     if model_id.startswith(("mistralai/", "Qwen/")):  # the same org's entries come first
-        assert err.value.hint.split("did you mean ")[1].startswith(model_id.split("/")[0] + "/")
+        assert p.hint.split("did you mean ")[1].startswith(model_id.split("/")[0] + "/")
 
 
 @pytest.mark.parametrize("path", ["/abs/nowhere/model", "./rel/model", "~/models/x"])
 def test_a_missing_local_folder_is_never_suggested_for_download(path):
-    from ftune.errors import FtuneError
-
-    with pytest.raises(FtuneError) as err:
+    with pytest.raises(RecipeError) as err:
         plan(make(path, {"method": "full"}))
-    assert "check the folder" in err.value.hint and "download" not in err.value.hint
-    assert ("relative to the working directory" in str(err.value)) == path.startswith(".")
+    (p,) = err.value.problems
+    assert p.path == "model.path" and "check the folder" in p.hint and "download" not in p.hint
+    assert ("relative to the working directory" in p.message) == path.startswith(".")

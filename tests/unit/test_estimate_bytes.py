@@ -99,7 +99,8 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.estimate.estimate import _apply_method, _build, resolve_config
+    from ftune.estimate.estimate import _apply_method
+    from ftune.estimate.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
@@ -234,11 +235,12 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
-    from ftune.estimate.estimate import _apply_method, _build, _quantize_layout, resolve_config
+    from ftune.estimate.estimate import _apply_method, _quantize_layout
+    from ftune.estimate.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
     from ftune.modeling import build_meta_model
-    from ftune.plan.quantization import bnb_config
+    from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
     r = Recipe.model_validate({
@@ -254,7 +256,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=bnb_config(r.quantization),
                                                  dtype=torch.float32, attn_implementation="sdpa")
-    model = method_module("lora").inject(quantize.prepare(model, r), r.peft, "causal-lm")
+    model = method_module("lora").inject(quantize.prepare(model, upcast=upcasts(r), checkpointing=False), r.peft, "causal-lm")
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}

@@ -166,7 +166,7 @@ def test_instruction_prompts_and_their_chat_template_agree(tok, template):
 
 
 def test_chat_prompts_end_with_the_generation_prompt(tok):
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
 
     fmt = g.PromptFormat("chat", DEFAULT_CHAT_TEMPLATE)
     ids = g.encode_prompt(fmt, tok, "hello", system="be brief")

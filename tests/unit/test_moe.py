@@ -137,7 +137,7 @@ def messages(model, **peft) -> dict[str, str]:
 def test_bad_targets_are_refused_with_the_key():
     moe = tiny("qwen3_moe")
     found = messages(moe, experts=True, dropout=0.05)
-    assert "peft.dropout is 0.05, but LoRA on parameters (mlp.experts.down_proj" in found["peft.dropout"]
+    assert "0.05, but LoRA on parameters (mlp.experts.down_proj" in found["peft.dropout"]
     assert "set `peft.dropout: 0`" in found["peft.dropout"]
     found = messages(moe, target_parameters=["mlp.experts.gate_proj"], dropout=0.0)
     assert "'mlp.experts.gate_proj' names no parameter of Qwen3MoeForCausalLM" in found["peft.target_parameters"]
@@ -199,7 +199,7 @@ def test_plan_refusals_point_at_the_line(tmp_path, tiny_qwen3_moe_dir, text_data
     file = recipe(tmp_path, tiny_qwen3_moe_dir, text_data_file, experts=True, dropout=0.1)
     assert main(["plan", file]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"{file}:") and ": error: peft.dropout is 0.1, but LoRA on parameters" in err
+    assert err.startswith(f"{file}:") and ": error: peft.dropout: 0.1, but LoRA on parameters" in err
     line = next(i for i, t in enumerate(open(file).read().splitlines(), 1) if t.strip().startswith("dropout:"))
     assert f"{file}:{line}:" in err
     file = recipe(tmp_path, tiny_qwen3_moe_dir, text_data_file, experts=True, dropout=0.0)

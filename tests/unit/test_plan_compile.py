@@ -12,12 +12,13 @@ from ftune.errors import RecipeError
 from ftune.plan.compile import compile_plan
 from ftune.rundir import COMPLETE_MARKER, RUN_MARKER, RunDir
 from ftune.recipe import load_recipe
+from ftune.tiny import CONFIG
 
 
 def _recipe(tmp_path: Path, **top) -> Path:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "hello"}\n')
     recipe = {
@@ -165,7 +166,7 @@ def test_missing_relative_data_file_is_refused_like_validate_does(tmp_path, monk
     with pytest.raises(RecipeError) as info:
         compile_plan(load_recipe(path))
     (problem,) = info.value.problems
-    assert problem.path == "data.train.0.path" and "data file not found: data/train.jsonl" in problem.message
+    assert problem.path == "data.train[0].path" and "data file not found: data/train.jsonl" in problem.message
 
 
 def test_a_default_is_located_at_the_nearest_key_the_user_wrote(tmp_path):

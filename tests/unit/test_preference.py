@@ -78,11 +78,11 @@ def test_kto_kl_term_needs_a_batch_of_two_in_a_fixed_order(tmp_path):
 def test_preference_needs_a_preference_objective_and_matching_data(tmp_path):
     p = problems(tmp_path, {"preference": {"beta": 0.1}})
     assert p["train.preference"].message.startswith("train.preference sets")
-    assert p["data.train.0.format"].message == "preference data needs a preference objective, but train.objective is 'sft'"
+    assert p["data.train[0].format"].message == "preference data needs a preference objective, but train.objective is 'sft'"
     p = problems(tmp_path, {"objective": "kto"})
-    assert p["data.train.0.format"].message == "train.objective 'kto' reads `format: unpaired-preference` rows, not preference"
+    assert p["data.train[0].format"].message == "train.objective 'kto' reads `format: unpaired-preference` rows, not preference"
     p = problems(tmp_path, {"objective": "dpo"}, {"train": [{"path": "d.jsonl", "format": "instruction"}]})
-    assert "{prompt, chosen, rejected}" in p["data.train.0.format"].hint
+    assert "{prompt, chosen, rejected}" in p["data.train[0].format"].hint
 
 
 def test_what_a_preference_trainer_cannot_do_is_refused(tmp_path):
@@ -154,7 +154,7 @@ def test_missing_trl_is_a_located_plan_error(tmp_path, monkeypatch):
 def _bundle(tmp_path, tokenizer_dir, rows, fmt="preference", **data):
     from transformers import AutoTokenizer
 
-    from ftune.worker.data import build
+    from tests.data_stage import build
 
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     objective = "kto" if fmt == "unpaired-preference" else "dpo"

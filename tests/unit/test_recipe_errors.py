@@ -96,8 +96,8 @@ def test_union_value_one_message(tmp_path):
 
 def test_bad_list_item_in_union_reports_the_item(tmp_path):
     missing, unknown = errors(tmp_path, GOOD.replace("data:\n", "data:\n  eval:\n    - pth: e.jsonl\n"))
-    assert (missing.path, missing.message, where(missing)[1:]) == ("data.eval.0.path", "required key is missing", (6, 7))
-    assert (unknown.path, where(unknown)[1:]) == ("data.eval.0.pth", (6, 7))
+    assert (missing.path, missing.message, where(missing)[1:]) == ("data.eval[0].path", "required key is missing", (6, 7))
+    assert (unknown.path, where(unknown)[1:]) == ("data.eval[0].pth", (6, 7))
     assert "did you mean 'path'?" in unknown.message
 
 

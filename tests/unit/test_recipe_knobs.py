@@ -58,7 +58,7 @@ def test_transformers_generation_tags_parse(tmp_path):
 
 def test_as_chat_is_for_instruction_rows(tmp_path):
     found = problems(tmp_path, data={"train": [{"path": "d.jsonl", "format": "text", "as_chat": True}]})
-    assert "format is 'text'" in found["data.train.0.as_chat"].message
+    assert "format is 'text'" in found["data.train[0].as_chat"].message
 
 
 # ------------------------------------------------------------------------------ split slices
@@ -70,14 +70,14 @@ def test_slices_validate(tmp_path, split):
 def test_bad_slices_are_located(tmp_path):
     found = problems(tmp_path, data={"train": [{"path": "d.jsonl", "split": "train[:20%"},
                                                {"path": "e.jsonl", "split": "test[:10]"}]})
-    assert "'train[:20%' is no split or slice" in found["data.train.0.split"].message
-    assert "a file holds one split, `train`" in found["data.train.1.split"].message
+    assert "'train[:20%' is no split or slice" in found["data.train[0].split"].message
+    assert "a file holds one split, `train`" in found["data.train[1].split"].message
 
 
 def test_slice_selects_rows_as_datasets_does(tmp_path):
     import datasets
 
-    from ftune.worker.data.sources import sliced, split_names
+    from ftune.data.sources import sliced, split_names
 
     ds = datasets.Dataset.from_dict({"x": list(range(103))})
     assert sliced({"train": ds}, "train[:20%]")["x"] == list(range(21))  # datasets rounds 20.6 to 21
@@ -143,8 +143,8 @@ def test_early_stopping_with_per_epoch_builds(tmp_path):
 def test_token_rules(tmp_path):
     found = problems(tmp_path, model={"add_tokens": ["<a>", " ", "<a>"], "special_tokens": {"eos_token": ""}},
                      peft={"method": "prefix"})
-    assert "empty" in found["model.add_tokens.1"].message
-    assert "listed twice" in found["model.add_tokens.2"].message
+    assert "empty" in found["model.add_tokens[1]"].message
+    assert "listed twice" in found["model.add_tokens[2]"].message
     assert "eos_token can't be empty" in found["model.special_tokens.eos_token"].message
     assert "peft.method 'prefix'" in found["model.add_tokens"].message
 
@@ -180,7 +180,7 @@ def test_tracker_settings_without_the_tracker_send_nothing_and_are_refused(tmp_p
     found = problems(tmp_path, output={"report_to": ["tensorboard"], "trackers": {"wandb": {"project": "p"}}})
     assert "nothing would be sent" in found["output.trackers.wandb"].message
     tags = problems(tmp_path, output={"report_to": ["wandb"], "trackers": {"wandb": {"tags": ["a,b"]}}})
-    assert "without ','" in tags["output.trackers.wandb.tags.0"].message
+    assert "without ','" in tags["output.trackers.wandb.tags[0]"].message
     assert "run_name" not in plan(tmp_path).trainer and not any(k.startswith("WANDB") for k in plan(tmp_path).launch.env)
 
 

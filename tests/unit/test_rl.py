@@ -52,21 +52,21 @@ def line_of(problem) -> str:
 # ------------------------------------------------------------------------------ bad input, located
 def test_unknown_reward_name_is_located_with_near_names(tmp_path):
     p = problems(tmp_path, grpo([{"name": "exact_match"}, {"name": "numerc", "tolerance": 0.5}]))
-    assert list(p) == ["train.rl.rewards.1.name"]
-    assert p["train.rl.rewards.1.name"].message == "no reward named 'numerc'"
-    assert "did you mean 'numeric'" in p["train.rl.rewards.1.name"].hint
-    assert line_of(p["train.rl.rewards.1.name"]).endswith("name: numerc")
+    assert list(p) == ["train.rl.rewards[1].name"]
+    assert p["train.rl.rewards[1].name"].message == "no reward named 'numerc'"
+    assert "did you mean 'numeric'" in p["train.rl.rewards[1].name"].hint
+    assert line_of(p["train.rl.rewards[1].name"]).endswith("name: numerc")
 
 
 def test_reward_args_of_the_wrong_type_or_unknown_are_located(tmp_path):
     p = problems(tmp_path, grpo([{"name": "numeric", "tolerance": "small"}, {"name": "regex", "patern": "x"},
                                  {"name": "length"}, {"name": "regex", "pattern": "(unclosed"}]))
-    assert "train.rl.rewards.0.tolerance" in p and "valid number" in p["train.rl.rewards.0.tolerance"].message
-    assert line_of(p["train.rl.rewards.0.tolerance"]) == "tolerance: small"
-    assert p["train.rl.rewards.1.patern"].message == "reward 'regex': unknown argument"
-    assert "pattern" in p["train.rl.rewards.1.patern"].hint
-    assert "train.rl.rewards.2.target" in p  # required
-    assert "not a regular expression" in p["train.rl.rewards.3.pattern"].message
+    assert "train.rl.rewards[0].tolerance" in p and "valid number" in p["train.rl.rewards[0].tolerance"].message
+    assert line_of(p["train.rl.rewards[0].tolerance"]) == "tolerance: small"
+    assert p["train.rl.rewards[1].patern"].message == "reward 'regex': unknown argument"
+    assert "pattern" in p["train.rl.rewards[1].patern"].hint
+    assert "train.rl.rewards[2].target" in p  # required
+    assert "not a regular expression" in p["train.rl.rewards[3].pattern"].message
 
 
 def test_num_generations_must_divide_the_generation_batch(tmp_path):
@@ -88,9 +88,9 @@ def test_settings_and_sections_that_do_not_fit_the_objective(tmp_path):
     p = problems(tmp_path, {"rl": {"rewards": [{"name": "exact_match"}]}}, {"train": [{"path": "d.jsonl"}]})
     assert p["train.rl"].message.startswith("train.rl sets online RL options, but train.objective is 'sft'")
     p = problems(tmp_path, {}, {"train": PROMPTS})
-    assert "prompt data is for online RL" in p["data.train.0.format"].message
+    assert "prompt data is for online RL" in p["data.train[0].format"].message
     p = problems(tmp_path, grpo(), {"train": [{"path": "d.jsonl", "format": "preference"}]})
-    assert p["data.train.0.format"].message == "train.objective 'grpo' reads `format: prompt` rows, not preference"
+    assert p["data.train[0].format"].message == "train.objective 'grpo' reads `format: prompt` rows, not preference"
     p = problems(tmp_path, {**grpo(), "preference": {"beta": 0.1}})
     assert "its settings go under train.rl" in p["train.preference"].message
     p = problems(tmp_path, grpo(max_completion_length=60), {"max_prompt_length": 16})
@@ -118,16 +118,16 @@ def test_a_reward_model_that_is_not_a_sequence_classifier(tmp_path, tiny_model_d
                          (tiny_cls_model_dir, "labels; a reward model has one output")):
         recipe = load_recipe(_write(tmp_path, grpo([{"name": "reward_model", "path": str(folder)}]))).recipe
         [p] = environment.reward_models(recipe)
-        assert p.path == "train.rl.rewards.0.path" and want in p.message
+        assert p.path == "train.rl.rewards[0].path" and want in p.message
 
 
 def test_answer_readers_need_an_answer_column(tmp_path):
-    from ftune.worker.data import check_fields
+    from ftune.data.check import check_fields
 
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "2+2=", "solution": "4"}) + "\n")
     data = {"train": [{"path": str(tmp_path / "p.jsonl"), "format": "prompt"}]}
     recipe = load_recipe(_write(tmp_path, grpo([{"name": "numeric"}]), data)).recipe
-    [(where, message, hint)] = check_fields(recipe)
+    [(where, message, hint)] = [(p.path, p.message, p.hint) for p in check_fields(recipe)]
     assert where == "data.train[0].fields.answer" and message.startswith("reward numeric compares completions")
     assert "fields: {answer: solution}" in hint
     mapped = {"train": [{"path": str(tmp_path / "p.jsonl"), "format": "prompt", "fields": {"answer": "solution"}}]}
@@ -302,7 +302,7 @@ def test_guard_stops_when_every_completion_is_clipped():
 def test_prompt_rows_render_chat_and_keep_answer_and_columns(tmp_path, tiny_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    from ftune.worker.data import build
+    from tests.data_stage import build
 
     rows = [{"question": [{"role": "user", "content": f"what is {i}+1?"}], "solution": i + 1, "level": "easy"}
             for i in range(3)] 
@@ -355,7 +355,7 @@ def test_ftune_data_shows_rendered_prompts_and_answers(tmp_path, tiny_tokenizer_
     from transformers import AutoTokenizer
 
     from ftune.cli.data import prompt_samples
-    from ftune.worker.data import build
+    from tests.data_stage import build
 
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Q: {i}+1\nA:", "answer": str(i + 1)}) + "\n"
                                               for i in range(3)))

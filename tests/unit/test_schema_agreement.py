@@ -209,7 +209,7 @@ INVALID = {
     "unknown-peft-key": (_with("peft", {"method": "lora", "rank": 8}), "peft.rank", "peft"),
     "key-of-another-method": (_with("peft", {"method": "prefix", "r": 8}), "peft.r", "peft"),
     "bad-enum": (_with("model.dtype", "float64"), "model.dtype", "model.dtype"),
-    "bad-enum-in-list": (_with("output.report_to", ["tensorbord"]), "output.report_to.0", "output.report_to.0"),
+    "bad-enum-in-list": (_with("output.report_to", ["tensorbord"]), "output.report_to[0]", "output.report_to.0"),
     "bad-method": (_with("peft", {"method": "lora2"}), "peft.method", "peft"),
     "wrong-type": (_with("train.per_device_batch_size", [1]), "train.per_device_batch_size", "train.per_device_batch_size"),
     "wrong-type-string-for-int": (_with("train.max_steps", "5x"), "train.max_steps", "train.max_steps"),
@@ -223,7 +223,7 @@ INVALID = {
     "bad-name": (_with("name", "has space"), "name", "name"),
     "missing-required": ({"name": "t", "data": GOOD["data"]}, "model", ""),
     "missing-nested-required": (_with("model", {"dtype": "bfloat16"}), "model.path", "model"),
-    "missing-required-in-list": (_with("data.train", [{"format": "text"}]), "data.train.0.path", "data.train.0"),
+    "missing-required-in-list": (_with("data.train", [{"format": "text"}]), "data.train[0].path", "data.train.0"),
 }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
 from ftune.recipe.schedule import eval_schedule, evaluates, save_schedule
+from ftune.recipe.sources import sources
 from ftune.recipe.schema import SCHEMA_VERSION, Recipe
 
 
@@ -228,13 +229,8 @@ def _load_best_per_epoch(recipe: Recipe, why: str) -> Iterator[Problem]:
 
 def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
     task = recipe.model.task
-    sources = [("train", s) for s in recipe.data.train]
-    if isinstance(recipe.data.eval, list):
-        sources += [("eval", s) for s in recipe.data.eval]
-    counts: dict[str, int] = {}
-    for split, source in sources:
-        i = counts[split] = counts.get(split, -1) + 1
-        path = f"data.{split}.{i}.format"
+    for key, source in sources(recipe):
+        path = f"{key}.format"
         if task == "causal-lm" and source.format == "classification":
             yield Problem.at(
                 path,

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from ftune.chat import BUILTIN, is_jinja
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
+from ftune.recipe.sources import sources
 from ftune.recipe.schema import Recipe
 
 # One `+`-joined part of datasets' slice syntax: a split name, then optionally [from:to] in rows or percent.
@@ -17,12 +18,6 @@ _SPLIT_PART = re.compile(r"^\s*[\w.-]+\s*(\[\s*(-?\d+\s*%?)?\s*:\s*(-?\d+\s*%?)?
 _FILE_TYPES = ("json", "csv", "parquet", "text")
 _GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
 _FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
-
-
-def _sources(recipe: Recipe):
-    yield from ((f"data.train.{i}", s) for i, s in enumerate(recipe.data.train))
-    if isinstance(recipe.data.eval, list):
-        yield from ((f"data.eval.{i}", s) for i, s in enumerate(recipe.data.eval))
 
 
 def chat_template_known(recipe: Recipe) -> Iterator[Problem]:
@@ -51,7 +46,7 @@ def chat_template_known(recipe: Recipe) -> Iterator[Problem]:
 
 
 def as_chat_needs_instruction(recipe: Recipe) -> Iterator[Problem]:
-    for where, src in _sources(recipe):
+    for where, src in sources(recipe):
         if src.as_chat and src.format != "instruction":
             yield Problem.at(f"{where}.as_chat",
                              f"as_chat renders instruction rows as a conversation, but this source's format is "
@@ -60,7 +55,7 @@ def as_chat_needs_instruction(recipe: Recipe) -> Iterator[Problem]:
 
 
 def split_syntax(recipe: Recipe) -> Iterator[Problem]:
-    for where, src in _sources(recipe):
+    for where, src in sources(recipe):
         parts = src.split.split("+")
         bad = [p for p in parts if not _SPLIT_PART.match(p)]
         if bad:

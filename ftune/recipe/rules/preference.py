@@ -11,18 +11,13 @@ from collections.abc import Iterator
 from ftune.errors import Problem
 from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, objective
 from ftune.recipe.rules import Rule
+from ftune.recipe.sources import sources
 from ftune.recipe.schema import Recipe
-
-
-def _sources(recipe: Recipe):
-    yield from ((f"data.train.{i}", s) for i, s in enumerate(recipe.data.train))
-    if isinstance(recipe.data.eval, list):
-        yield from ((f"data.eval.{i}", s) for i, s in enumerate(recipe.data.eval))
 
 
 def formats_fit_objective(recipe: Recipe) -> Iterator[Problem]:
     obj = objective(recipe.train.objective)
-    for where, src in _sources(recipe):
+    for where, src in sources(recipe):
         if obj.data_format is None and src.format == "prompt":
             yield Problem.at(f"{where}.format", "prompt data is for online RL (completions generated and rewarded "
                              "during training), but train.objective is 'sft'",

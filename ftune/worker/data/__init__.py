@@ -1,27 +1,27 @@
 """The data stage: recipe + tokenizer -> train/eval datasets, a collator and a report.
 
-`build` is what the worker calls; `check_fields` is what `ftune validate --check-paths` calls (light:
-no tokenizer, no `datasets`). Rooms: sources (loading), formats (rows -> tokens), masking (labels),
-packing (rows + collators), cache (keyed, atomic), report (numbers), pipeline (the order of steps).
+`build` is what the worker calls. Rooms here: packing (rows + collators), cache (keyed, atomic), report
+(numbers), pipeline (the order of steps), preference; the light rooms both sides share (sources, formats,
+masking, errors, and the pre-launch `check`) live in `ftune.data`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ftune.plan.batching import DataPlan
 from ftune.plugins import installed
 from ftune.recipe.objectives import preference_data, rl_data
 from ftune.recipe.schema import Recipe
-from ftune.worker.data.check import check_fields
-from ftune.worker.data.errors import DataError
+from ftune.data.chat_rows import chat_template_of
+from ftune.data.errors import DataError
 from ftune.worker.data.report import DataReport
 
-__all__ = ["DataBundle", "DataError", "DataReport", "build", "check_fields", "chat_template_of"]
+__all__ = ["DataBundle", "DataError", "DataReport", "build", "chat_template_of"]
 
 
 @dataclass
@@ -43,29 +43,6 @@ class DataBundle:
     """Problems that don't stop training but will show later (a stop token never trained)."""
 
 
-def chat_template_of(recipe: Recipe, tokenizer) -> str:
-    """data.chat_template (a built-in's file or the Jinja string), else the tokenizer's, else ftune's default."""
-    from ftune.chat import resolve
-    from ftune.worker.data.formats import DEFAULT_CHAT_TEMPLATE
-
-    if recipe.data.chat_template:
-        return resolve(recipe.data.chat_template)
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, dict):
-        own = own.get("default") or next(iter(own.values()), None)
-    return own or DEFAULT_CHAT_TEMPLATE
-
-
-def step_samples(recipe: Recipe) -> int:
-    """Samples one optimizer step consumes: per-device batch x accumulation x world size (the launched world
-    when running, else the recipe's)."""
-    world = int(os.environ.get("WORLD_SIZE") or 0)
-    if not world:
-        n = recipe.distributed.num_processes
-        world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
-    return recipe.train.per_device_batch_size * recipe.train.gradient_accumulation_steps * world
-
-
 def _datasets(entry):
     """A cache entry's train and eval datasets (eval None when the recipe has none)."""
     import datasets
@@ -77,23 +54,20 @@ def _datasets(entry):
 def build(
     recipe: Recipe,
     tokenizer,
+    decided: DataPlan,
     *,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     log: Callable[[str], None] = print,
-    collator: str | None = None,
 ) -> DataBundle:
-    """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`.
-
-    `collator` is the Plan's batching decision (`Plan.collator`); None decides it from the recipe the same
-    way (`ftune data`, which compiles no plan)."""
-
-    from ftune.plan.batching import collator as decide
+    """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`, as the Plan decided
+    (`decided` is `Plan.data`: batching, packing, the cache root, samples per step)."""
+    from pathlib import Path
 
     from ftune.worker.data import packing
-    from ftune.worker.data.cache import Cache, default_root, make_key, tokenizer_fingerprint
+    from ftune.worker.data.cache import Cache, make_key, tokenizer_fingerprint
     from ftune.worker.data import preference, prompt
     from ftune.worker.data.pipeline import preprocess
-    from ftune.worker.data.sources import content_hash, resolve
+    from ftune.data.sources import content_hash, resolve
 
     data = recipe.data
     train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
@@ -102,11 +76,11 @@ def build(
     if data.streaming:
         from ftune.worker.data.stream import build_stream
 
-        train, report = build_stream(recipe, tokenizer, template, train_srcs)
+        train, report = build_stream(recipe, tokenizer, template, train_srcs, decided.packing)
         for line in report.lines():
             log(line)
         pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
-        how = collator or decide(recipe)
+        how = decided.collator
         collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation) if how in (
             "position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" else \
             packing.PaddingCollator(pad)
@@ -122,7 +96,7 @@ def build(
         tokenizer=tokenizer_fingerprint(tokenizer),
         template=template,
     )
-    cache = Cache(default_root(data.cache_dir))
+    cache = Cache(Path(decided.cache))
     with main_process_first():
         entry, corrupt = cache.lookup(key), None
         if entry is not None:
@@ -147,18 +121,19 @@ def build(
                 elif preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
-                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch, log=log)
+                    report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch,
+                                           decided.packing, log=log)
                 entry = cache.commit(scratch, key)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             report.cache_hit, report.cache_reason = False, reason
             train, evals = _datasets(entry)
     report.cache_path = str(entry)
-    report.step_samples = step_samples(recipe)
+    report.step_samples = decided.step_samples
     for line in report.lines():
         log(line)
 
-    how = collator or decide(recipe)
+    how = decided.collator
     if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)

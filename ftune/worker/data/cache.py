@@ -20,14 +20,6 @@ from pathlib import Path
 FORMAT_VERSION = 4  # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix
 
 
-def default_root(cache_dir: str | None) -> Path:
-    """`data.cache_dir`, else $FTUNE_CACHE, else ~/.cache/ftune/data."""
-    if cache_dir:
-        return Path(cache_dir).expanduser().resolve()
-    env = os.environ.get("FTUNE_CACHE")
-    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "ftune" / "data"
-
-
 def sha(value) -> str:
     data = value if isinstance(value, bytes) else json.dumps(value, sort_keys=True, default=str).encode()
     return hashlib.sha256(data).hexdigest()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftune.worker.data.masking import IGNORE
+from ftune.data.masking import IGNORE
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.worker.data import packing
-from ftune.worker.data.errors import DataError, row_location
-from ftune.worker.data.formats import (
+from ftune.data.errors import DataError, row_location
+from ftune.data.formats import (
     ANOMALIES,
     Context,
     check_columns,
@@ -23,7 +23,7 @@ from ftune.worker.data.formats import (
     required_fields,
 )
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
-from ftune.worker.data.sources import Source, load
+from ftune.data.sources import Source, load
 from ftune.worker.data.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable", "_anomalies"]
@@ -194,9 +194,10 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
-               template: str, scratch: Path, log=None) -> tuple[DataReport, list[str] | None]:
-    """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report. `log`: a plain line
-    as each source starts and ends encoding (progress that a log file or a pipe shows too)."""
+               template: str, scratch: Path, packs: bool, log=None) -> tuple[DataReport, list[str] | None]:
+    """Build the datasets into `scratch/train` (and `scratch/eval`) and return the report; `packs` is the Plan's
+    packing decision (`DataPlan.packing`). `log`: a plain line as each source starts and ends encoding (progress
+    that a log file or a pipe shows too)."""
     import time
 
     import numpy as np
@@ -205,7 +206,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     loaded = [(s, load(s, scratch)) for s in train_srcs]
     names = infer_label_names(recipe, loaded) if recipe.model.task == "sequence-classification" else None
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, names, recipe.model.num_labels)
-    report = DataReport(max_seq_length=data.max_seq_length, packing=data.packing, label_names=names)
+    report = DataReport(max_seq_length=data.max_seq_length, packing=packs, label_names=names)
 
     def encode(src, ds, s):
         ds = ds if ds is not None else load(src, scratch)
@@ -228,7 +229,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     train = train.remove_columns(BOOKKEEPING)
     evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
 
-    if data.packing:
+    if packs:
         train, report.fill = packing.pack(train, data.max_seq_length, scratch, lengths)
         report.packed_rows = len(train)
         if data.shuffle:

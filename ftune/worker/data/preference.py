@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data.errors import DataError, row_location
-from ftune.worker.data.formats import check_columns, normalize_messages
+from ftune.data.errors import DataError, row_location
+from ftune.data.formats import check_columns, normalize_messages
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
-from ftune.worker.data.sources import Source, load
+from ftune.data.sources import Source, load
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated"]
 COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "unpaired-preference": ("prompt", "completion", "label")}

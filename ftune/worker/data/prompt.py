@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data.errors import DataError, row_location
-from ftune.worker.data.formats import check_columns, normalize_messages
+from ftune.data.errors import DataError, row_location
+from ftune.data.formats import check_columns, normalize_messages
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
-from ftune.worker.data.sources import Source, load
+from ftune.data.sources import Source, load
 
 BOOKKEEPING = ["_len", "_truncated"]
 ROW = "_row"
@@ -25,7 +25,7 @@ ROW = "_row"
 
 
 def _answer_readers(recipe: Recipe) -> list[str]:
-    from ftune.worker.data.check import answer_readers
+    from ftune.data.check import answer_readers
 
     return answer_readers(recipe)
 

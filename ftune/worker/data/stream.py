@@ -17,12 +17,12 @@ import random
 
 from ftune.errors import Location
 from ftune.recipe.schema import Recipe
-from ftune.worker.data.errors import DataError
-from ftune.worker.data.formats import Context, check_columns, encoder
+from ftune.data.errors import DataError
+from ftune.data.formats import Context, check_columns, encoder
 from ftune.worker.data.packing import first_fit_decreasing
-from ftune.worker.data.masking import IGNORE
+from ftune.data.masking import IGNORE
 from ftune.worker.data.report import DataReport
-from ftune.worker.data.sources import Source
+from ftune.data.sources import Source
 
 BATCH = 1000
 
@@ -103,14 +103,14 @@ def _encode_batch(batch, file, encode, locations, src, seed, pack_to):
         yield {"input_ids": ids, "labels": labels, "position_ids": positions}
 
 
-def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Source]):
+def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Source], packs: bool):
     """The training IterableDataset and its report (no counts: nothing is read before training)."""
     import datasets
 
     data, seed = recipe.data, recipe.train.seed
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, None, recipe.model.num_labels)
     ints = datasets.List(datasets.Value("int32"))
-    cols = {"input_ids": ints, "labels": ints, **({"position_ids": ints} if data.packing else {})}
+    cols = {"input_ids": ints, "labels": ints, **({"position_ids": ints} if packs else {})}
     parts, n_files = [], 0
     for src in train_srcs:
         files = src.spec.files()
@@ -118,7 +118,7 @@ def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Sour
         parts.append(datasets.IterableDataset.from_generator(
             _samples, features=datasets.Features(cols),
             gen_kwargs={"files": files, "src": src, "ctx": ctx, "seed": seed if data.shuffle else None,
-                        "pack_to": data.max_seq_length if data.packing else None}))
+                        "pack_to": data.max_seq_length if packs else None}))
     if len(parts) == 1:
         train = parts[0]
     elif data.mix == "interleave":
@@ -127,6 +127,6 @@ def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Sour
                                              stopping_strategy=data.mix_stopping)
     else:
         train = datasets.concatenate_datasets(parts)
-    report = DataReport(max_seq_length=data.max_seq_length, packing=data.packing, streaming=True,
+    report = DataReport(max_seq_length=data.max_seq_length, packing=packs, streaming=True,
                         stream_files=n_files, cache_reason="streaming: nothing is cached")
     return train, report

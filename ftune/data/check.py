@@ -1,43 +1,49 @@
-"""`ftune validate --check-paths`: does each local source exist and have the fields its format reads?
+"""The pre-launch checks on the data files: does each local source have the fields, format and roles it needs?
 
-Light on purpose: it reads the first rows with the standard library (pyarrow for Parquet), never
-`datasets` or a tokenizer, so `validate` stays fast.
+Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`, `ftune data`) and by `ftune validate --check-paths`,
+so all of them refuse the same data. Light on purpose: it reads the first rows with the standard library
+(pyarrow for Parquet), never `datasets` or a tokenizer. A file that does not exist is not reported here: the
+compiler's input check (`ftune.plan.environment.inputs`) says so, once. `preference_balance` (degenerate
+preference pairs) still runs from `ftune run` and `validate --check-paths` only.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ftune.errors import Problem
 from ftune.recipe.schema import Recipe
+from ftune.recipe.sources import sources
 from ftune.typed import not_text
-from ftune.worker.data.errors import DataError, chat_fields_hint, field_hint
-from ftune.worker.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
-from ftune.worker.data.sources import peek, resolve
+from ftune.data.errors import DataError, chat_fields_hint, field_hint
+from ftune.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
+from ftune.data.sources import peek, resolve
 
 PEEK_ROWS = 5
 
 
-def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
-    """(path in recipe, message, hint) for every problem found in the first rows of each local source."""
-    specs = [(f"data.train[{i}]", s) for i, s in enumerate(recipe.data.train)]
-    if isinstance(recipe.data.eval, list):
-        specs += [(f"data.eval[{i}]", s) for i, s in enumerate(recipe.data.eval)]
-    problems: list[tuple[str, str, str | None]] = []
-    for where, spec in specs:
+def check_fields(recipe: Recipe) -> list[Problem]:
+    """Every problem found in the first rows of each local source that exists, at its recipe key."""
+    problems: list[Problem] = []
+    for where, spec in sources(recipe):
+        if spec.type != "hub" and not Path(spec.path).expanduser().exists():
+            continue  # missing: the input check reports it (or a hub name the loader resolves)
         try:
             src = resolve(spec, where)
             peeked = peek(src, PEEK_ROWS) if src.local else None
         except DataError as err:
-            problems.append((f"{where}.path", _strip(err.message, where), err.hint))
+            problems.append(Problem.at(f"{where}.path", _strip(err.message, where), err.hint))
             continue
         if peeked is None:
             continue
         columns, rows = peeked
         if not rows and src.kind != "disk":
-            problems.append((f"{where}.path", f"{spec.path} has no rows", "check the file"))
+            problems.append(Problem.at(f"{where}.path", f"{spec.path} has no rows", "check the file"))
             continue
         missing = [(k, c) for k, c in required_fields(src).items() if c not in columns]
         defaulted = "format" not in spec.model_fields_set
         for key, col in missing:
-            problems.append((
+            problems.append(Problem.at(
                 where if defaulted else f"{where}.fields.{key}",
                 ("this source sets no `format`, so it defaulted to text, which " if defaulted else
                  f"{spec.format} data ") + f"needs field `{col}`, but the first rows of {spec.path} have: "
@@ -47,7 +53,7 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
         if missing:
             continue
         if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
-            problems.append((f"{where}.fields.answer",
+            problems.append(Problem.at(f"{where}.fields.answer",
                              f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
                              f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
                              "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
@@ -60,7 +66,7 @@ def check_fields(recipe: Recipe) -> list[tuple[str, str, str | None]]:
             for n, row in enumerate(rows, start=1):
                 label = row.get(spec.fields.label)
                 if isinstance(label, str) and label not in recipe.model.labels:
-                    problems.append((f"{where}.fields.label",
+                    problems.append(Problem.at(f"{where}.fields.label",
                                      f"row {n} of {spec.path}: label {label!r} is not one of model.labels "
                                      f"({', '.join(recipe.model.labels)})",
                                      "add it to model.labels, or fix the row"))
@@ -82,35 +88,35 @@ def answer_readers(recipe: Recipe) -> list[str]:
 TEXT_FIELDS = {"text": ("text",), "instruction": ("instruction", "input", "output"), "classification": ("text",)}
 
 
-def _check_text_fields(where: str, spec, src, rows: list[dict]) -> list[tuple[str, str, str | None]]:
+def _check_text_fields(where: str, spec, src, rows: list[dict]) -> list[Problem]:
     """A list or an object where the format reads text (token ids, image parts): refused, not stringified."""
     for key in TEXT_FIELDS.get(spec.format, ()):
         col = getattr(spec.fields, key)
         for n, row in enumerate(rows, start=1):
             if (wrong := not_text(row.get(col))) is not None:
-                return [(f"{where}.fields.{key}", f"row {n} of {spec.path}: `{col}` holds {wrong[0]}, not text",
+                return [Problem.at(f"{where}.fields.{key}", f"row {n} of {spec.path}: `{col}` holds {wrong[0]}, not text",
                          wrong[1])]
     return []
 
 
-def _check_messages(where: str, spec, rows: list[dict]) -> list[tuple[str, str, str | None]]:
+def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
     f = spec.fields
     mapping = {**DEFAULT_ROLE_MAP, **(spec.roles or {})}
     for n, row in enumerate(rows, start=1):
         messages = row.get(f.messages)
         if not isinstance(messages, list):
-            return [(f"{where}.fields.messages", f"row {n} of {spec.path}: `{f.messages}` is not a list", None)]
+            return [Problem.at(f"{where}.fields.messages", f"row {n} of {spec.path}: `{f.messages}` is not a list", None)]
         for m in messages:
             if not isinstance(m, dict) or f.role not in m or f.content not in m:
                 keys = ", ".join(m) if isinstance(m, dict) else type(m).__name__
-                return [(f"{where}.fields.role",
+                return [Problem.at(f"{where}.fields.role",
                          f"row {n} of {spec.path}: a message lacks `{f.role}`/`{f.content}` (has: {keys})",
                          chat_fields_hint(f.messages, m))]
             if not isinstance(m[f.role], str) or mapping.get(m[f.role]) not in ROLES:
-                return [(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
+                return [Problem.at(f"{where}.roles", f"row {n} of {spec.path}: unknown role {m[f.role]!r}",
                          f"map it, e.g. `roles: {{{m[f.role]}: assistant}}`")]
             if (wrong := not_text(m[f.content])) is not None:
-                return [(f"{where}.fields.content", f"row {n} of {spec.path}: a message's `{f.content}` holds "
+                return [Problem.at(f"{where}.fields.content", f"row {n} of {spec.path}: a message's `{f.content}` holds "
                          f"{wrong[0]}, not text", wrong[1])]
     return []
 

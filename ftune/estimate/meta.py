@@ -1,0 +1,122 @@
+"""The recipe's base model on the meta device, from its config alone (no weights): which config.json to read
+(the model's own, the offline HF cache, `model.config`, the bundled catalog), its dtype, and the build.
+A problem at a recipe key is a `RecipeError` of unlocated `Problem`s: the caller locates them in its recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.estimate import catalog
+from ftune.recipe.schema import Recipe
+
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def resolve_config(recipe: Recipe) -> tuple[Path, str]:
+    """The config.json to build from, in this order: `model.path` as a local folder or file, the offline
+    HF cache, `model.config`, the bundled catalog (by id, or by name for mirrors and variants).
+
+    The model's own config wins; `model.config` is what the user names for everything else, so it comes
+    before the catalog's match by name.
+    """
+    path = recipe.model.path
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FtuneError(f"model folder {path} has no config.json", hint="point model.path at a HF model folder")
+        return local / "config.json", f"local {local}"
+    if local.is_file() and local.name.endswith(".json"):
+        return local, f"local {local}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json", revision=recipe.model.revision)
+    except Exception:  # not a valid repo id: fall through to the catalog and its error
+        cached = None
+    if isinstance(cached, str):
+        return Path(cached), f"hf-cache {cached}"
+    if recipe.model.config is not None:
+        return _own_config(recipe.model.config)
+    found = catalog.lookup(path)
+    if found is not None:
+        return found[1], f"catalog {found[1].name}"
+    if str(path).lower().endswith(".gguf"):  # a llama.cpp file: there is nothing to download to make it trainable
+        raise RecipeError([Problem.at("model.path", f"{path!r} is a GGUF file (llama.cpp's format): ftune fine-tunes "
+                                      "Hugging Face models (config.json and safetensors weights)",
+                                      "point model.path at the original HF model folder (or its hub id) the GGUF "
+                                      "was converted from")])
+    from ftune.recipe.load import looks_local
+
+    if looks_local(path):  # a folder that isn't there: never suggest downloading a path
+        where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
+        raise RecipeError([Problem.at("model.path", f"model folder not found: {path}{where}",
+                                      "check the folder: model.path must be a folder holding config.json (or set "
+                                      "model.config to the model's config.json to plan without its weights)")])
+    near = catalog.near(path)
+    guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
+    raise RecipeError([Problem.at(
+        "model.path",
+        f"no config found for {path!r}: not a local folder, not in the HF cache, not in the catalog",
+        f"{guess}set model.config to a local config.json of the model, or fetch it once "
+        f"(`hf download {path} config.json`); the catalog (docs/plan.md) matches a name under its own org "
+        f"or a mirror ({', '.join(catalog.MIRROR_ORGS)})",
+    )])
+
+
+def _own_config(value: str) -> tuple[Path, str]:
+    """`model.config`: a config.json, or a folder holding one."""
+    file = Path(value).expanduser()
+    if file.is_dir():
+        if not (file / "config.json").is_file():
+            raise RecipeError([Problem.at("model.config", f"{value!r} is a folder with no config.json in it",
+                                          "name the model's config.json, or a folder holding one")])
+        file = file / "config.json"
+    if not file.is_file():
+        raise RecipeError([Problem.at("model.config", f"{value!r} does not exist", "name a config.json (or a folder "
+                                      "holding one); a relative path is relative to the working directory")])
+    return file, f"model.config {file}"
+
+
+def resolve_dtype(recipe: Recipe, config) -> str:
+    if recipe.model.dtype != "auto":
+        return recipe.model.dtype
+    own = getattr(config, "dtype", None)
+    name = str(own).removeprefix("torch.") if own is not None else "float32"
+    return name if name in DTYPES else "float32"
+
+
+def _build(recipe: Recipe, config_file: Path):
+    """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    remote = recipe.model.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=remote)
+    except (ValueError, KeyError, OSError) as e:
+        raise FtuneError(f"cannot read model config {config_file}: {e}", hint="set model.trust_remote_code "
+                         "if the model ships its own code") from None
+    dtype = resolve_dtype(recipe, config)
+    auto = AutoModelForCausalLM
+    if recipe.model.task == "sequence-classification":
+        auto = AutoModelForSequenceClassification
+        config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
+    attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
+
+    def build(attn: str):
+        with torch.device("meta"):
+            return auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn,
+                                    trust_remote_code=remote)
+
+    try:
+        try:
+            model = build(attn)
+        except ValueError as e:  # no SDPA (Gemma 2's softcapping): transformers' own default is eager
+            if attn != "sdpa" or recipe.model.attn_implementation == "sdpa" or "scaled_dot_product" not in str(e):
+                raise
+            model = build("eager")
+    except (ValueError, ImportError, RuntimeError, TypeError) as e:
+        raise FtuneError(f"cannot build {recipe.model.path} on the meta device: {e}",
+                         hint="check model.task and model.trust_remote_code for this architecture") from None
+    return model, config, dtype
