@@ -180,7 +180,8 @@ class DataSource(Section):
     @classmethod
     def _expand_alias(cls, data: Any) -> Any:
         """`format: sharegpt` / `alpaca`: the settings they stand for (FORMAT_ALIASES), under the recipe's own."""
-        alias = FORMAT_ALIASES.get(data.get("format")) if isinstance(data, dict) else None
+        written = data.get("format") if isinstance(data, dict) else None
+        alias = FORMAT_ALIASES.get(written) if isinstance(written, str) else None  # a list or dict: validation says
         if alias is None:
             return data
         out = {**data, "format": alias["format"]}

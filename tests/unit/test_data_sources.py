@@ -166,9 +166,9 @@ def test_a_hub_name_that_cannot_be_reached_is_a_clear_error(tok, tmp_path):
 def test_a_streamed_bad_line_halfway_names_the_file_and_line(tok, tmp_path):
     """Streaming reads JSONL itself: a line that is not JSON, past the first batch, stops with its file and line."""
     from ftune.recipe.schema import DataSource
-    from ftune.worker.data.errors import DataError
-    from ftune.worker.data.formats import Context
-    from ftune.worker.data.sources import Source
+    from ftune.data.errors import DataError
+    from ftune.data.formats import Context
+    from ftune.data.sources import Source
     from ftune.worker.data.stream import BATCH, _samples
 
     good = tmp_path / "a.jsonl"

@@ -152,3 +152,11 @@ def test_check_runs_on_a_typed_recipe():
         "packing needs `data.max_seq_length` (the length rows are packed to)",
         "set `data.max_seq_length`, e.g. 2048, or `data.packing: false`",
     ) in rules.check(recipe)
+
+
+@pytest.mark.parametrize("value", ["[]", "{}", "3"])
+def test_a_format_of_the_wrong_type_is_located_not_a_crash(tmp_path, value):
+    """The alias expansion (sharegpt, alpaca) reads `format` before validation: a list or mapping there is reported
+    at its key like any wrong value (it raised TypeError: unhashable type)."""
+    found = problems(tmp_path, recipe({"    - path: d.jsonl": f"      format: {value}\n"}))
+    assert [p.location.line for p in found if "format" in p.path] == [7], [p.render() for p in found]
