@@ -80,6 +80,7 @@ MERGED = Kind("merged model", folder=True, marker=COMPLETE_MARKER, label="a fini
 RECIPE = Kind("recipe", folder=False, marker="# Imported from the ", label="a recipe `ftune import` wrote")
 SCRIPT = Kind("script", folder=False, marker="# Written by `ftune launch-script",
               label="a script `ftune launch-script` wrote")
+GGUF = Kind("GGUF file", folder=False, marker="ftune.exported_by", label="a GGUF `ftune export` wrote")
 CHAT_LOG = Kind("chat log", folder=False, marker='{"messages": ', label="a chat log `/save` wrote")
 """Appended to, never replaced: an existing file must already be a chat jsonl (or empty)."""
 

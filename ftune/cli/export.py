@@ -49,10 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     target = resolve(args.target, allow_model=True)
-    out = Path(args.out).expanduser().resolve() if args.out else default_out(target, args.outtype).resolve()
-    if out.exists() and not args.force:
-        raise UsageError(f"{out} already exists", hint="pass --force to replace it, or --out FILE",
-                         location=Location(file=str(out)))
+    from ftune.outputs import GGUF, check_output
+
+    # the output policy (ftune/outputs.py): never a run's own files, a model folder, the input, or a file ftune
+    # did not write; --force replaces only a GGUF `ftune export` wrote
+    out = check_output(args.out if args.out else default_out(target, args.outtype), GGUF,
+                       inputs=[target.model_dir], force=args.force, flag="--out")
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent} is not a folder", hint="--out names a file in an existing folder")
     scratch = None

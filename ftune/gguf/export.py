@@ -63,6 +63,9 @@ def write(folder: Path, out: Path, outtype: str) -> int:
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_head
     writer.add_name(Path(getattr(config, "_name_or_path", "") or folder.name).name or folder.name)
+    from ftune import __version__
+
+    writer.add_string("ftune.exported_by", f"ftune {__version__}")  # early in the header: the output policy's marker
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)

@@ -112,6 +112,11 @@ def _launch_script(w, out: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _export(w, out: Path, capsys) -> tuple[int, str]:
+    code = main(["export", "gguf", str(w["run"].root), "--out", str(out), "--force"])
+    return code, capsys.readouterr().err
+
+
 def _chat_save(w, out: Path, capsys) -> tuple[int, str]:
     session = Session(loaded=None, inputs=(w["run"].final,))
     session.messages += [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -126,6 +131,7 @@ COMMANDS = {  # command -> (runner, its input)
     "import -o": (_import, lambda w: PEER),
     "launch-script -o": (_launch_script, lambda w: w["work"] / "r.yaml"),
     "chat /save": (_chat_save, lambda w: w["run"].final),
+    "export gguf --out": (_export, lambda w: w["run"].final),
 }
 
 

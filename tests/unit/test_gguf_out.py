@@ -46,7 +46,8 @@ def test_cli_refuses_an_existing_file_and_an_unwired_architecture(tiny_model_dir
     out = tmp_path / "m.gguf"
     out.write_text("keep me")
     r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(out), cwd=tmp_path)
-    assert r.code == 2 and "already exists" in r.err and "--force" in r.err and out.read_text() == "keep me"
+    assert r.code == 2 and "already exists and is not a GGUF `ftune export` wrote" in r.err
+    assert out.read_text() == "keep me"
 
     other = tmp_path / "gpt2"
     shutil.copytree(tiny_model_dir, other)
@@ -55,9 +56,16 @@ def test_cli_refuses_an_existing_file_and_an_unwired_architecture(tiny_model_dir
     r = ftune("export", "gguf", str(other), "--out", str(tmp_path / "g.gguf"), cwd=tmp_path)
     assert r.code == 3 and "GPT2LMHeadModel" in r.err and "no file written" in r.err, r.text
     assert not (tmp_path / "g.gguf").exists() and not list(tmp_path.glob(".g.gguf*"))
-    r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(out), "--force", "--json", cwd=tmp_path)
+    r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(out), "--force", cwd=tmp_path)
+    assert r.code != 0 and out.read_text() == "keep me"  # --force never replaces a file ftune did not write
+    ours = tmp_path / "ours.gguf"
+    r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(ours), "--json", cwd=tmp_path)
     assert r.code == 0, r.text
-    assert json.loads(r.out)["outtype"] == "f16" and Path(out).read_bytes()[:4] == b"GGUF"
+    assert json.loads(r.out)["outtype"] == "f16" and ours.read_bytes()[:4] == b"GGUF"
+    r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(ours), cwd=tmp_path)
+    assert r.code == 2 and "already exists (a GGUF `ftune export` wrote)" in r.err  # ours, but no --force
+    r = ftune("export", "gguf", str(tiny_model_dir), "--out", str(ours), "--force", cwd=tmp_path)
+    assert r.code == 0, r.text  # ours (the marker in its header): replaced
 
 
 @pytest.mark.slow
