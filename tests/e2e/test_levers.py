@@ -17,6 +17,7 @@ LEVERS = {
 }
 
 
+@pytest.mark.extended  # about 90 s on 2 cores (torch.compile on CPU): make test-all
 def test_compile_and_activation_offloading_match_the_plain_run(tmp_path, tiny_model_dir, text_data_file):
     curves = {}
     for name, train in LEVERS.items():

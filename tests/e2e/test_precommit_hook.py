@@ -36,6 +36,7 @@ def _try_repo(cwd: Path, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.extended  # pre-commit builds a fresh environment: make test-all
 def test_try_repo_passes_then_reports_a_typo(tmp_path):
     pytest.importorskip("pre_commit", reason="pre-commit is not installed")
     if shutil.which("git") is None:

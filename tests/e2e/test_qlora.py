@@ -262,7 +262,7 @@ def _reloaded_eval_loss(run_dir, **load) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", [
     {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "float32"},
-    {"bits": 8},
+    pytest.param({"bits": 8}, marks=pytest.mark.extended),  # 4-bit is the QLoRA path; 8-bit in make test-all
 ], ids=["qlora-4bit", "lora-8bit"])
 def test_quantized_run_learns_saves_and_reloads(tmp_path, tiny_model_dir, cyclic_data_file, quantization):
     name = f"q{quantization['bits']}"
