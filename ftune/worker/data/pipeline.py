@@ -245,3 +245,29 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("packed-*.arrow"), *scratch.glob("tmp*")]:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
     return report, names
+
+
+def preprocess_text_rows(recipe: Recipe, train_srcs: list[Source], eval_srcs: list[Source], scratch: Path, encode,
+                         bookkeeping: list[str]) -> DataReport:
+    """The formats TRL tokenizes itself (preference, prompt): rows encoded by `encode(src, ds, seed)` (text columns
+    plus `bookkeeping`: `_len`, `_truncated`, and `_trainable` where the format knows it), assembled like the SFT
+    sources, saved into `scratch/train` (and `scratch/eval`) with their report."""
+    import numpy as np
+
+    report = DataReport(max_seq_length=recipe.data.max_seq_length)
+    train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, report=report,
+                            encode=lambda src, ds, seed: encode(src, load(src, scratch), seed))
+    lengths = np.asarray(train["_len"])
+    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
+    # a prompt's completions are generated in training: nothing of it is trained
+    trained = int(np.asarray(train["_trainable"]).sum()) if "_trainable" in bookkeeping else 0
+    report.tokens, report.trainable_tokens = int(lengths.sum()), trained
+    for k, v in length_stats(lengths).items():
+        setattr(report, k, v)
+    train.remove_columns(bookkeeping).save_to_disk(str(scratch / "train"))
+    if evals is not None:
+        evals.remove_columns(bookkeeping).save_to_disk(str(scratch / "eval"))
+    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    return report

@@ -9,15 +9,13 @@ seeds and the cache are the SFT pipeline's.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import Recipe
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import check_columns, normalize_messages
-from ftune.worker.data.report import DataReport, SourceReport, length_stats
-from ftune.data.sources import Source, load
+from ftune.worker.data.report import DataReport, SourceReport
+from ftune.data.sources import Source
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated"]
 COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "unpaired-preference": ("prompt", "completion", "label")}
@@ -128,24 +126,7 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
                scratch: Path) -> DataReport:
     """Build the preference datasets into `scratch/train` (and `scratch/eval`) and return the report."""
-    import numpy as np
+    from ftune.worker.data.pipeline import preprocess_text_rows
 
-    from ftune.worker.data.pipeline import assemble
-
-    data = recipe.data
-    report = DataReport(max_seq_length=data.max_seq_length)
-    train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, report=report,
-                            encode=lambda src, ds, s: encode_source(src, load(src, scratch), recipe, tokenizer,
-                                                                    template, scratch, s))
-    lengths = np.asarray(train["_len"])
-    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
-    report.tokens, report.trainable_tokens = int(lengths.sum()), int(np.asarray(train["_trainable"]).sum())
-    for k, v in length_stats(lengths).items():
-        setattr(report, k, v)
-    train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
-    if evals is not None:
-        evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
-    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-    return report
+    return preprocess_text_rows(recipe, train_srcs, eval_srcs, scratch, lambda src, ds, seed: encode_source(
+        src, ds, recipe, tokenizer, template, scratch, seed), BOOKKEEPING)
