@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ftune.rundir import RunDir
 from ftune.tiny import WORDS
 from tests.e2e._util import base_recipe, ftune, metrics, write_recipe
 
@@ -104,11 +105,41 @@ def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work)
                 "clipped_ratio"):
         assert key in last, key
     assert last["clipped_ratio"] < 0.5  # the SFT stage taught it to end its answers
+    # generation and the rest of each step timed apart (per step, means over the window), and their totals
+    assert all(r["generation_time"] > 0 and r["training_time"] > 0 for r in logs), logs
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation_seconds"] > 0 and summary["training_seconds"] > 0
+    windows = [b["step"] - a["step"] for a, b in zip([{"step": 0}, *logs], logs)]
+    tokens = sum(w * r["completion_length"] * 16 for w, r in zip(windows, logs))  # 16 completions a step
+    assert summary["generated_tokens"] == round(tokens) > 0
+    seconds = summary["generation_seconds"] + summary["training_seconds"]
+    assert summary["generated_tokens_per_second"] == pytest.approx(tokens / seconds, rel=1e-2)
     before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
     assert before <= 0.5 and after >= 0.9, (before, after)
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sample and set(sample[-1]) >= {"step", "prompt", "completion", "rewards"}
     assert sample[-1]["rewards"]["exact_match"] in (0.0, 1.0) and sample[-1]["prompt"].startswith("Q: ")
+
+
+def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
+    """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts, the same
+    figure as the test's own greedy exact match, before (the SFT model) and after GRPO."""
+    out = rl_runs("grpo")
+    folder = work["folder"]
+    heldout = write_jsonl(folder / "heldout.jsonl", [{"prompt": p, "answer": TARGET} for p in work["heldout"]])
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo")
+    recipe["data"]["eval"] = [{"path": str(heldout), "format": "prompt"}]
+    write_recipe(folder, recipe, "eval.yaml")
+    scores = []
+    for model in (work["sft"], out / "final"):
+        res = ftune("eval", "eval.yaml", "--model", str(model), "--format", "json", cwd=folder)
+        assert res.code == 0, res.text
+        got = json.loads(res.out)["metrics"]
+        expected = exact_match(model, work["heldout"])
+        assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected), (got, expected)
+        assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
+        scores.append(got["eval_reward"])
+    assert scores[0] <= 0.5 and scores[1] >= 0.9, scores
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +188,84 @@ def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
     assert logs[-1]["reward"] > logs[0]["reward"] + 1.0, curve
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert set(sample[-1]["rewards"]) == {"reward_model"}
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_grpo_on_two_processes_splits_the_generations_and_learns_as_one_process(rl_runs, work):
+    """DDP on 2 processes (gloo), 8 completions per process = the one-process run's 16 a step: each rank generates
+    for its own 2 prompts (TRL hands each process whole groups of num_generations rows), the step draws the same 4
+    prompts as one process, and the run learns as one process does. Sampling differs (each process draws its
+    own), so the curves agree statistically, not bit for bit: stated tolerance 0.2 on the mean reward of the last
+    two logs (16 completions each; the standard error of one log's mean is about 0.1)."""
+    folder = work["folder"]
+    one = rl_runs("grpo")
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-ddp")
+    recipe["train"]["per_device_batch_size"] = 8
+    recipe["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    res = ftune("run", str(write_recipe(folder, recipe, "ddp.yaml")), cwd=folder, timeout=600,
+                env={"OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"})
+    assert res.code == 0, res.text[-3000:]
+    out = folder / "runs/grpo-ddp"
+    ranks = [json.loads(RunDir(out).rank_facts(r).read_text()) for r in (0, 1)]
+    assert [f["world_size"] for f in ranks] == [2, 2] and ranks[0]["wrapper"] == "DistributedDataParallel"
+    groups = []
+    for f in ranks:  # 8 rows: 2 prompts, each repeated num_generations (4) times in a row
+        p = f["first_batch_prompts"]
+        assert len(p) == 8 and p[:4] == [p[0]] * 4 and p[4:] == [p[4]] * 4 and p[0] != p[4], p
+        groups.append({p[0], p[4]})
+    assert not groups[0] & groups[1]  # the ranks split the prompts
+
+    def first_prompts(run_dir: Path) -> set[str]:  # rank 0 logs every process's completions (TRL gathers them)
+        rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+        return {r["prompt"] for r in rows if r["step"] == 1}
+
+    assert first_prompts(out) == first_prompts(one)  # the same prompts drawn at step 1
+    want, got = [r for r in metrics(one) if "reward" in r], [r for r in metrics(out) if "reward" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    assert got[0]["reward"] <= 0.5 and got[-1]["reward"] >= 0.7, [r["reward"] for r in got]
+    tail = [sum(r["reward"] for r in logs[-2:]) / 2 for logs in (want, got)]
+    assert abs(tail[0] - tail[1]) <= 0.2, tail
+    assert exact_match(out / "final", work["heldout"]) >= 0.9
+
+
+@pytest.mark.extended
+def test_sigterm_leaves_a_checkpoint_that_a_rerun_resumes_to_the_last_step(work):
+    """SIGTERM to `ftune run` mid-GRPO: the current step is checkpointed (exit 143, no final/), and the same
+    command resumes from it (TRL regenerates the batch it had buffered) to max_steps, logging the steps after."""
+    import os
+    import signal
+
+    from tests.faults.test_run_faults import _start, _wait_for, _workers_of
+
+    folder = work["folder"]
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-term")
+    recipe["train"].update(max_steps=STEPS_TERM, logging_steps=2)
+    recipe["checkpoint"] = {"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"}
+    proc, path = _start(folder, recipe, "grpo-term")
+    run_dir = folder / "runs/grpo-term"
+    _wait_for(run_dir / "checkpoints/checkpoint-4/ftune_complete.json", proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM at step" in err and "Traceback" not in err
+    step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert 4 <= step < STEPS_TERM, err
+    assert (run_dir / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
+    assert not (run_dir / "final").exists() and _workers_of(run_dir / "plan.json") == []
+
+    res = ftune("run", str(path), cwd=folder)
+    assert res.code == 0, res.text
+    assert json.loads((run_dir / "plan.json").read_text())["resume_from"].endswith(f"checkpoint-{step}")
+    assert (run_dir / "final" / "ftune_complete.json").is_file()
+    logs = [r for r in metrics(run_dir) if "reward" in r]
+    assert logs[-1]["step"] == STEPS_TERM and any(step < r["step"] < STEPS_TERM for r in logs), logs
+    assert all(r["generation_time"] > 0 for r in logs if r["step"] > step)  # generating again after the resume
+    sampled = [json.loads(line)["step"] for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert max(sampled) == STEPS_TERM
+
+
+STEPS_TERM = 40
 
 
 def exact_match(folder: Path, prompts: list[str]) -> float:
