@@ -1,8 +1,9 @@
 """GRPO and RLOO learn through `ftune run` on the tiny model: a short SFT stage teaches it to answer `Q: ...\nA:`
 with one of four words and end (eos); RL then rewards one of them (`exact_match` against each row's answer). Mean
 reward rises from the first logs to the last, and held-out greedy exact match rises from the SFT model's to the
-RL model's. Full fine-tuning on both stages: the tiny random-init model needs it to learn in few steps (LoRA on q/v at
-lr 3e-2 collapsed to clipped gibberish, at 5e-3 the reward stayed flat over 16 steps).
+RL model's. GRPO with full fine-tuning and with LoRA (q/v, the output head trained in full beside it: see LORA_HEAD
+for why), RLOO with full fine-tuning. `ftune eval` scores the rewards on held-out prompts; 2 processes (DDP) and
+SIGTERM + resume are the extended runs.
 
 One SFT run and one run per objective (module-scoped), shared by the tests that read them."""
 
@@ -83,23 +84,37 @@ def work(tmp_path_factory, tiny_model_dir) -> dict:
 def rl_runs(work) -> dict:
     cache: dict[str, Path] = {}
 
-    def get(objective: str) -> Path:
-        if objective not in cache:
-            recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", objective, f"runs/{objective}")
-            cache[objective], _ = run(work["folder"], recipe)
-        return cache[objective]
+    def get(name: str) -> Path:
+        """`grpo`, `rloo` (full fine-tuning) or `grpo-lora`."""
+        if name not in cache:
+            recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", name.split("-")[0], f"runs/{name}")
+            if name.endswith("-lora"):
+                recipe["peft"] = LORA_HEAD
+            cache[name], _ = run(work["folder"], recipe)
+        return cache[name]
 
     return get
 
 
-@pytest.mark.parametrize("objective", ["grpo", pytest.param("rloo", marks=pytest.mark.extended)])
-def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work):
-    out = rl_runs(objective)
+LORA_HEAD = {"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
+             "modules_to_save": ["lm_head"]}
+"""LoRA for GRPO on the tiny model: the adapter on q/v and the output head trained in full beside it. On this model
+the reward is learned through the head: GRPO training only lm_head rose 0.31 -> 0.67 in 16 steps, training every
+decoder layer in full (the head frozen) fell 0.31 -> 0.19, and LoRA alone (which TRL can't put on lm_head) stayed
+flat over 48 steps at lr 5e-3 (0.31 -> 0.19) and collapsed into clipped gibberish at 1e-2. Measured on the 2-core
+machine, this module's SFT model and recipe (docs/rl.md)."""
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo-lora", pytest.param("rloo", marks=pytest.mark.extended)])
+def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
+    out = rl_runs(name)
     logs = [r for r in metrics(out) if "reward" in r]
     assert [r["step"] for r in logs] == [1, 4, 8, 12, 16]
     first, last = logs[0], logs[-1]
-    # the SFT model says TARGET about a quarter of the time; RL makes it the answer
-    assert first["reward"] <= 0.5 and last["reward"] >= 0.7 and last["reward"] > first["reward"] + 0.3
+    # the SFT model says TARGET about a quarter of the time; RL makes it the answer (measured: full 0.31 -> 0.84,
+    # LoRA + head 0.31 -> 0.64 by step 16, both still rising)
+    assert first["reward"] <= 0.5 and last["reward"] > first["reward"] + 0.25, [r["reward"] for r in logs]
+    assert last["reward"] >= (0.55 if name.endswith("-lora") else 0.7)
     assert last["rewards/exact_match/mean"] == last["reward"]  # one reward of weight 1
     for key in ("reward_std", "rewards/exact_match/std", "zero_advantage_frac", "completion_length",
                 "clipped_ratio"):
@@ -114,7 +129,7 @@ def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work)
     assert summary["generated_tokens"] == round(tokens) > 0
     seconds = summary["generation_seconds"] + summary["training_seconds"]
     assert summary["generated_tokens_per_second"] == pytest.approx(tokens / seconds, rel=1e-2)
-    before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
+    before, after = exact_match(work["sft"], work["heldout"]), exact_match(final_model(out), work["heldout"])
     assert before <= 0.5 and after >= 0.9, (before, after)
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sample and set(sample[-1]) >= {"step", "prompt", "completion", "rewards"}
@@ -123,19 +138,21 @@ def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work)
 
 def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
     """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts, the same
-    figure as the test's own greedy exact match, before (the SFT model) and after GRPO."""
-    out = rl_runs("grpo")
+    figure as the test's own greedy exact match, before (the SFT model, a full model) and after GRPO (the LoRA
+    run's adapter, loaded on its base by `ftune eval`; the test's figure from the merged model)."""
+    out = rl_runs("grpo-lora")
     folder = work["folder"]
     heldout = write_jsonl(folder / "heldout.jsonl", [{"prompt": p, "answer": TARGET} for p in work["heldout"]])
-    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo")
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-lora")
+    recipe["peft"] = LORA_HEAD
     recipe["data"]["eval"] = [{"path": str(heldout), "format": "prompt"}]
     write_recipe(folder, recipe, "eval.yaml")
     scores = []
-    for model in (work["sft"], out / "final"):
+    for model, full in ((work["sft"], work["sft"]), (out / "final", final_model(out))):  # the adapter on its base
         res = ftune("eval", "eval.yaml", "--model", str(model), "--format", "json", cwd=folder)
         assert res.code == 0, res.text
         got = json.loads(res.out)["metrics"]
-        expected = exact_match(model, work["heldout"])
+        expected = exact_match(full, work["heldout"])
         assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected), (got, expected)
         assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
         scores.append(got["eval_reward"])
@@ -266,6 +283,17 @@ def test_sigterm_leaves_a_checkpoint_that_a_rerun_resumes_to_the_last_step(work)
 
 
 STEPS_TERM = 40
+
+
+def final_model(out: Path) -> Path:
+    """The run's final/ as a full model: an adapter merged into its base by `ftune merge` (its own check: the
+    merged logits equal the adapter's)."""
+    if not (out / "final" / "adapter_config.json").is_file():
+        return out / "final"
+    if not (out / "merged").is_dir():
+        res = ftune("merge", str(out), "--dtype", "float32", cwd=out.parent)
+        assert res.code == 0, res.text
+    return out / "merged"
 
 
 def exact_match(folder: Path, prompts: list[str]) -> float:
