@@ -105,7 +105,8 @@ flat over 48 steps at lr 5e-3 (0.31 -> 0.19) and collapsed into clipped gibberis
 machine, this module's SFT model and recipe (docs/rl.md)."""
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo-lora", pytest.param("rloo", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("name", ["grpo", pytest.param("grpo-lora", marks=pytest.mark.extended),
+                                  pytest.param("rloo", marks=pytest.mark.extended)])
 def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
     out = rl_runs(name)
     logs = [r for r in metrics(out) if "reward" in r]
@@ -138,21 +139,19 @@ def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
 
 def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
     """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts, the same
-    figure as the test's own greedy exact match, before (the SFT model, a full model) and after GRPO (the LoRA
-    run's adapter, loaded on its base by `ftune eval`; the test's figure from the merged model)."""
-    out = rl_runs("grpo-lora")
+    figure as the test's own greedy exact match, before (the SFT model) and after GRPO."""
+    out = rl_runs("grpo")
     folder = work["folder"]
     heldout = write_jsonl(folder / "heldout.jsonl", [{"prompt": p, "answer": TARGET} for p in work["heldout"]])
-    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-lora")
-    recipe["peft"] = LORA_HEAD
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo")
     recipe["data"]["eval"] = [{"path": str(heldout), "format": "prompt"}]
     write_recipe(folder, recipe, "eval.yaml")
     scores = []
-    for model, full in ((work["sft"], work["sft"]), (out / "final", final_model(out))):  # the adapter on its base
+    for model in (work["sft"], out / "final"):
         res = ftune("eval", "eval.yaml", "--model", str(model), "--format", "json", cwd=folder)
         assert res.code == 0, res.text
         got = json.loads(res.out)["metrics"]
-        expected = exact_match(full, work["heldout"])
+        expected = exact_match(model, work["heldout"])
         assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected), (got, expected)
         assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
         scores.append(got["eval_reward"])
