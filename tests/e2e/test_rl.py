@@ -138,24 +138,25 @@ def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
 
 
 def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
-    """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts, the same
-    figure as the test's own greedy exact match, before (the SFT model) and after GRPO."""
+    """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts. Half the
+    held-out rows expect TARGET (which GRPO taught), half another word, so the score sits between 0 and 1, and it
+    equals the test's own greedy exact match row by row."""
     out = rl_runs("grpo")
     folder = work["folder"]
-    heldout = write_jsonl(folder / "heldout.jsonl", [{"prompt": p, "answer": TARGET} for p in work["heldout"]])
+    half = len(work["heldout"]) // 2
+    rows = [{"prompt": p, "answer": TARGET if i < half else "cat"} for i, p in enumerate(work["heldout"])]
+    heldout = write_jsonl(folder / "heldout.jsonl", rows)
     recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo")
     recipe["data"]["eval"] = [{"path": str(heldout), "format": "prompt"}]
     write_recipe(folder, recipe, "eval.yaml")
-    scores = []
-    for model in (work["sft"], out / "final"):
-        res = ftune("eval", "eval.yaml", "--model", str(model), "--format", "json", cwd=folder)
-        assert res.code == 0, res.text
-        got = json.loads(res.out)["metrics"]
-        expected = exact_match(model, work["heldout"])
-        assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected), (got, expected)
-        assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
-        scores.append(got["eval_reward"])
-    assert scores[0] <= 0.5 and scores[1] >= 0.9, scores
+    res = ftune("eval", "eval.yaml", "--format", "json", cwd=folder)  # the run's final/
+    assert res.code == 0, res.text
+    got = json.loads(res.out)["metrics"]
+    final = out / "final"
+    expected = (exact_match(final, work["heldout"][:half]) + exact_match(final, work["heldout"][half:], "cat")) / 2
+    assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected) and 0.3 <= expected <= 0.7, (got, expected)
+    assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
+    assert got["eval_rewards/exact_match/std"] > 0 and got["eval_clipped_ratio"] < 0.5
 
 
 @pytest.fixture(scope="module")
@@ -298,8 +299,8 @@ def final_model(out: Path) -> Path:
     return out / "merged"
 
 
-def exact_match(folder: Path, prompts: list[str]) -> float:
-    """Greedy held-out exact match of the model's answer against TARGET (what `exact_match` rewards)."""
+def exact_match(folder: Path, prompts: list[str], target: str = TARGET) -> float:
+    """Greedy held-out exact match of the model's answer against `target` (what `exact_match` rewards)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -311,5 +312,5 @@ def exact_match(folder: Path, prompts: list[str]) -> float:
             ids = tok(p, return_tensors="pt", add_special_tokens=False)["input_ids"]
             out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
-            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == TARGET
+            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == target
     return hits / len(prompts)
