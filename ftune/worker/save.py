@@ -40,27 +40,38 @@ def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
 
 
 QUANTIZED_LAYERS = ("Linear4bit", "Linear8bitLt")
-"""bitsandbytes layers: their `weight` holds packed integers (under FSDP stored as bf16 bytes, which can read as
-NaN), never a float to check."""
+"""bitsandbytes layers: their `weight` holds packed integers stored in a float dtype (uint8 bytes reinterpreted as
+bf16/fp32 under FSDP's `quant_storage`, which can read as NaN), never a float to check."""
 
 
 def packed_weights(model) -> set[str]:
-    """Names of bitsandbytes' packed weights in `model` (never checked for finiteness)."""
-    return {f"{name}.weight" for name, m in model.named_modules() if type(m).__name__ in QUANTIZED_LAYERS}
+    """Clean names (no FSDP / checkpoint-wrapper segments) of bitsandbytes' packed weights in `model`: the
+    finiteness checks skip them. bitsandbytes' classes only (peft's LoRA wrappers share the names), subclasses
+    (FSDP2's `FSDPLinear4bit`) too."""
+    return {_clean(f"{name}.weight") for name, m in model.named_modules()
+            if any(c.__name__ in QUANTIZED_LAYERS and c.__module__.startswith("bitsandbytes.")
+                   for c in type(m).__mro__)}
+
+
+def first_nonfinite_of(tensors, packed: set[str]) -> str | None:
+    """Clean name of the first (name, tensor) pair holding a NaN or an infinity, packed weights skipped, or None.
+    The one finiteness rule for a model's parameters and a gathered state dict alike."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in tensors:
+            name = _clean(name)
+            if name in packed or not (t.numel() and t.is_floating_point()):
+                continue
+            if not bool(torch.isfinite(t).all()):
+                return name
+    return None
 
 
 def first_nonfinite(model, *, trainable_only: bool) -> str | None:
     """Name of the first parameter holding a NaN or an infinity (this process's shard), or None."""
-    import torch
-
-    packed = packed_weights(model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in packed or not ((p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point()):
-                continue
-            if not bool(torch.isfinite(p).all()):
-                return _clean(name)
-    return None
+    return first_nonfinite_of(((n, p) for n, p in model.named_parameters() if p.requires_grad or not trainable_only),
+                              packed_weights(model))
 
 
 def nonfinite_saved(folder: Path) -> list[str]:
@@ -250,9 +261,7 @@ def save_final(trainer, plan, tokenizer) -> dict:
         state = {_clean(k): v for k, v in state.items()}
         expected = {}
         unwrapped = acc.unwrap_model(trainer.model_wrapped)
-        packed = packed_weights(unwrapped)
-        bad = next((k for k, v in state.items()
-                    if k not in packed and v.is_floating_point() and not bool(v.isfinite().all())), None)
+        bad = first_nonfinite_of(state.items(), packed_weights(unwrapped))
         if main and bad is None:
             expected = expected_from_full_state(unwrapped, state, is_adapter)
             if is_adapter:
