@@ -250,10 +250,10 @@ def _rich_progress(base, console, tokens_per_step: float, preference: bool = Fal
                     + "".join(f"  {k.removeprefix('eval_')} {v:.4f}" for k, v in logs.items()
                               if k in ("eval_rewards/accuracies", "eval_rewards/margins"))
                 )
-            elif "eval_loss" in logs:
-                ppl = math.exp(min(logs["eval_loss"], 50))
+            elif "eval_loss" in logs:  # perplexity where the trainer's log added it (plan.evaluation.with_perplexity)
+                ppl = f"  perplexity {logs['eval_perplexity']:.2f}" if "eval_perplexity" in logs else ""
                 self.progress.console.print(
-                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}  perplexity {ppl:.2f}"
+                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}{ppl}"
                     + "".join(f"  {k} {v:.4f}" for k, v in logs.items()
                               if k.startswith("eval_") and k in ("eval_accuracy", "eval_f1"))
                 )
