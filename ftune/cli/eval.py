@@ -37,7 +37,8 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune.infer.load import load_trained
     from ftune.plan.evaluation import with_perplexity
     from ftune.recipe.objectives import objective
-    from ftune.worker import data, generation, tokenizer, train
+    from ftune import generation
+    from ftune.worker import data, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
@@ -127,7 +128,7 @@ def show_predictions(console, path: Path) -> None:
     """A few of the scored completions, so a score comes with what it scored; the file holds every row."""
     from rich.markup import escape
 
-    from ftune.worker.generation import read_predictions
+    from ftune.generation import read_predictions
 
     console.print(f"[bold]predictions[/bold] {path} (first {SHOWN_PREDICTIONS})")
     for row in read_predictions(path, SHOWN_PREDICTIONS):

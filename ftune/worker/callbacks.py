@@ -12,6 +12,7 @@ import math
 import time
 from pathlib import Path
 
+from ftune.clock import clock
 from ftune.rundir import mark_complete
 from ftune.worker.stop import STOP, is_finite, nonfinite
 
@@ -145,12 +146,6 @@ def preference_guard(plan):
                     "and data.max_prompt_length leave the completions, and train.learning_rate")
 
     return PreferenceGuard()
-
-
-def clock(seconds: float) -> str:
-    """h:mm:ss, as the progress bar shows it."""
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def progress_line(step: int, total: int, logs: dict, tokens_per_second: float, elapsed: float, done: int) -> str:
