@@ -31,7 +31,8 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     the data stage's mean tokens per row x rows per optimizer step, for tok/s without counting tokens each step."""
     from transformers import TrainerCallback
 
-    from ftune.worker.save import first_nonfinite, verify_checkpoint
+    from ftune.worker.finite import first_nonfinite
+    from ftune.worker.verify import verify_checkpoint
 
     run = plan.run
 

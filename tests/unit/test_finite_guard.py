@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftune.worker.save import first_nonfinite, first_nonfinite_of, packed_weights
+from ftune.worker.finite import first_nonfinite, first_nonfinite_of, packed_weights
 
 
 @pytest.fixture(params=["bfloat16", "float32"])
