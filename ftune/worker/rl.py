@@ -232,7 +232,7 @@ def eval_rewards(plan, model, tokenizer, dataset, *, max_samples: int | None = N
     (completions cut at the limit)."""
     import statistics
 
-    from ftune.worker import generation
+    from ftune import generation
 
     rl = plan.recipe.train.rl
     rows = dataset.select(range(min(len(dataset), max_samples))) if max_samples else dataset
