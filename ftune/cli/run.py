@@ -33,11 +33,15 @@ def _check_preference_data(loaded) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from ftune.cli.imports import block_bitsandbytes
     from ftune.plan.compile import compile_plan
+    from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
 
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
+    if not needs_bitsandbytes(loaded.recipe):  # the parent never quantizes; the worker decides for itself
+        block_bitsandbytes()
     plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
     warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
