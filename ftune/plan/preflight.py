@@ -14,12 +14,22 @@ from pathlib import Path
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import quantization
+from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
 def config_is_local(recipe: Recipe) -> bool:
     """The model's config can be read without a hub: `model.path` is a folder holding config.json."""
     return (Path(recipe.model.path).expanduser() / "config.json").is_file()
+
+
+def inspect(recipe: Recipe, device: str) -> tuple[list[Problem], ExpertsKind | None]:
+    """`problems` on the meta model, and how it holds its experts (the DDP decision, ftune.plan.ddp): one build."""
+    try:
+        model = build_meta_model(recipe)
+    except FtuneError as err:  # an unreadable config: at the key that names the model
+        return [Problem.at("model.path", err.message, err.hint)], None
+    return problems(recipe, device, model), experts_kind(model)
 
 
 def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
