@@ -135,7 +135,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     converted = gguf_source is None or preflight.config_is_local(recipe)
     experts = None
     if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
-        found, experts = preflight.inspect(recipe, device)  # the model on the meta device
+        continued = (written, adapter_dir) if adapter_dir is not None else None
+        found, experts = preflight.inspect(recipe, device, continued)  # the model on the meta device
         problems += found
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)
