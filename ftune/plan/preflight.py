@@ -44,9 +44,13 @@ def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, mode
     cfg = written.peft
     if cfg.method != "lora" or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
         return []
-    from ftune.methods._lora_targets import resolve
+    from ftune.errors import RecipeError
+    from ftune.methods.lora import resolve_targets
 
-    targets, _ = resolve(model, cfg)
+    try:
+        targets = resolve_targets(model, cfg)
+    except RecipeError:  # all-linear itself can't apply here: target_problems says why, at its keys
+        return []
     if targets.modules == "all-linear":  # a dense model: peft's expansion, every linear layer but the head
         head = model.get_output_embeddings()
         want_modules = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
