@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_recipe(args.recipe, args.overrides)
     os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
     plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
+    from ftune.plan.gguf import materialize
+
+    for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
+        print(warning, file=sys.stderr)
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
