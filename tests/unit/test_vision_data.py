@@ -270,3 +270,17 @@ def test_lora_parts_and_full_parts_resolve_per_part_and_all_frozen_is_refused():
     assert [p.path for p in problems] == ["peft.target_modules"] and "vision part" in problems[0].message
     _, problems = resolve(model, Config(modules={"vision": "frozen", "projector": "frozen", "language": "frozen"}))
     assert any("nothing trains" in p.message for p in problems)
+
+
+def test_a_missing_image_processor_is_refused_before_launch_at_model_path(tmp_path):
+    from ftune.plan.environment import image_processor
+
+    model = tmp_path / "vlm"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llava"}')
+    data = _jsonl(tmp_path / "d.jsonl", [_row({"type": "text", "text": "x"})])
+    recipe = _recipe(data, model={"path": str(model)})
+    [problem] = image_processor(recipe)
+    assert problem.path == "model.path" and "has no image processor" in problem.message
+    (model / "preprocessor_config.json").write_text("{}")
+    assert image_processor(recipe) == []
