@@ -217,8 +217,8 @@ def test_an_image_part_in_a_text_model_s_chat_data_is_refused_at_the_row(tmp_pat
 
     with pytest.raises(ValueError) as err:
         normalize_messages(_row({"type": "image", "image": "a.png"})["messages"], src, 0, fail)
-    assert "has an image part, but format 'chat' feeds a text-only model" in str(err.value)
-    assert "format: vision-chat" in str(err.value)
+    assert "holds image (or other media) parts, not text" in str(err.value)
+    assert "`format: vision-chat` with `model.task: image-text-to-text`" in str(err.value)
 
 
 RULES = [
