@@ -83,7 +83,7 @@ def side(name: str, data: str, tok_dir: str) -> dict:
     work = tempfile.mkdtemp(prefix="ftune-bench-scale-")
     sampler = _AnonPeak()
     sampler.start()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     if name == "ftune":
         recipe = Recipe.model_validate({"name": "b", "model": {"path": "unused"}, "data": {
             "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
@@ -103,9 +103,9 @@ def side(name: str, data: str, tok_dir: str) -> dict:
         out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
         tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
         fill = None
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     shutil.rmtree(work, ignore_errors=True)
-    return {"wall": wall, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"wall": wall, "cpu": cpu, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             // 1024, "anon_mb": sampler.peak}
 
 

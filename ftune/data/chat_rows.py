@@ -29,7 +29,8 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
     mapping = {**DEFAULT_ROLE_MAP, **(src.spec.roles or {})}
     if not isinstance(messages, list):
         raise fail(i, f"field `{f.messages}` must be a list of messages, got {type(messages).__name__}")
-    if messages and (wrong := not_text(messages)) is not None and wrong[0] == "a list of token ids":
+    if messages and not isinstance(messages[0], dict) and (wrong := not_text(messages)) is not None and \
+            wrong[0] == "a list of token ids":  # (not_text walks every message: only where it can be ids)
         raise fail(i, f"field `{f.messages}` holds {wrong[0]}, not messages", hint=wrong[1])
     out = []
     for k, m in enumerate(messages):

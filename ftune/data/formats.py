@@ -8,6 +8,7 @@ report and drops. A row the recipe can't read raises `DataError` naming the file
 from __future__ import annotations
 
 import string
+from itertools import repeat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
 from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.data.masking import (
     IGNORE,
-    labels_from_spans,
+    labels_from_spans_batch,
     prompt_completion_labels,
     trainable,
     truncate,
@@ -89,8 +90,19 @@ class ChatRenderer:
                                                              add_generation_prompt=gen)
         compiled = _compile_jinja_template(template)
         special = _plain_template_data(dict(tok.special_tokens_map))
-        return lambda msgs, gen: compiled.render(messages=msgs, tools=None, documents=None,
-                                                 add_generation_prompt=gen, **special)
+        # `compiled.render(**kw)` merges the template's globals (a ChainMap, read key by key) into a new dict on
+        # every call, 40% of a render: merge them once and hand jinja the finished dict (`shared=True`)
+        base = {**dict(compiled.globals), **special, "tools": None, "documents": None}
+        env, root = compiled.environment, compiled.root_render_func
+
+        def render(msgs: list[dict], gen: bool) -> str:
+            context = compiled.new_context({**base, "messages": msgs, "add_generation_prompt": gen}, shared=True)
+            try:
+                return env.concat(root(context))
+            except Exception:  # noqa: BLE001 - jinja's own handling, as Template.render does
+                env.handle_exception()
+
+        return render
 
 
 def required_fields(src: Source) -> dict[str, str]:
@@ -307,11 +319,12 @@ def _render_conversations(idx, conversations, ctx, fail):
             raise fail(i, f"the chat template rejected the conversation: {err}") from err
         texts.append(text)
         spans.append(sp)
-    for ids, offsets, sp in zip(*encode_with_offsets(tok, texts), spans):
-        if ctx.train_on == "all":
-            yield ids, list(ids), True
-        else:
-            yield ids, labels_from_spans(ids, offsets, sp), False
+    all_ids, offsets = encode_with_offsets(tok, texts)
+    if ctx.train_on == "all":
+        for ids in all_ids:
+            yield ids, ids, True  # labels are the ids (never mutated: truncation slices)
+        return
+    yield from zip(all_ids, labels_from_spans_batch(all_ids, offsets, spans), repeat(False))
 
 
 def encode_with_offsets(tok, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:

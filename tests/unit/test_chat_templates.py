@@ -157,6 +157,33 @@ def test_span_labels_walk_equals_the_bisect_reference():
     assert labels_from_spans([1, 2, 3], shuffled, [(0, 4)]) == _labels_by_bisect([1, 2, 3], shuffled, [(0, 4)])
 
 
+def test_span_labels_of_a_batch_equal_row_by_row():
+    """The batched labelling (all rows in one sorted search) gives each row's labels exactly: random rows, empty
+    rows and tokens, spans past the last token, offsets out of order, and spans out of order (the walk decides)."""
+    import random
+
+    from ftune.data.masking import labels_from_spans, labels_from_spans_batch
+
+    rng = random.Random(1)
+    for _ in range(60):
+        ids, offsets, spans = [], [], []
+        for _ in range(rng.randint(1, 12)):
+            n = rng.randint(0, 30)
+            cuts = sorted(rng.sample(range(1, 120), n)) if n else []
+            row = [(a, a) if rng.random() < 0.05 else (a, b) for a, b in zip([0, *cuts], cuts)]
+            if rng.random() < 0.1:
+                rng.shuffle(row)
+            points = sorted(rng.sample(range(0, 130), 2 * rng.randint(0, 3)))
+            offsets.append(row)
+            spans.append(list(zip(points[::2], points[1::2])))
+            ids.append([rng.randint(0, 99) for _ in row])
+        want = [labels_from_spans(i, o, s) for i, o, s in zip(ids, offsets, spans)]
+        assert labels_from_spans_batch(ids, offsets, spans) == want
+    crossed = [[(8, 9), (2, 4)]]  # spans out of order
+    assert labels_from_spans_batch([[7, 8, 9]], [[(0, 2), (2, 3), (8, 9)]], crossed) == \
+        [labels_from_spans([7, 8, 9], [(0, 2), (2, 3), (8, 9)], crossed[0])]
+
+
 def test_offsets_from_the_backend_equal_the_wrappers(tok):
     """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
     the text included, and a backend left truncating sends it back through the wrapper."""
