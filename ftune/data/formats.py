@@ -92,11 +92,14 @@ class ChatRenderer:
         special = _plain_template_data(dict(tok.special_tokens_map))
         # `compiled.render(**kw)` merges the template's globals (a ChainMap, read key by key) into a new dict on
         # every call, 40% of a render: merge them once and hand jinja the finished dict (`shared=True`)
-        base = {**dict(compiled.globals), **special, "tools": None, "documents": None}
-        env, root = compiled.environment, compiled.root_render_func
+        flat_globals = dict(compiled.globals)
+        base = {**flat_globals, **special, "tools": None, "documents": None}
+        env, root, name, blocks = compiled.environment, compiled.root_render_func, compiled.name, compiled.blocks
 
         def render(msgs: list[dict], gen: bool) -> str:
-            context = compiled.new_context({**base, "messages": msgs, "add_generation_prompt": gen}, shared=True)
+            # what `compiled.new_context(vars, shared=True)` builds, with the globals' keys read from a plain dict
+            context = env.context_class(env, {**base, "messages": msgs, "add_generation_prompt": gen}, name, blocks,
+                                        globals=flat_globals)
             try:
                 return env.concat(root(context))
             except Exception:  # noqa: BLE001 - jinja's own handling, as Template.render does
