@@ -144,10 +144,16 @@ def measure(sizes: list[int], rounds: int) -> dict:
                 "ftune_peak_anon_mb": max(r["anon_mb"] for r in runs["ftune"]),
                 "plain_peak_anon_mb": max(r["anon_mb"] for r in runs["plain"]),
             }
+            cpu = [p["cpu"] / f["cpu"] for f, p in zip(runs["ftune"], runs["plain"])]
+            row["cpu_ratio"] = round(statistics.median(cpu), 3)  # rows per CPU second, ftune / plain
+            row["cpu_ratio_range"] = [round(min(cpu), 3), round(max(cpu), 3)]
+            row["walls"] = {k: [round(r["wall"], 1) for r in v] for k, v in runs.items()}
+            row["cpus"] = {k: [round(r["cpu"], 1) for r in v] for k, v in runs.items()}
             row["rss_ratio"] = round(row["ftune_peak_rss_mb"] / row["plain_peak_rss_mb"], 2)
             figures[str(n)] = row
             print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
-                  f"{row['ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
+                  f"{row['ratio_range'][1]}), per CPU second {row['cpu_ratio']} ({row['cpu_ratio_range'][0]}-"
+                  f"{row['cpu_ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
                   f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

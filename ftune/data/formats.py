@@ -345,22 +345,43 @@ def encode_with_offsets(tok, texts: list[str]) -> tuple[list[list[int]], list[li
 
 
 def _pretokenized(batch, idx, src, ctx, fail):
+    """`pretokenized` (alias `tokens`) rows, checked before training: ids are token ids of this tokenizer, labels and
+    the attention mask have one value per id, labels are ids or -100, the mask is 0/1 (its 0s, padding, dropped)."""
     f = src.spec.fields
-    all_labels = batch.get(f.labels) or [None] * len(idx)
-    for i, ids, labels in zip(idx, batch[f.input_ids], all_labels):
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+    none = [None] * len(idx)
+    all_labels, all_masks = batch.get(f.labels) or none, batch.get(f.attention_mask) or none
+    vocab = len(ctx.tokenizer)
+    retokenize = ("the ids were made with another tokenizer: re-tokenize the data with this model's tokenizer "
+                  "(model.tokenizer / model.path)")
+    for i, ids, labels, mask in zip(idx, batch[f.input_ids], all_labels, all_masks):
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
-        vocab = len(ctx.tokenizer)
         out_of_range = next((t for t in ids if t < 0 or t >= vocab), None)
         if out_of_range is not None:  # caught here: the embedding lookup would fail mid-run (or at the final eval)
             raise fail(i, f"token id {out_of_range} in `{f.input_ids}` is outside the tokenizer's vocabulary "
-                       f"(0..{vocab - 1})", hint="the ids were made with another tokenizer: re-tokenize the data "
-                       "with this model's tokenizer (model.tokenizer / model.path)")
+                       f"(0..{vocab - 1})", hint=retokenize)
+        for col, values in ((f.labels, labels), (f.attention_mask, mask)):
+            if values is not None and (not isinstance(values, list) or len(values) != len(ids)):
+                got = f"{len(values)} values" if isinstance(values, list) else f"a {type(values).__name__}"
+                raise fail(i, f"`{col}` has {got} but `{f.input_ids}` has {len(ids)}",
+                           hint=f"`{col}` needs one value per token id")
+        if mask is not None:
+            if any(m not in (0, 1) or isinstance(m, bool) for m in mask):
+                raise fail(i, f"`{f.attention_mask}` holds {next(m for m in mask if m not in (0, 1))!r}: "
+                           "only 1 (a token) and 0 (padding) are allowed")
+            if 0 in mask:
+                keep = [k for k, m in enumerate(mask) if m]
+                ids = [ids[k] for k in keep]
+                labels = [labels[k] for k in keep] if labels is not None else None
         if labels is None or ctx.train_on == "all":
             yield list(ids), list(ids), True
             continue
-        if len(labels) != len(ids):
-            raise fail(i, f"`{f.labels}` has {len(labels)} values but `{f.input_ids}` has {len(ids)}")
+        bad = next((x for x in labels if not (x is None or x == IGNORE or (isinstance(x, int) and not
+                                                                            isinstance(x, bool) and 0 <= x < vocab))),
+                   IGNORE)
+        if bad != IGNORE:  # a target past the vocabulary fails the loss on the device, mid-run
+            raise fail(i, f"label {bad!r} in `{f.labels}` is neither -100 nor a token id of the tokenizer "
+                       f"(0..{vocab - 1})", hint=retokenize)
         yield list(ids), [IGNORE if x is None else int(x) for x in labels], False
 
 
