@@ -102,3 +102,50 @@ def chat_template_of(recipe, tokenizer) -> str:
     if isinstance(own, dict):
         own = own.get("default") or next(iter(own.values()), None)
     return own or DEFAULT_CHAT_TEMPLATE
+
+
+class ChatRenderer:
+    """Renders plain `{role, content}` conversations with one chat template, exactly as
+    `tokenizer.apply_chat_template(messages, chat_template=..., tokenize=False)` does, without its per-call work
+    (argument checks, a deep copy of the messages and of the special-token map on every call): the template is
+    compiled once by transformers' own sandboxed compiler and the tokenizer's special tokens are bound once.
+    Rendering is most of a chat source's preprocessing time: 5.5x faster per call here (docs/data.md).
+    Falls back to `apply_chat_template` where transformers lacks the compiler."""
+
+    def __init__(self, tokenizer, template: str) -> None:
+        self.tokenizer, self.template = tokenizer, template
+        self._fn = None
+
+    def __getstate__(self) -> dict:  # datasets pickles map functions (num_proc > 1); a compiled template does not
+        return {"tokenizer": self.tokenizer, "template": self.template, "_fn": None}
+
+    def __call__(self, messages: list[dict], generation_prompt: bool) -> str:
+        if self._fn is None:
+            self._fn = self._compile()
+        return self._fn(messages, generation_prompt)
+
+    def _compile(self):
+        tok, template = self.tokenizer, self.template
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+        except ImportError:  # another transformers: the public path, slower
+            return lambda msgs, gen: tok.apply_chat_template(msgs, chat_template=template, tokenize=False,
+                                                             add_generation_prompt=gen)
+        compiled = _compile_jinja_template(template)
+        special = _plain_template_data(dict(tok.special_tokens_map))
+        # `compiled.render(**kw)` merges the template's globals (a ChainMap, read key by key) into a new dict on
+        # every call, 40% of a render: merge them once and hand jinja the finished dict (`shared=True`)
+        flat_globals = dict(compiled.globals)
+        base = {**flat_globals, **special, "tools": None, "documents": None}
+        env, root, name, blocks = compiled.environment, compiled.root_render_func, compiled.name, compiled.blocks
+
+        def render(msgs: list[dict], gen: bool) -> str:
+            # what `compiled.new_context(vars, shared=True)` builds, with the globals' keys read from a plain dict
+            context = env.context_class(env, {**base, "messages": msgs, "add_generation_prompt": gen}, name, blocks,
+                                        globals=flat_globals)
+            try:
+                return env.concat(root(context))
+            except Exception:  # noqa: BLE001 - jinja's own handling, as Template.render does
+                env.handle_exception()
+
+        return render
