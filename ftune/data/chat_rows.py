@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_ROLE_MAP = {"human": "user", "gpt": "assistant", **{r: r for r in ROLES}}
+_ROLE_SET = frozenset(ROLES)
 
 DEFAULT_CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -33,7 +34,13 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
             wrong[0] == "a list of token ids":  # (not_text walks every message: only where it can be ids)
         raise fail(i, f"field `{f.messages}` holds {wrong[0]}, not messages", hint=wrong[1])
     out = []
+    role_key, content_key = f.role, f.content
     for k, m in enumerate(messages):
+        # the common row first: a dict with a known role and string content (the checks below, all passed)
+        if type(m) is dict and type(r := m.get(role_key)) is str and type(c := m.get(content_key)) is str and \
+                (role := mapping.get(r)) in _ROLE_SET:
+            out.append({"role": role, "content": c})
+            continue
         if not isinstance(m, dict) or f.role not in m or f.content not in m:
             keys = ", ".join(m) if isinstance(m, dict) else type(m).__name__
             raise fail(
@@ -73,9 +80,21 @@ def chat_anomalies(messages: list[dict]) -> set[str]:
 
 
 def anomaly_bits(messages: list[dict]) -> int:
-    """`chat_anomalies` as a bit mask (bit k: ANOMALIES[k]), the `_anomalies` bookkeeping column of chat rows."""
-    found = chat_anomalies(messages)
-    return sum(1 << k for k, kind in enumerate(ANOMALIES) if kind in found)
+    """`chat_anomalies` as a bit mask (bit k: ANOMALIES[k]), the `_anomalies` bookkeeping column of chat rows, in
+    one pass over the messages (it runs on every chat row; tested equal to `chat_anomalies`)."""
+    bits, previous = 0, None
+    for m in messages:
+        if not m["content"].strip():
+            bits |= 4  # empty_content
+        role = m["role"]
+        if role == "system":
+            continue
+        if previous is None and role == "assistant":
+            bits |= 1  # assistant_first
+        elif role == "user" and previous == "user":
+            bits |= 2  # user_twice
+        previous = role
+    return bits
 
 
 def count_anomalies(bits, rows) -> tuple[dict[str, int], dict[str, int]]:

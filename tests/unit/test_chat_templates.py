@@ -205,3 +205,17 @@ def test_trainable_counts_targets_after_the_first_token():
 
     for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
         assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)
+
+
+def test_anomaly_bits_in_one_pass_equal_the_named_anomalies():
+    """The per-row bit mask (one pass) says what `chat_anomalies` says, on every short conversation of 4 roles."""
+    from itertools import product
+
+    from ftune.data.chat_rows import ANOMALIES, anomaly_bits, chat_anomalies
+
+    for n in range(5):
+        for roles in product(("system", "user", "assistant", "tool"), repeat=n):
+            for empty in range(n + 1):  # no empty message, or message `empty - 1` empty
+                conv = [{"role": r, "content": "" if k == empty - 1 else "hi"} for k, r in enumerate(roles)]
+                want = chat_anomalies(conv)
+                assert anomaly_bits(conv) == sum(1 << k for k, kind in enumerate(ANOMALIES) if kind in want), conv
