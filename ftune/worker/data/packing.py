@@ -59,8 +59,8 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
 SHARD_TOKENS = 1 << 20
 """Packing reads and bins at most this many tokens at a time (about 40 bytes of working memory each, 40 MiB a
 shard): memory stays flat in the number of rows. Samples pack within their shard; each shard ends on a few partly
-filled rows (at 100,000 chat rows the fill is 0.970 with 4M-token shards and with 1M-token ones; 4M-token shards
-raised the peak memory by about 120 MiB: docs/data.md)."""
+filled rows (at 100,000 chat rows the fill is 0.9701 with 4M-token shards, 0.9695 with 1M-token ones; the
+4M-token shards held about 130 MiB more at the peak: docs/performance.md)."""
 
 
 def pack(ds, capacity: int, scratch=None, lengths=None, shard_tokens: int = SHARD_TOKENS):
