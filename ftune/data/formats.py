@@ -320,9 +320,9 @@ def _pretokenized(batch, idx, src, ctx, fail):
                 raise fail(i, f"`{col}` has {got} but `{f.input_ids}` has {len(ids)}",
                            hint=f"`{col}` needs one value per token id")
         if mask is not None:
-            if any(m not in (0, 1) or isinstance(m, bool) for m in mask):
-                raise fail(i, f"`{f.attention_mask}` holds {next(m for m in mask if m not in (0, 1))!r}: "
-                           "only 1 (a token) and 0 (padding) are allowed")
+            wrong = [m for m in mask if m not in (0, 1) or isinstance(m, bool)]
+            if wrong:
+                raise fail(i, f"`{f.attention_mask}` holds {wrong[0]!r}: only 1 (a token) and 0 (padding) are allowed")
             if 0 in mask:
                 keep = [k for k, m in enumerate(mask) if m]
                 ids = [ids[k] for k in keep]
