@@ -23,6 +23,7 @@ FORMAT_ALIASES: dict[str, dict[str, Any]] = {
     "sharegpt": {"format": "chat", "fields": {"messages": "conversations", "role": "from", "content": "value"},
                  "roles": {"human": "user", "gpt": "assistant", "system": "system"}},
     "alpaca": {"format": "instruction"},
+    "tokens": {"format": "pretokenized"},
 }
 """Format names other tools use, and the source settings each stands for (what `ftune show` prints); keys the
 recipe sets itself win over the alias's."""
@@ -118,6 +119,9 @@ class Fields(Section):
     """`pretokenized`: token ids."""
     labels: str = "labels"
     """`pretokenized`: optional labels (-100 = not trained)."""
+    attention_mask: str = "attention_mask"
+    """`pretokenized`: optional mask of 1s and 0s; tokens under a 0 (padding) are dropped, since ftune batches and
+    pads rows itself."""
     label: str = "label"
     """`classification`: the label column (a name from model.labels, or an integer id); `unpaired-preference`:
     the desirable flag (true/false)."""
@@ -141,7 +145,7 @@ class DataSource(Section):
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
     (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo. Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
-    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
+    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`; `tokens` = `pretokenized`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"

@@ -84,7 +84,7 @@ def build(
     if data.streaming:
         from ftune.worker.data.stream import build_stream
 
-        train, report = build_stream(recipe, tokenizer, template, train_srcs, decided.packing)
+        train, evals, report = build_stream(recipe, tokenizer, template, train_srcs, eval_srcs, decided.packing)
         for line in report.lines():
             log(line)
         pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
@@ -92,7 +92,7 @@ def build(
         collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation) if how in (
             "position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" else \
             packing.PaddingCollator(pad)
-        return DataBundle(train, None, collate, report, None, how)
+        return DataBundle(train, evals, collate, report, None, how)
     key = make_key(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
         extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,

@@ -54,6 +54,7 @@ class DataReport:
     streaming: bool = False  # data.streaming: read while training; nothing counted before
     stream_files: int = 0
     images: dict | None = None  # vision-chat: count, rows with images, sizes, image tokens, conversion notes
+    stream_eval_files: int = 0  # eval sources' files, read up to their limit at each evaluation
 
     # The totals the issue names, across sources.
     @property
@@ -114,7 +115,9 @@ class DataReport:
         if self.streaming:
             return [f"data: streaming {self.stream_files} file(s): rows are read, tokenized"
                     + (f" and packed into rows of {self.max_seq_length}" if self.packing else "")
-                    + " while training runs; nothing is counted or cached first"]
+                    + " while training runs; nothing is counted or cached first"
+                    + (f"; eval streamed from {self.stream_eval_files} file(s), up to each source's limit"
+                       if self.stream_eval_files else "")]
         out = [
             f"data: {self.rows} rows -> {self.kept} samples ({self.dropped} dropped without a trainable token, "
             + (f"{self.truncated} truncated at {self.max_seq_length})" if self.max_seq_length is not None
