@@ -5,7 +5,7 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   1 plugins, outputs, typed, moe                               what plugins register; the output policy; text
                                                                checks; MoE structure
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
-    rewards, gguf
+    rewards, gguf, models
   3 recipe                                                     the recipe language
   4 data                                                       data files read lightly: both sides (checks, formats)
   5 plan, importers                                            decisions before launch
@@ -27,7 +27,7 @@ LAYERS = {
     "ftune": 0, "errors": 0,
     "plugins": 1, "outputs": 1, "typed": 1, "moe": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
-    "gguf": 2,
+    "gguf": 2, "models": 2,
     "recipe": 3,
     "data": 4,
     "plan": 5, "importers": 5,
