@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.estimate.catalog import VISION_TASK
 from ftune.estimate.meta import DTYPES, _build, resolve_config
 from ftune.estimate.moe import MoeFacts, moe_facts
 from ftune.estimate.memory import (
@@ -27,6 +28,7 @@ from ftune.estimate.memory import (
     weight_bytes,
 )
 from ftune.estimate.suggest import suggest
+from ftune.estimate.vision import VisionFacts, count_by_part, model_type_of, with_images
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
@@ -72,6 +74,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     moe: MoeFacts | None = None
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
+    vision: VisionFacts | None = None
+    """Vision-language models: parameters per part, total and trainable; what an image costs."""
 
     @property
     def trainable_percent(self) -> float:
@@ -276,6 +280,9 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
+    vision_base = None
+    if recipe.model.task == VISION_TASK:
+        vision_base = count_by_part(model, model_type_of(config))
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
@@ -318,9 +325,15 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
                                     layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
-        profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager")
+        profile = formula_profile(config.get_text_config(), batch=batch, seq=seq, itemsize=DTYPES[dtype],
+                                  eager=attn == "eager")
         notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "
                      "activations use the 34 x tokens x hidden bytes-per-layer formula instead")
+
+    facts_vision = None
+    if vision_base is not None:
+        facts_vision, profile = with_images(recipe, vision_base, model, config, profile, batch=batch, seq=seq,
+                                            itemsize=DTYPES[dtype], notes=notes)
 
     dist = recipe.distributed
     fsdp_layout = None
@@ -348,8 +361,9 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe,
+        moe=facts_moe, vision=facts_vision,
     )
+
 
 
 def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
