@@ -179,7 +179,7 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
     probe ran the language model on text positions; the image placeholders are among its `seq` tokens)."""
     from ftune.estimate.memory import ActivationProfile
 
-    images = recipe.data.images
+    images = getattr(recipe.data, "images", None)  # vlm26a's data.images
     facts, (layers, inputs, projector) = vision_facts(
         base_counts, model, config, max_pixels=images.max_pixels if images else None,
         images_per_sample=1, batch=batch, itemsize=itemsize, notes=notes, seq=seq)
