@@ -73,15 +73,16 @@ def image_cost(config, max_pixels: int | None = None) -> ImageCost | None:
     kind = model_type_of(config)
     v = _get(config, "vision_config") or {}
     patch = _get(v, "patch_size")
-    if kind in QWEN:  # smart_resize: both sides multiples of patch x merge, their product <= max_pixels
+    if kind in QWEN:  # smart_resize: each side rounded to a multiple of patch x merge, within the processor's budget
         merge = _get(v, "spatial_merge_size", 2)
         unit = patch * merge
-        pixels = max_pixels or DEFAULT_MAX_PIXELS[kind]
-        tokens = pixels // (unit * unit)
+        pixels = min(max_pixels or DEFAULT_MAX_PIXELS[kind], DEFAULT_MAX_PIXELS[kind])
+        per_edge = max(1, round(math.isqrt(pixels) / unit))
+        tokens = min(per_edge * per_edge, DEFAULT_MAX_PIXELS[kind] // (unit * unit))
         source = "data.images.max_pixels" if max_pixels else "the processor's default max_pixels"
         return ImageCost(pixels, tokens * merge * merge, tokens,
-                         f"{source} {pixels:,} / ({patch} x {merge})² = {tokens:,} tokens at most; "
-                         f"{tokens * merge * merge:,} patches")
+                         f"a square image of {source} {pixels:,}: {per_edge} x {per_edge} tokens of "
+                         f"({patch} x {merge})² pixels, {tokens * merge * merge:,} patches; other shapes within 10%")
     size = _get(v, "image_size")
     if kind in ("gemma3", "paligemma", "llava") and size and patch:
         grid = (size // patch) ** 2

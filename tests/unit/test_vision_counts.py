@@ -134,7 +134,7 @@ def test_named_parts_as_published():
     ("model_id", "max_pixels", "patches", "tokens"),
     [
         ("Qwen/Qwen2.5-VL-7B-Instruct", 1024 * 28 * 28, 4096, 1024),  # (28 = 14 x 2)² pixels per token
-        ("Qwen/Qwen2.5-VL-7B-Instruct", 1024 * 28 * 28 + 783, 4096, 1024),  # less than one more token: floored
+        ("Qwen/Qwen2.5-VL-7B-Instruct", 1024 * 1024, 37 * 37 * 4, 37 * 37),  # 1024 / 28 = 36.6 rounds to 37
         ("Qwen/Qwen2.5-VL-7B-Instruct", None, 65_536, 16_384),  # the processor's 12,845,056 pixels
         ("Qwen/Qwen3-VL-8B-Instruct", 256 * 32 * 32, 1024, 256),  # patch 16, merge 2
         ("google/gemma-3-4b-it", 1024 * 28 * 28, 4096, 256),  # fixed 896 x 896, pooled to 256
@@ -151,16 +151,17 @@ def test_image_cost_from_the_config(built, model_id, max_pixels, patches, tokens
 
 
 def test_image_cost_matches_the_qwen_processor_resize():
-    """Qwen's own smart_resize, on images of every shape under a budget: the planned tokens are the most any of
-    them gets, a bound no shape exceeds."""
+    """An image scaled to fit data.images.max_pixels (keeping its aspect), then Qwen's own smart_resize: the square
+    image gets the planned tokens exactly, every other shape within 10%."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision
 
     budget = 640 * 28 * 28
     cost = image_cost({"model_type": "qwen2_5_vl", "vision_config": {"patch_size": 14, "spatial_merge_size": 2}},
                       budget)
     seen = []
-    for h, w in [(4000, 4000), (4000, 1000), (1000, 4000), (3000, 2000), (717, 1280), (5000, 300)]:
-        rh, rw = smart_resize(h, w, factor=28, min_pixels=56 * 56, max_pixels=budget)
+    for h, w in [(4000, 4000), (4000, 1000), (1000, 4000), (3000, 2000), (717, 1280), (5000, 300), (2000, 2100)]:
+        scale = min(1.0, (budget / (h * w)) ** 0.5)
+        rh, rw = smart_resize(int(h * scale), int(w * scale), factor=28, min_pixels=56 * 56, max_pixels=12_845_056)
         seen.append(rh * rw // (28 * 28))
-    assert max(seen) <= cost.tokens == 640
-    assert seen[0] == 625  # 700 x 700 px: 25 x 25 tokens, the largest multiple of 28 under the budget per side
+    assert cost.tokens == seen[0] == 625  # 708 x 708 px: 25 x 25 tokens
+    assert all(abs(n - cost.tokens) <= 0.1 * cost.tokens for n in seen), seen
