@@ -228,7 +228,8 @@ def vision_lines(v) -> list[str]:
     """A vision-language model's parts (parameters, trainable) and what one image costs."""
     from ftune.estimate.estimate import fmt_bytes
 
-    parts = " · ".join(f"{part} {c.params:,} ({c.trainable:,} trainable)" for part, c in v.parts.items())
+    parts = " · ".join(f"{part} {c.params:,}{' ' + c.mode if c.mode else ''} ({c.trainable:,} trainable)"
+                       for part, c in v.parts.items())
     lines = [f"[bold]parts[/]        {parts}"]
     if v.image is not None:
         lines.append(f"[bold]images[/]       {v.image.tokens:,} tokens, {v.image.patches:,} encoder patches per image "

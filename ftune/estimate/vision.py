@@ -46,6 +46,8 @@ class PartCount:
     """The base model's parameters in this part."""
     trainable: int
     """Trainable after the method is applied (adapters included)."""
+    mode: str | None = None
+    """What the recipe asks of the part: `frozen`, `lora` or `full` (`peft.modules`; every part for `full`)."""
 
 
 @dataclass(frozen=True)
@@ -150,14 +152,14 @@ def encoder_activations(config, cost: ImageCost, *, images: int, itemsize: int, 
 
 
 def vision_facts(base_counts: dict[str, tuple[int, int]], model, config, *, max_pixels: int | None,
-                 images_per_sample: int, batch: int, itemsize: int, notes: list[str],
-                 seq: int) -> tuple[VisionFacts, tuple[tuple[int, ...], tuple[int, ...], int]]:
+                 images_per_sample: int, batch: int, itemsize: int, notes: list[str], seq: int,
+                 modes: dict[str, str] | None = None) -> tuple[VisionFacts, tuple[tuple[int, ...], tuple[int, ...], int]]:
     """The plan's vision facts, and the image encoder's activations to add to the language model's profile.
 
     `base_counts`: `count_by_part` of the base model (before the method); `model`: after it."""
     kind = model_type_of(config)
     after = count_by_part(model, kind)
-    parts = {part: PartCount(base_counts[part][0], after[part][1]) for part in PARTS}
+    parts = {part: PartCount(base_counts[part][0], after[part][1], (modes or {}).get(part)) for part in PARTS}
     cost = image_cost(config, max_pixels)
     extra: tuple[tuple[int, ...], tuple[int, ...], int] = ((), (), 0)
     if cost is None:
@@ -180,10 +182,18 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
     probe ran the language model on text positions; the image placeholders are among its `seq` tokens)."""
     from ftune.estimate.memory import ActivationProfile
 
-    images = getattr(recipe.data, "images", None)  # vlm26a's data.images
+    images, peft = recipe.data.images, recipe.peft
+    modes = None
+    if peft.method == "lora":
+        from ftune.methods._base import VisionModules
+
+        modules = peft.modules or VisionModules()
+        modes = {part: modules.of(part) for part in PARTS}
+    elif peft.method == "full":
+        modes = dict.fromkeys(PARTS, "full")
     facts, (layers, inputs, projector) = vision_facts(
-        base_counts, model, config, max_pixels=images.max_pixels if images else None,
-        images_per_sample=1, batch=batch, itemsize=itemsize, notes=notes, seq=seq)
+        base_counts, model, config, max_pixels=images.max_pixels, images_per_sample=images.max_per_sample or 1,
+        batch=batch, itemsize=itemsize, notes=notes, seq=seq, modes=modes)
     profile = ActivationProfile(profile.layer_bytes + layers, profile.layer_input_bytes + inputs,
                                 profile.outside_bytes + projector, profile.head_bytes)
     return facts, profile

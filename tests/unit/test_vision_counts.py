@@ -113,21 +113,17 @@ def test_each_part_equals_its_closed_form_and_the_total_the_published_one(built,
     assert all(trainable == total for total, trainable in counts.values())  # nothing frozen before the method
 
 
-def test_named_parts_as_published():
-    """Spot figures a reader can check against the model cards: Qwen2.5-VL-7B's 675M-parameter ViT plus its
-    merger; Gemma 3's 417M SigLIP tower, the same at 4B and 12B; LLaVA-1.5's CLIP ViT-L/14-336 (304M)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
+def test_named_parts_as_published(built):
+    """Spot figures a reader can check against the model cards: Qwen2.5-VL-7B's 632M-parameter ViT and its 45M
+    merger; Gemma 3's SigLIP tower, the same 417M at 4B and 12B; LLaVA-1.5's CLIP ViT-L/14-336 (304M)."""
     def parts(model_id):
-        config = AutoConfig.from_pretrained(str(catalog.lookup(model_id, vision=True)[1]))
-        with torch.device("meta"):
-            return count_by_part(AutoModelForImageTextToText.from_config(config), config.model_type)
+        model, config = built[model_id]
+        return {part: total for part, (total, _) in count_by_part(model, config.model_type).items()}
 
-    qwen = parts("Qwen/Qwen2.5-VL-7B-Instruct")
-    assert qwen == {"vision": (631_975_680, 631_975_680), "projector": (44_574_464, 44_574_464),
-                    "language": (7_615_616_512, 7_615_616_512)}
-    assert parts("llava-hf/llava-1.5-7b-hf")["vision"][0] == 303_507_456
+    assert parts("Qwen/Qwen2.5-VL-7B-Instruct") == {"vision": 631_975_680, "projector": 44_574_464,
+                                                    "language": 7_615_616_512}
+    assert parts("google/gemma-3-4b-it")["vision"] == parts("google/gemma-3-12b-it")["vision"] == 416_866_032
+    assert parts("llava-hf/llava-1.5-7b-hf")["vision"] == 303_507_456
 
 
 @pytest.mark.parametrize(
