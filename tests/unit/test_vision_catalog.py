@@ -77,3 +77,37 @@ def test_vision_catalog_and_image_arithmetic_import_nothing_heavy():
                           env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["Qwen/Qwen2.5-VL-7B-Instruct", 1024, []]
+
+
+def test_a_text_model_under_the_vision_task_is_located():
+    r = Recipe.model_validate({"name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "task": "image-text-to-text"},
+                               "data": {"train": [{"path": "d.jsonl", "format": "vision-chat"}]}})
+    with pytest.raises(RecipeError) as err:
+        resolve_config(r)
+    (p,) = err.value.problems
+    assert (p.path, p.message) == ("model.task", "'meta-llama/Llama-3.1-8B' is a text-only model in the catalog "
+                                                 "(meta-llama/Llama-3.1-8B), but model.task is 'image-text-to-text'")
+    assert p.hint.startswith("name a vision-language model (docs/vision-plan.md lists the catalog's)")
+
+
+VALIDATE = """
+import sys
+from ftune.cli.main import main
+code = main(["validate", sys.argv[1]])
+heavy = sorted(m for m in ("torch", "transformers", "peft", "accelerate", "datasets") if m in sys.modules)
+print("HEAVY=" + ",".join(heavy))
+sys.exit(code)
+"""
+
+
+def test_validating_a_vision_recipe_imports_nothing_heavy(tmp_path):
+    (tmp_path / "r.yaml").write_text(
+        "name: t\nmodel:\n  path: Qwen/Qwen2.5-VL-7B-Instruct\n  task: image-text-to-text\n"
+        "peft:\n  method: lora\n  modules: {vision: lora, projector: full, language: lora}\n"
+        "data:\n  train: [{path: d.jsonl, format: vision-chat}]\n  max_seq_length: 2048\n"
+        "  images: {max_pixels: 1003520}\ntrain:\n  max_steps: 2\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", VALIDATE, str(tmp_path / "r.yaml")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
