@@ -34,7 +34,6 @@ from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
 
 
-
 @dataclass(frozen=True)
 class FsdpLayout:
     units: int
@@ -280,9 +279,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
-    vision_base = None
-    if recipe.model.task == VISION_TASK:
-        vision_base = count_by_part(model, model_type_of(config))
+    # a vision-language model's parts, before the method adds to them
+    vision_base = count_by_part(model, model_type_of(config)) if recipe.model.task == VISION_TASK else None
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
@@ -340,6 +338,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
+    facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):

@@ -9,7 +9,7 @@ The image arithmetic reads only the model config, as transformers' processors re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ftune.models.vision import PARTS, part_of
 
@@ -59,7 +59,18 @@ class VisionFacts:
     """None for a family whose image arithmetic ftune doesn't know (counts still exact)."""
     images_per_sample: int
     encoder_activation_bytes: int
-    """What the vision tower and projector keep for backward per device (all images of the batch)."""
+    """What the vision tower and projector keep for backward per device (all images of the batch); with
+    checkpointing (`checkpointed`), each vision layer's input and the projector's."""
+    encoder_input_bytes: int = 0
+    """Of which each vision layer's input: what checkpointing keeps of the tower."""
+    encoder_layer_bytes: int = 0
+
+    def checkpointed(self, on: bool) -> VisionFacts:
+        """The facts with the encoder's activations as the layout keeps them."""
+        if not on:
+            return self
+        kept = self.encoder_activation_bytes - self.encoder_layer_bytes + self.encoder_input_bytes
+        return replace(self, encoder_activation_bytes=kept)
 
 
 def _get(config, key: str, default=None):
@@ -173,7 +184,7 @@ def vision_facts(base_counts: dict[str, tuple[int, int]], model, config, *, max_
             notes.append(f"vision: {images_per_sample} image(s) of {cost.tokens:,} tokens exceed the {seq:,}-token "
                          "rows: lower data.images.max_pixels or raise data.max_seq_length")
     total = sum(extra[0]) + extra[2]
-    return VisionFacts(kind, parts, cost, images_per_sample, total), extra
+    return VisionFacts(kind, parts, cost, images_per_sample, total, sum(extra[1]), sum(extra[0])), extra
 
 
 def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq: int, itemsize: int,

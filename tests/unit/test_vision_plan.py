@@ -25,15 +25,15 @@ PROJECTOR = 32 + (128 * 128 + 128) + (128 * 64 + 64)
 LANGUAGE_LINEARS = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
 
 
-def recipe(tmp_path, modules=None, max_pixels=56 * 56, seq=64, **peft) -> Recipe:
+def recipe(tmp_path, modules=None, max_pixels=56 * 56, seq=64, train=None) -> Recipe:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    lora = {"method": "lora", **({"modules": modules} if modules else {}), **peft}
+    lora = {"method": "lora", **({"modules": modules} if modules else {})}
     return Recipe.model_validate({
         "name": "t", "model": {"path": "acme/tiny-vl", "config": str(tmp_path), "task": "image-text-to-text",
                                "dtype": "float32"},
         "peft": lora, "data": {"train": [{"path": "d.jsonl", "format": "vision-chat"}], "max_seq_length": seq,
                                "images": {"max_pixels": max_pixels}},
-        "train": {"per_device_batch_size": 2}})
+        "train": {"per_device_batch_size": 2, **(train or {})}})
 
 
 def plan(r: Recipe):
@@ -74,6 +74,9 @@ def test_image_encoder_activations_join_the_memory_table(tmp_path):
     assert tower.vision.encoder_activation_bytes == 2 * patches * 17 * 32 * 4 + projector
     assert _activations(default) - _activations(frozen) == projector
     assert _activations(tower) - _activations(frozen) == tower.vision.encoder_activation_bytes
+    checkpointed = plan(recipe(tmp_path, {"vision": "lora", "projector": "full", "language": "lora"},
+                              train={"gradient_checkpointing": True}))
+    assert checkpointed.vision.encoder_activation_bytes == 2 * patches * 32 * 4 + projector  # each layer's input
     assert tower.vision.parts["vision"].trainable == 2 * sum(8 * (a + b) for a, b in [(32, 96), (32, 32), (32, 64),
                                                                                         (32, 64), (64, 32)])
 
