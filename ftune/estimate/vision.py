@@ -196,7 +196,7 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
     images, peft = recipe.data.images, recipe.peft
     modes = None
     if peft.method == "lora":
-        from ftune.methods._base import VisionModules
+        from ftune.methods.lora import VisionModules
 
         modules = peft.modules or VisionModules()
         modes = {part: modules.of(part) for part in PARTS}
