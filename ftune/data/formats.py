@@ -108,6 +108,7 @@ def required_fields(src: Source) -> dict[str, str]:
         "preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
         "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
         "prompt": {"prompt": f.prompt},
+        "vision-chat": {"messages": f.messages},
     }[src.spec.format]
 
 

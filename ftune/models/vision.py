@@ -44,6 +44,10 @@ LAYOUTS: dict[str, Layout] = {
     "mistral3": _TOWER,
 }
 
+IMAGE_LIMITS: dict[str, int] = {"llava": 1, "paligemma": 1}
+"""Images per sample a family was trained with, where it has a limit (LLaVA-1.5, PaliGemma: one image per
+prompt); `data.images.max_per_sample` overrides it."""
+
 # a model_type not in the table: any family's prefixes (projector first), so a new family still splits sensibly
 _ANY = Layout(
     vision=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.vision})),

@@ -53,6 +53,8 @@ class DataPlan(BaseModel):
     """The data cache root (absolute): `data.cache_dir`, else $FTUNE_CACHE, else ~/.cache/ftune/data."""
     step_samples: int
     """Samples one optimizer step consumes (the Plan's effective batch size), for the data report."""
+    max_images: int | None = None
+    """vision-chat: the most images a row may carry (`data.images.max_per_sample`, else the family's limit)."""
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -67,4 +69,22 @@ def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
     """The data stage's decisions for `recipe` when one optimizer step consumes `step_samples` samples."""
     packs = bool(recipe.data.packing) and collator(recipe) != "padding"
     return DataPlan(collator=collator(recipe), packing=packs, cache=str(cache_root(recipe.data.cache_dir)),
-                    step_samples=step_samples)
+                    step_samples=step_samples, max_images=max_images(recipe))
+
+
+def max_images(recipe: Recipe) -> int | None:
+    """`data.images.max_per_sample`, else the model family's limit (read from a local config.json), else None."""
+    import json
+
+    from ftune.models.vision import IMAGE_LIMITS
+
+    if recipe.model.task != "image-text-to-text":
+        return None
+    if recipe.data.images.max_per_sample is not None:
+        return recipe.data.images.max_per_sample
+    config = Path(recipe.model.path).expanduser() / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return IMAGE_LIMITS.get(model_type)

@@ -16,7 +16,7 @@ from ftune.plugins import merged as merged_plugins
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
-                   "unpaired-preference", "prompt")
+                   "unpaired-preference", "prompt", "vision-chat")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
 FORMAT_ALIASES: dict[str, dict[str, Any]] = {
@@ -58,8 +58,9 @@ class ModelSection(Section):
     """A `.gguf` file inside the folder `path` names (or set `path` to the .gguf itself): ftune dequantizes it once
     into its cache (~/.cache/ftune/models, keyed by the file's sha256; FTUNE_MODEL_CACHE overrides) as a plain
     Hugging Face folder with its tokenizer and chat template, and trains on that (docs/gguf.md)."""
-    task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
-    """What the model is trained to do."""
+    task: Literal["causal-lm", "sequence-classification", "image-text-to-text"] = "causal-lm"
+    """What the model is trained to do; `image-text-to-text`: a vision-language model (AutoModelForImageTextToText
+    with its AutoProcessor) trained on `format: vision-chat` rows (docs/vision.md)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
     """Dtype the weights are loaded in; `auto` takes the checkpoint's own (float32 when unset)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] | None = None
@@ -108,7 +109,7 @@ class Fields(Section):
     output: str = "output"
     """`instruction`: the response column."""
     messages: str = "messages"
-    """`chat`: the list of messages (sharegpt data often uses `conversations`)."""
+    """`chat` and `vision-chat`: the list of messages (sharegpt data often uses `conversations`)."""
     role: str = "role"
     """`chat`: the role key inside a message (sharegpt: `from`)."""
     content: str = "content"
@@ -192,6 +193,21 @@ class DataSource(Section):
         return out
 
 
+class ImageSettings(Section):
+    """How `vision-chat` images are read before the model's image processor sees them (docs/vision.md)."""
+
+    max_pixels: int = Field(1024 * 1024, gt=0)
+    """The most pixels (width x height) an image may have; a larger one is scaled down to fit (`resize: fit`) or
+    refused (`resize: none`)."""
+    min_pixels: int = Field(1, gt=0)
+    """The fewest pixels an image may have; a smaller one is scaled up (`resize: fit`) or refused (`resize: none`)."""
+    resize: Literal["fit", "none"] = "fit"
+    """`fit`: scale an image into [min_pixels, max_pixels] keeping its aspect ratio; `none`: refuse one outside."""
+    max_per_sample: int | None = Field(None, gt=0)
+    """The most images one row may carry; default: the model family's limit where it has one (LLaVA 1.5 and
+    PaliGemma: 1), else no limit."""
+
+
 class EvalSplit(Section):
     split: float = Field(gt=0.0, lt=1.0)
     """Fraction of the training rows held out for evaluation."""
@@ -232,6 +248,8 @@ class DataSection(Section):
     """Processes for preprocessing; default: one."""
     cache_dir: str | None = None
     """Where preprocessed data is cached; default: ~/.cache/ftune/data (FTUNE_CACHE overrides)."""
+    images: ImageSettings = Field(default_factory=ImageSettings)
+    """`vision-chat` sources: image size limits and resizing."""
 
 
 # --------------------------------------------------------------------------------------- quantization
