@@ -164,7 +164,7 @@ def encoder_activations(config, cost: ImageCost, *, images: int, itemsize: int, 
 
 def vision_facts(base_counts: dict[str, tuple[int, int]], model, config, *, max_pixels: int | None,
                  images_per_sample: int, batch: int, itemsize: int, notes: list[str], seq: int,
-                 modes: dict[str, str] | None = None) -> tuple[VisionFacts, tuple[tuple[int, ...], tuple[int, ...], int]]:
+                 modes: dict[str, str] | None = None) -> tuple[VisionFacts, tuple]:
     """The plan's vision facts, and the image encoder's activations to add to the language model's profile.
 
     `base_counts`: `count_by_part` of the base model (before the method); `model`: after it."""
@@ -172,7 +172,7 @@ def vision_facts(base_counts: dict[str, tuple[int, int]], model, config, *, max_
     after = count_by_part(model, kind)
     parts = {part: PartCount(base_counts[part][0], after[part][1], (modes or {}).get(part)) for part in PARTS}
     cost = image_cost(config, max_pixels)
-    extra: tuple[tuple[int, ...], tuple[int, ...], int] = ((), (), 0)
+    extra = ((), (), 0)
     if cost is None:
         notes.append(f"vision: the image arithmetic of model type {kind!r} is not known to ftune: image tokens and "
                      "the image encoder's activations are not counted")

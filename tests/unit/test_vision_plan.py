@@ -22,12 +22,14 @@ TINY = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "
         "tie_word_embeddings": False}
 VISION = 2 * 3 * 14 * 14 * 32 + 2 * (2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + 2 * (32 * 64 + 64) + (64 * 32 + 32))
 PROJECTOR = 32 + (128 * 128 + 128) + (128 * 64 + 64)
-LANGUAGE_LINEARS = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
+QV = [(64, 64), (64, 32)]  # the default target_modules, q_proj and v_proj, in the language model
+VISION_LINEARS = [(32, 96), (32, 32), (32, 64), (32, 64), (64, 32)]  # qkv, proj, gate, up, down per block
 
 
-def recipe(tmp_path, modules=None, max_pixels=56 * 56, seq=64, train=None) -> Recipe:
+def recipe(tmp_path, modules=None, max_pixels=56 * 56, seq=64, train=None, targets=None) -> Recipe:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    lora = {"method": "lora", **({"modules": modules} if modules else {})}
+    lora = {"method": "lora", **({"modules": modules} if modules else {}),
+            **({"target_modules": targets} if targets else {})}
     return Recipe.model_validate({
         "name": "t", "model": {"path": "acme/tiny-vl", "config": str(tmp_path), "task": "image-text-to-text",
                                "dtype": "float32"},
@@ -47,7 +49,7 @@ def test_defaults_freeze_the_tower_train_the_projector_and_lora_the_language_mod
         "vision": (VISION, "frozen"), "projector": (PROJECTOR, "full"),
         "language": (1000 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 64 + 2 * 32 + 3 * 64 * 128 + 2 * 64) + 64,
                      "lora")}
-    lora = 2 * sum(8 * (a + b) for a, b in LANGUAGE_LINEARS)  # r = 8 on every linear of the 2 decoder layers
+    lora = 2 * sum(8 * (a + b) for a, b in QV)  # r = 8 on q_proj and v_proj of the 2 decoder layers
     assert (parts["vision"].trainable, parts["projector"].trainable, parts["language"].trainable) == (0, PROJECTOR,
                                                                                                        lora)
     assert est.params_trainable == PROJECTOR + lora
@@ -63,9 +65,10 @@ def test_image_encoder_activations_join_the_memory_table(tmp_path):
     """4 x 4 tokens (16 x 16 patches of 14 px) per image, 2 images a step: the tower keeps 17 x 32 x 4 bytes per
     patch per layer when it trains, the projector its input and hidden activations whenever anything before or in
     it trains; a frozen tower and projector keep nothing."""
-    frozen = plan(recipe(tmp_path, {"vision": "frozen", "projector": "frozen", "language": "lora"}))
-    default = plan(recipe(tmp_path))
-    tower = plan(recipe(tmp_path, {"vision": "lora", "projector": "full", "language": "lora"}))
+    frozen = plan(recipe(tmp_path, {"vision": "frozen", "projector": "frozen", "language": "lora"},
+                         targets="all-linear"))
+    default = plan(recipe(tmp_path, targets="all-linear"))  # the language model's activations equal in all three
+    tower = plan(recipe(tmp_path, {"vision": "lora", "projector": "full", "language": "lora"}, targets="all-linear"))
     image = default.vision.image
     assert (image.tokens, image.patches) == (4, 16)  # 56 x 56 px: 2 x 2 tokens of 28 px, 4 patches each
     patches, projector = 2 * 16, (2 * 2 * 16 * 32 + 2 * 4 * 64) * 4
@@ -75,10 +78,9 @@ def test_image_encoder_activations_join_the_memory_table(tmp_path):
     assert _activations(default) - _activations(frozen) == projector
     assert _activations(tower) - _activations(frozen) == tower.vision.encoder_activation_bytes
     checkpointed = plan(recipe(tmp_path, {"vision": "lora", "projector": "full", "language": "lora"},
-                              train={"gradient_checkpointing": True}))
+                              train={"gradient_checkpointing": True}, targets="all-linear"))
     assert checkpointed.vision.encoder_activation_bytes == 2 * patches * 32 * 4 + projector  # each layer's input
-    assert tower.vision.parts["vision"].trainable == 2 * sum(8 * (a + b) for a, b in [(32, 96), (32, 32), (32, 64),
-                                                                                        (32, 64), (64, 32)])
+    assert tower.vision.parts["vision"].trainable == 2 * sum(8 * (a + b) for a, b in VISION_LINEARS)
 
 
 def test_image_tokens_beyond_the_row_are_said(tmp_path):
