@@ -16,12 +16,12 @@ from ftune.models.vision import PARTS, part_of
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 DEFAULT_MAX_PIXELS = {
-    "qwen2_vl": 12_845_056,  # Qwen2VLImageProcessor: max_pixels 16384 x 28 x 28
-    "qwen2_5_vl": 12_845_056,  # the same processor
+    "qwen2_vl": 12_845_056,  # the checkpoints' preprocessor_config.json: max_pixels 16384 x 28 x 28
+    "qwen2_5_vl": 12_845_056,  # (transformers' class default, 1280 x 28 x 28, is not what the checkpoints load)
     "qwen3_vl": 16_777_216,  # Qwen3-VL's preprocessor_config.json: size.longest_edge (a pixel count) 4096 x 4096
     "qwen3_vl_moe": 16_777_216,
 }
-"""Pixels per image the processors allow when `data.images.max_pixels` is unset (Qwen's dynamic resolution)."""
+"""The pixels per image Qwen's processors allow (dynamic resolution): the cap over `data.images.max_pixels`."""
 
 SMOLVLM_TILES_PER_EDGE = 4
 """Idefics3/SmolVLM processors resize the longest edge to 4 tiles (`size.longest_edge` = 4 x the vision tower's
@@ -33,7 +33,7 @@ class ImageCost:
     pixels: int
     """The image area planned for: `data.images.max_pixels`, the processor's default, or the model's fixed size."""
     patches: int
-    """Positions the vision encoder runs per image (at most, for dynamic resolution)."""
+    """Positions the vision encoder runs per image (for a square image, with dynamic resolution)."""
     tokens: int
     """Positions one image takes in the language model's sequence (image placeholders; the template's markers aside)."""
     how: str
@@ -64,6 +64,7 @@ class VisionFacts:
     encoder_input_bytes: int = 0
     """Of which each vision layer's input: what checkpointing keeps of the tower."""
     encoder_layer_bytes: int = 0
+    """Of which inside the vision layers (their inputs included): what checkpointing drops."""
 
     def checkpointed(self, on: bool) -> VisionFacts:
         """The facts with the encoder's activations as the layout keeps them."""
