@@ -165,7 +165,7 @@ def _to_rgb(img, notes: list[str]):
     if img.mode in HIGH_DEPTH:
         arr = np.asarray(img, dtype=np.float64)
         top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        notes.append(f"a {img.mode} (high bit depth) image was converted to 8-bit RGB")
+        notes.append(f"a high-bit-depth image ({img.mode}) was converted to 8-bit RGB")
         return Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
     if img.mode == "CMYK":
         notes.append("a CMYK image was converted to RGB")

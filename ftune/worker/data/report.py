@@ -131,7 +131,8 @@ class DataReport:
         out += [f"data: WARNING {w}" for w in self.warnings()]
         if self.images is not None:
             im = self.images
-            out.append(f"data: images {im['count']} in {im['rows']} of {self.rows} rows; sizes (after resize) "
+            out.append(f"data: images {im['count']} in {im['rows']} of {self.train_samples} train samples; sizes "
+                       "(after resize) "
                        f"{im['min_size']} .. {im['max_size']}; {im['tokens']} image tokens "
                        f"({_pct(im['tokens'], im['all_tokens'])} of the tokens, never trained)")
             out += [f"data: note: {n}" for n in im.get("notes", [])]
