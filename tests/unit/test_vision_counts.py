@@ -4,6 +4,8 @@ form written from the config alone, and the totals equal the published ones; wha
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
 from ftune.estimate import catalog
@@ -83,42 +85,46 @@ def closed_form(config) -> dict[str, int]:
     raise AssertionError(f"no closed form for {kind}")
 
 
-@pytest.fixture(scope="module")
-def built():
-    """Every vision catalog entry as its real transformers class on the meta device (about a second each)."""
+@cache
+def config_of(model_id: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(catalog.entries(vision=True)[model_id]))
+
+
+@cache
+def model_of(model_id: str):
+    """The real transformers class on the meta device (about a second), built once per test process, and only
+    where a test needs it (xdist spreads the tests over workers)."""
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
-    out = {}
-    for model_id, file in catalog.entries(vision=True).items():
-        config = AutoConfig.from_pretrained(str(file))
-        with torch.device("meta"):
-            out[model_id] = (AutoModelForImageTextToText.from_config(config), config)
-    return out
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(config_of(model_id))
 
 
-def test_the_catalog_holds_the_issues_families(built):
-    assert set(built) == set(PUBLISHED)
-    assert {c.model_type for _, c in built.values()} == {"qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm", "llava",
+def test_the_catalog_holds_the_issues_families():
+    assert set(catalog.entries(vision=True)) == set(PUBLISHED)
+    assert {config_of(m).model_type for m in PUBLISHED} == {"qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm", "llava",
                                                          "paligemma"}
 
 
 @pytest.mark.parametrize("model_id", sorted(PUBLISHED))
-def test_each_part_equals_its_closed_form_and_the_total_the_published_one(built, model_id):
-    model, config = built[model_id]
-    counts = count_by_part(model, config.model_type)
+def test_each_part_equals_its_closed_form_and_the_total_the_published_one(model_id):
+    config = config_of(model_id)
+    counts = count_by_part(model_of(model_id), config.model_type)
     expected = closed_form(config)
     assert {part: total for part, (total, _) in counts.items()} == expected
     assert sum(expected.values()) == PUBLISHED[model_id]
     assert all(trainable == total for total, trainable in counts.values())  # nothing frozen before the method
 
 
-def test_named_parts_as_published(built):
+def test_named_parts_as_published():
     """Spot figures a reader can check against the model cards: Qwen2.5-VL-7B's 632M-parameter ViT and its 45M
     merger; Gemma 3's SigLIP tower, the same 417M at 4B and 12B; LLaVA-1.5's CLIP ViT-L/14-336 (304M)."""
     def parts(model_id):
-        model, config = built[model_id]
-        return {part: total for part, (total, _) in count_by_part(model, config.model_type).items()}
+        counts = count_by_part(model_of(model_id), config_of(model_id).model_type)
+        return {part: total for part, (total, _) in counts.items()}
 
     assert parts("Qwen/Qwen2.5-VL-7B-Instruct") == {"vision": 631_975_680, "projector": 44_574_464,
                                                     "language": 7_615_616_512}
@@ -141,8 +147,8 @@ def test_named_parts_as_published(built):
         ("HuggingFaceTB/SmolVLM2-2.2B-Instruct", None, 17 * 729, 17 * 81),  # 1536: 4 x 4 tiles + global
     ],
 )
-def test_image_cost_from_the_config(built, model_id, max_pixels, patches, tokens):
-    cost = image_cost(built[model_id][1], max_pixels)
+def test_image_cost_from_the_config(model_id, max_pixels, patches, tokens):
+    cost = image_cost(config_of(model_id), max_pixels)
     assert (cost.patches, cost.tokens) == (patches, tokens)
 
 
