@@ -47,11 +47,6 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
                 f"message {k + 1} has unknown role {m[f.role]!r} (known: {', '.join(sorted(mapping))})",
                 hint=f"map it in the source, e.g. `roles: {{{m[f.role]}: assistant}}`",
             )
-        content = m[f.content]
-        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
-            raise fail(i, f"message {k + 1}'s `{f.content}` has an image part, but format 'chat' feeds a text-only "
-                       "model", hint="to train on images: `format: vision-chat` with `model.task: image-text-to-text`"
-                       " (a vision-language model, docs/vision.md)")
         if (wrong := not_text(m[f.content])) is not None:  # content parts (images) would be stringified
             raise fail(i, f"message {k + 1}'s `{f.content}` holds {wrong[0]}, not text", hint=wrong[1])
         out.append({"role": role, "content": "" if m[f.content] is None else str(m[f.content])})

@@ -120,3 +120,23 @@ def test_frozen_vision_tower_is_untouched_projector_trained_whole_language_by_lo
     assert sorted(projector) == sorted(n for n in base if part_of(n, "llava") == "projector") != []
     assert all(not projector[n].equal(base[n]) for n in projector)  # trained whole: every tensor moved
     assert (colour_run / "runs" / "r" / "final" / "processor_config.json").is_file()  # the processor travels with final/, so eval and generate read images the same way
+
+
+def test_generate_with_an_image_names_its_colour(colour_run, capsys, tmp_path):
+    from PIL import Image
+
+    from ftune.cli.main import main
+
+    answers = {}
+    for name, rgb in COLOURS.items():
+        path = tmp_path / f"{name}.png"
+        Image.new("RGB", (28, 28), rgb).save(path)
+        capsys.readouterr()
+        code = main(["generate", str(colour_run / "runs" / "r"), "--prompt", "what colour", "--image", str(path),
+                     "--max-new-tokens", "6", "--format", "json"])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        answers[name] = json.loads(out.out)["results"][0]["completion"]
+    assert answers == {name: name for name in COLOURS}
+    code = main(["generate", str(colour_run / "runs" / "r"), "--prompt", "x", "--image", str(tmp_path / "no.png")])
+    assert code == 2 and "no.png does not exist" in capsys.readouterr().err

@@ -217,8 +217,8 @@ def test_an_image_part_in_a_text_model_s_chat_data_is_refused_at_the_row(tmp_pat
 
     with pytest.raises(ValueError) as err:
         normalize_messages(_row({"type": "image", "image": "a.png"})["messages"], src, 0, fail)
-    assert "has an image part, but format 'chat' feeds a text-only model" in str(err.value)
-    assert "format: vision-chat" in str(err.value)
+    assert "holds image (or other media) parts, not text" in str(err.value)
+    assert "`format: vision-chat` with `model.task: image-text-to-text`" in str(err.value)
 
 
 RULES = [
@@ -284,3 +284,43 @@ def test_a_missing_image_processor_is_refused_before_launch_at_model_path(tmp_pa
     assert problem.path == "model.path" and "has no image processor" in problem.message
     (model / "preprocessor_config.json").write_text("{}")
     assert image_processor(recipe) == []
+
+
+def test_a_second_family_whose_processor_rewrites_the_placeholder_encodes_and_trains_a_step(tmp_path,
+                                                                                          tiny_tokenizer_dir):
+    """Idefics3 replaces `<image>` with `<fake><global-img><image><fake>`: the labels still train the answer only,
+    and the model takes the collator's batch (pixel_values [rows, images, 3, H, W] + pixel_attention_mask)."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from ftune.methods.lora import Config, inject
+    from ftune.tiny import build_tiny_idefics3
+    from ftune.worker.data.vision import VisionCollator
+
+    build_tiny_idefics3(tmp_path / "m", AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+    proc = AutoProcessor.from_pretrained(tmp_path / "m")
+    _png(tmp_path / "a.png")
+    path = _jsonl(tmp_path / "d.jsonl", [_row({"type": "image", "image": "a.png"}, {"type": "text", "text": "what"}),
+                                         {"messages": [{"role": "user", "content": "hi"},
+                                                       {"role": "assistant", "content": "blue"}]}])
+    ds, _ = _encode(proc, path)
+    tok = proc.tokenizer
+    first = tok.convert_ids_to_tokens(ds[0]["input_ids"])
+    assert first[5:9] == ["<fake_token_around_image>", "<global-img>", "<image>", "<fake_token_around_image>"]
+    assert [tok.decode([t for t, lab in zip(r["input_ids"], r["labels"]) if lab != IGNORE]) for r in ds] == \
+        ["red<|im_end|>", "blue<|im_end|>"]
+    model = inject(AutoModelForImageTextToText.from_pretrained(tmp_path / "m"), Config(target_modules="all-linear"),
+                   "image-text-to-text")
+    batch = VisionCollator(tok.pad_token_id, proc, FIT)([ds[0], ds[1]])
+    assert tuple(batch["pixel_values"].shape) == (1, 1, 3, 28, 28)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any(".connector." in n for n in trained) and not any(".vision_model." in n for n in trained)
