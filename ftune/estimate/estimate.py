@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
-from ftune.estimate.catalog import VISION_TASK
 from ftune.estimate.meta import DTYPES, _build, resolve_config
-from ftune.estimate.moe import MoeFacts, moe_facts
+from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -28,7 +27,7 @@ from ftune.estimate.memory import (
     weight_bytes,
 )
 from ftune.estimate.suggest import suggest
-from ftune.estimate.vision import VisionFacts, count_by_part, model_type_of, with_images
+from ftune.estimate.vision import VisionFacts, base_parts, with_images
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
@@ -279,8 +278,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
-    # a vision-language model's parts, before the method adds to them
-    vision_base = count_by_part(model, model_type_of(config)) if recipe.model.task == VISION_TASK else None
+    vision_base = base_parts(recipe, model, config)  # a VLM's parts, before the method adds to them
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
@@ -323,15 +321,18 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
                                     layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
-        profile = formula_profile(config.get_text_config(), batch=batch, seq=seq, itemsize=DTYPES[dtype],
-                                  eager=attn == "eager")
+        said: list[str] = []
+        hidden = model.get_input_embeddings().embedding_dim
+        mlp = mlp_values(model, experts_layout, hidden) if experts_layout is not None else None
+        profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager",
+                                  model=model, layer_classes=layer_classes, mlp_values=mlp, notes=said)
         notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "
-                     "activations use the 34 x tokens x hidden bytes-per-layer formula instead")
+                     "activations use the 34 x tokens x hidden bytes-per-layer formula instead"
+                     + (", its MLP part sized for the routed experts (top_k x their widths)" if mlp else ""))
+        notes += said
 
-    facts_vision = None
-    if vision_base is not None:
-        facts_vision, profile = with_images(recipe, vision_base, model, config, profile, batch=batch, seq=seq,
-                                            itemsize=DTYPES[dtype], notes=notes)
+    facts_vision, profile = (None, profile) if vision_base is None else with_images(
+        recipe, vision_base, model, config, profile, batch=batch, seq=seq, itemsize=DTYPES[dtype], notes=notes)
 
     dist = recipe.distributed
     fsdp_layout = None
@@ -362,7 +363,6 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
         moe=facts_moe, vision=facts_vision,
     )
-
 
 
 def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:

@@ -126,6 +126,13 @@ def image_cost(config, max_pixels: int | None = None) -> ImageCost | None:
     return None
 
 
+def base_parts(recipe, model, config) -> dict[str, tuple[int, int]] | None:
+    """`count_by_part` of the base model for `model.task: image-text-to-text` (before the method adds to it)."""
+    from ftune.estimate.catalog import VISION_TASK
+
+    return count_by_part(model, model_type_of(config)) if recipe.model.task == VISION_TASK else None
+
+
 def count_by_part(model, model_type: str) -> dict[str, tuple[int, int]]:
     """(parameters, trainable) per part; tied weights once."""
     seen: set[int] = set()

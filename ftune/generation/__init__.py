@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ftune.worker.data import stops
+from ftune.generation import stops
 from ftune.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 from ftune.data.masking import IGNORE
 
@@ -38,7 +38,7 @@ class PromptFormat:
 
 def prompt_format(recipe, tokenizer) -> PromptFormat:
     """The prompt format of a run: its first chat or instruction training source, else plain text."""
-    from ftune.worker.data import chat_template_of
+    from ftune.data.chat_rows import chat_template_of
 
     for src in recipe.data.train:
         if src.format == "chat":
@@ -255,7 +255,7 @@ def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max
                                 batch_size=batch_size, pixels=pixels,
                                 images=images[start : start + batch_size] if images is not None else None)
         if log is not None:
-            from ftune.worker.callbacks import clock
+            from ftune.clock import clock
 
             done, elapsed = len(completions), time.time() - t0
             log(f"generate {done}/{len(pairs)}  elapsed {clock(elapsed)}  "
