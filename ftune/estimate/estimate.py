@@ -27,10 +27,10 @@ from ftune.estimate.memory import (
     weight_bytes,
 )
 from ftune.estimate.suggest import suggest
+from ftune.estimate.vision import VisionFacts, base_parts, with_images
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
-
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     moe: MoeFacts | None = None
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
+    vision: VisionFacts | None = None
+    """Vision-language models: parameters per part, total and trainable; what an image costs."""
 
     @property
     def trainable_percent(self) -> float:
@@ -276,6 +278,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
+    vision_base = base_parts(recipe, model, config)  # a VLM's parts, before the method adds to them
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
@@ -328,11 +331,15 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
                      + (", its MLP part sized for the routed experts (top_k x their widths)" if mlp else ""))
         notes += said
 
+    facts_vision, profile = (None, profile) if vision_base is None else with_images(
+        recipe, vision_base, model, config, profile, batch=batch, seq=seq, itemsize=DTYPES[dtype], notes=notes)
+
     dist = recipe.distributed
     fsdp_layout = None
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
+    facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
@@ -354,7 +361,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe,
+        moe=facts_moe, vision=facts_vision,
     )
 
 
