@@ -3,6 +3,7 @@
 By default the model is the run's `final/` (an adapter is loaded on the recipe's base model). Runs in
 this process on the recipe's eval data, with the same Trainer evaluation as `ftune run`; with
 `eval.generate` set (or `--generate`) it also scores greedy completions of the eval prompts (exact match, F1).
+An online RL recipe (grpo, rloo) is scored by its own rewards on greedy completions of its eval prompts.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune import adapter
     from ftune.infer.load import load_trained
     from ftune.plan.evaluation import with_perplexity
-    from ftune.recipe.objectives import objective
+    from ftune.recipe.objectives import objective, rl_data
     from ftune import generation
     from ftune.worker import data, tokenizer, train
 
@@ -47,6 +48,13 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
+    if rl_data(plan.recipe):
+        # online RL has no fixed eval loss: the recipe's rewards on greedy completions of the eval prompts
+        from ftune.worker.rl import eval_rewards
+
+        section = generate if generate is not None else plan.recipe.eval.generate
+        return eval_rewards(plan, model, tok, bundle.eval, batch_size=args.per_device_eval_batch_size,
+                            max_samples=section.max_samples if section is not None else None)
     reference = None
     if objective(plan.recipe.train.objective).uses_reference and not adapter.is_adapter(model_dir):
         # a full model's reference is the base the run started from (TRL would copy the trained weights: no rewards);

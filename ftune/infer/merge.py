@@ -104,8 +104,22 @@ def _sample_inputs(plan, tokenizer) -> tuple[list[list[int]], str]:
     except (FtuneError, OSError):
         return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (data unavailable)"
     rows, where = (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")
-    picked = [list(rows[i]["input_ids"][:SAMPLE_TOKENS]) for i in range(min(SAMPLES, len(rows)))]
+    picked = [_row_ids(rows[i], tokenizer)[:SAMPLE_TOKENS] for i in range(min(SAMPLES, len(rows)))]
+    picked = [ids for ids in picked if ids]
+    if not picked:
+        return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (no text in the rows)"
     return picked, f"{len(picked)} {where} rows"
+
+
+TEXT_COLUMNS = ("prompt", "chosen", "completion", "answer")
+"""Rows the run left untokenized (TRL tokenizes preference and prompt rows itself): their text, in this order."""
+
+
+def _row_ids(row: dict, tokenizer) -> list[int]:
+    if "input_ids" in row:
+        return list(row["input_ids"])
+    text = "".join(row[k] for k in TEXT_COLUMNS if isinstance(row.get(k), str))
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 def _logits(model, samples: list[list[int]]) -> list:

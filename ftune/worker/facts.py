@@ -45,6 +45,10 @@ def _first_batch_fingerprint(trainer) -> dict[str, Any]:
         batch = next(iter(trainer.get_train_dataloader()))
     except (StopIteration, TypeError, ValueError):
         return {}
+    if isinstance(batch, list):  # online RL: TRL's rows (each prompt repeated num_generations times), untokenized
+        prompts = [row["prompt"] for row in batch]
+        return {"first_batch_prompts": prompts,
+                "first_batch_sha1": hashlib.sha1(json.dumps(prompts).encode()).hexdigest()}
     ids = batch["input_ids"].detach().cpu()
     return {"first_batch_shape": list(ids.shape), "first_batch_sum": int(ids.sum()),
             "first_batch_sha1": hashlib.sha1(ids.numpy().tobytes()).hexdigest(),

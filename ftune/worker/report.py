@@ -70,6 +70,7 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
         "best_eval_loss": min(evals) if evals else None,
         "tokens_per_second": round(speed["train_steps_per_second"] * tokens_per_step) if speed else None,
         "peak_memory_bytes": _peak_memory(plan),
+        **rl_times(records),
         **{k: v for k, v in final_metrics.items() if isinstance(v, (int, float))},
     }
     lines = ["[bold green]done[/bold green]"]
@@ -91,6 +92,26 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     console.print("\n".join(lines), soft_wrap=True)  # a log file gets whole lines, not 80-column pieces
     run.summary.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def rl_times(records: list[dict]) -> dict:
+    """Online RL's totals over the run from its per-step means (`ftune.worker.rl.TIMES`, each the mean over its
+    logging window): seconds generating, seconds training, completion tokens and their rate over both."""
+    totals = {"generation_time": 0.0, "training_time": 0.0, "generated_tokens": 0.0}
+    last, seen = 0, False
+    for r in records:  # a window ends at its logged step and starts after the previous log (a resumed run's
+        if "generation_time" not in r:  # repeated steps count once)
+            continue
+        steps, last, seen = max(r["step"] - last, 0), max(r["step"], last), True
+        for key in totals:
+            totals[key] += r.get(key, 0.0) * steps
+    if not seen:
+        return {}
+    seconds = totals["generation_time"] + totals["training_time"]
+    return {"generation_seconds": round(totals["generation_time"], 3),
+            "training_seconds": round(totals["training_time"], 3),
+            "generated_tokens": round(totals["generated_tokens"]),
+            "generated_tokens_per_second": round(totals["generated_tokens"] / seconds, 2) if seconds > 0 else None}
 
 
 def loss_line(records: list[dict]) -> str:

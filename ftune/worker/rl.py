@@ -14,7 +14,13 @@ import time
 from ftune.errors import RunError
 from ftune.plugins import load_object
 from ftune.rewards import REWARD_MODEL, Sample, available
-from ftune.worker.data.prompt import ROW
+from ftune.worker.data.prompt import BOOKKEEPING, ROW
+
+TIMES = ("generation_time", "training_time", "generated_tokens")
+"""ftune's per-step timing in metrics.jsonl (means over each logging window, as TRL logs its own): seconds spent
+sampling completions (TRL's `_generate`: generation and decoding), seconds for the rest of the optimizer step
+(rewards, reference/old log-probs, forward, backward, optimizer), and completion tokens generated over all
+processes. TRL's own `step_time` counts both without the optimizer step."""
 
 ALIASES = {"frac_reward_zero_std": "zero_advantage_frac", "completions/mean_length": "completion_length",
            "completions/clipped_ratio": "clipped_ratio"}
@@ -132,6 +138,26 @@ def guard(plan):
     return RLGuard()
 
 
+def step_timer(trainer):
+    """A callback splitting each optimizer step's wall time into generation and the rest (`TIMES`), appended to
+    TRL's per-step metrics so they are averaged and logged with them. The generation seconds and tokens are
+    counted by the trainer's `_generate` (`build_trainer`)."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            trainer._ftune_step = [time.perf_counter(), 0.0, 0.0]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            start, generation, tokens = trainer._ftune_step
+            metrics = trainer._metrics["train"]
+            metrics["generation_time"].append(generation)
+            metrics["training_time"].append(time.perf_counter() - start - generation)
+            metrics["generated_tokens"].append(tokens)
+
+    return StepTimer()
+
+
 def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
     """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
     the recipe's rewards."""
@@ -147,6 +173,19 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             set_mixed_precision_policy(self.accelerator, plan)
+
+        def _generate(self, prompts):
+            if not self.model.training:
+                return super()._generate(prompts)
+            start = time.perf_counter()
+            out = super()._generate(prompts)
+            step = getattr(self, "_ftune_step", None)
+            if step is not None:
+                step[1] += time.perf_counter() - start
+                # TRL's mean over the completions of every process (it gathers them): tokens of all processes
+                mean = self._metrics["train"]["completions/mean_length"][-1]
+                step[2] += mean * len(out[1]) * self.accelerator.num_processes
+            return out
 
         def log(self, logs, start_time=None):
             sample = self._sample() if self.model.training and "loss" in logs else None
@@ -181,4 +220,41 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         callbacks=[guard(plan), *callbacks],
     )
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(step_timer(trainer))
     return trainer
+
+
+def eval_rewards(plan, model, tokenizer, dataset, *, max_samples: int | None = None, batch_size: int = 8) -> dict:
+    """The recipe's rewards on the eval prompts (`ftune eval`): one greedy completion per prompt (so the score is
+    the model's, not a sample's), up to `max_completion_length` tokens or a stop token, scored by every reward
+    exactly as in training (the same functions, the row's answer and columns). Returns `eval_rewards/<name>/mean`
+    and `/std`, `eval_reward` (the weighted total's mean, TRL's `reward`), `eval_generated` and `eval_clipped_ratio`
+    (completions cut at the limit)."""
+    import statistics
+
+    from ftune import generation
+
+    rl = plan.recipe.train.rl
+    rows = dataset.select(range(min(len(dataset), max_samples))) if max_samples else dataset
+    if len(rows) == 0:
+        raise RunError("the eval data has no prompts to score", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
+    prompts = list(rows["prompt"])
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    stop_ids = generation.stop_token_ids(tokenizer)
+    done = generation.generate(model, tokenizer, ids, stop_ids=stop_ids, max_new_tokens=rl.max_completion_length,
+                               batch_size=batch_size)
+    texts = [tokenizer.decode(c.ids, skip_special_tokens=True) for c in done]  # unstripped, as TRL decodes
+    columns = {k: list(rows[k]) for k in rows.column_names if k not in ("prompt", *BOOKKEEPING)}
+    device = generation.input_device(model)
+    funcs = reward_functions(plan, device)
+    total = [0.0] * len(texts)
+    result: dict = {}
+    for spec, func in zip(rl.rewards, funcs):
+        scores = func(prompts=prompts, completions=texts, completion_ids=[c.ids for c in done], **columns)
+        result[f"eval_rewards/{func.__name__}/mean"] = statistics.fmean(scores)
+        result[f"eval_rewards/{func.__name__}/std"] = statistics.pstdev(scores)
+        total = [t + spec.weight * s for t, s in zip(total, scores)]
+    result["eval_reward"] = statistics.fmean(total)
+    result["eval_generated"] = len(texts)
+    result["eval_clipped_ratio"] = sum(not c.stopped for c in done) / len(done)
+    return result

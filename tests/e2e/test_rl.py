@@ -1,8 +1,9 @@
 """GRPO and RLOO learn through `ftune run` on the tiny model: a short SFT stage teaches it to answer `Q: ...\nA:`
 with one of four words and end (eos); RL then rewards one of them (`exact_match` against each row's answer). Mean
 reward rises from the first logs to the last, and held-out greedy exact match rises from the SFT model's to the
-RL model's. Full fine-tuning on both stages: the tiny random-init model needs it to learn in few steps (LoRA on q/v at
-lr 3e-2 collapsed to clipped gibberish, at 5e-3 the reward stayed flat over 16 steps).
+RL model's. GRPO with full fine-tuning and with LoRA (q/v, the output head trained in full beside it: see LORA_HEAD
+for why), RLOO with full fine-tuning. `ftune eval` scores the rewards on held-out prompts; 2 processes (DDP) and
+SIGTERM + resume are the extended runs.
 
 One SFT run and one run per objective (module-scoped), shared by the tests that read them."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ftune.rundir import RunDir
 from ftune.tiny import WORDS
 from tests.e2e._util import base_recipe, ftune, metrics, write_recipe
 
@@ -82,33 +84,79 @@ def work(tmp_path_factory, tiny_model_dir) -> dict:
 def rl_runs(work) -> dict:
     cache: dict[str, Path] = {}
 
-    def get(objective: str) -> Path:
-        if objective not in cache:
-            recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", objective, f"runs/{objective}")
-            cache[objective], _ = run(work["folder"], recipe)
-        return cache[objective]
+    def get(name: str) -> Path:
+        """`grpo`, `rloo` (full fine-tuning) or `grpo-lora`."""
+        if name not in cache:
+            recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", name.split("-")[0], f"runs/{name}")
+            if name.endswith("-lora"):
+                recipe["peft"] = LORA_HEAD
+            cache[name], _ = run(work["folder"], recipe)
+        return cache[name]
 
     return get
 
 
-@pytest.mark.parametrize("objective", ["grpo", pytest.param("rloo", marks=pytest.mark.extended)])
-def test_rl_raises_the_reward_and_held_out_exact_match(objective, rl_runs, work):
-    out = rl_runs(objective)
+LORA_HEAD = {"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
+             "modules_to_save": ["lm_head"]}
+"""LoRA for GRPO on the tiny model: the adapter on q/v and the output head trained in full beside it. On this model
+the reward is learned through the head: GRPO training only lm_head rose 0.31 -> 0.67 in 16 steps, training every
+decoder layer in full (the head frozen) fell 0.31 -> 0.19, and LoRA alone (which TRL can't put on lm_head) stayed
+flat over 48 steps at lr 5e-3 (0.31 -> 0.19) and collapsed into clipped gibberish at 1e-2. Measured on the 2-core
+machine, this module's SFT model and recipe (docs/rl.md)."""
+
+
+@pytest.mark.parametrize("name", ["grpo", pytest.param("grpo-lora", marks=pytest.mark.extended),
+                                  pytest.param("rloo", marks=pytest.mark.extended)])
+def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
+    out = rl_runs(name)
     logs = [r for r in metrics(out) if "reward" in r]
     assert [r["step"] for r in logs] == [1, 4, 8, 12, 16]
     first, last = logs[0], logs[-1]
-    # the SFT model says TARGET about a quarter of the time; RL makes it the answer
-    assert first["reward"] <= 0.5 and last["reward"] >= 0.7 and last["reward"] > first["reward"] + 0.3
+    # the SFT model says TARGET about a quarter of the time; RL makes it the answer (measured: full 0.31 -> 0.84,
+    # LoRA + head 0.31 -> 0.64 by step 16, both still rising)
+    assert first["reward"] <= 0.5 and last["reward"] > first["reward"] + 0.25, [r["reward"] for r in logs]
+    assert last["reward"] >= (0.55 if name.endswith("-lora") else 0.7)
     assert last["rewards/exact_match/mean"] == last["reward"]  # one reward of weight 1
     for key in ("reward_std", "rewards/exact_match/std", "zero_advantage_frac", "completion_length",
                 "clipped_ratio"):
         assert key in last, key
     assert last["clipped_ratio"] < 0.5  # the SFT stage taught it to end its answers
-    before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
+    # generation and the rest of each step timed apart (per step, means over the window), and their totals
+    assert all(r["generation_time"] > 0 and r["training_time"] > 0 for r in logs), logs
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation_seconds"] > 0 and summary["training_seconds"] > 0
+    windows = [b["step"] - a["step"] for a, b in zip([{"step": 0}, *logs], logs)]
+    tokens = sum(w * r["completion_length"] * 16 for w, r in zip(windows, logs))  # 16 completions a step
+    assert summary["generated_tokens"] == round(tokens) > 0
+    seconds = summary["generation_seconds"] + summary["training_seconds"]
+    assert summary["generated_tokens_per_second"] == pytest.approx(tokens / seconds, rel=1e-2)
+    before, after = exact_match(work["sft"], work["heldout"]), exact_match(final_model(out), work["heldout"])
     assert before <= 0.5 and after >= 0.9, (before, after)
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sample and set(sample[-1]) >= {"step", "prompt", "completion", "rewards"}
     assert sample[-1]["rewards"]["exact_match"] in (0.0, 1.0) and sample[-1]["prompt"].startswith("Q: ")
+
+
+def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
+    """`ftune eval` of an RL recipe: each reward's mean over greedy completions of the eval prompts. Half the
+    held-out rows expect TARGET (which GRPO taught), half another word, so the score sits between 0 and 1, and it
+    equals the test's own greedy exact match row by row."""
+    out = rl_runs("grpo")
+    folder = work["folder"]
+    half = len(work["heldout"]) // 2
+    rows = [{"prompt": p, "answer": TARGET if i < half else "cat"} for i, p in enumerate(work["heldout"])]
+    heldout = write_jsonl(folder / "heldout.jsonl", rows)
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo")
+    recipe["data"]["eval"] = [{"path": str(heldout), "format": "prompt"}]
+    write_recipe(folder, recipe, "eval.yaml")
+    res = ftune("eval", "eval.yaml", "--format", "json", cwd=folder)  # the run's final/
+    assert res.code == 0, res.text
+    got = json.loads(res.out)["metrics"]
+    final = out / "final"
+    expected = (exact_match(final, work["heldout"][:half]) + exact_match(final, work["heldout"][half:], "cat")) / 2
+    assert got["eval_rewards/exact_match/mean"] == pytest.approx(expected) and 0.3 <= expected <= 0.7, (got, expected)
+    assert got["eval_reward"] == got["eval_rewards/exact_match/mean"] and got["eval_generated"] == 40
+    assert got["eval_rewards/exact_match/std"] > 0 and got["eval_clipped_ratio"] < 0.5
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +207,100 @@ def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
     assert set(sample[-1]["rewards"]) == {"reward_model"}
 
 
-def exact_match(folder: Path, prompts: list[str]) -> float:
-    """Greedy held-out exact match of the model's answer against TARGET (what `exact_match` rewards)."""
+@pytest.mark.distributed
+@pytest.mark.extended
+@pytest.mark.xfail(strict=True, reason="known: on 2 processes (DDP) this GRPO run does not learn as one process "
+                   "does (measured 0.19 -> 0.12 vs 0.31 -> 0.84): the policy learns `sun` but stops ending it "
+                   "(` sun sun sun sun`, clipped), see docs/rl.md; the split of the generations is right")
+def test_grpo_on_two_processes_splits_the_generations_and_learns_as_one_process(rl_runs, work):
+    """DDP on 2 processes (gloo), 8 completions per process = the one-process run's 16 a step: each rank generates
+    for its own 2 prompts (TRL hands each process whole groups of num_generations rows), the step draws the same 4
+    prompts as one process, and the run learns as one process does. Sampling differs (each process draws its
+    own), so the curves agree statistically, not bit for bit: stated tolerance 0.2 on the mean reward of the last
+    two logs (16 completions each; the standard error of one log's mean is about 0.1)."""
+    folder = work["folder"]
+    one = rl_runs("grpo")
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-ddp")
+    recipe["train"]["per_device_batch_size"] = 8
+    recipe["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    res = ftune("run", str(write_recipe(folder, recipe, "ddp.yaml")), cwd=folder, timeout=600,
+                env={"OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"})
+    assert res.code == 0, res.text[-3000:]
+    out = folder / "runs/grpo-ddp"
+    ranks = [json.loads(RunDir(out).rank_facts(r).read_text()) for r in (0, 1)]
+    assert [f["world_size"] for f in ranks] == [2, 2] and ranks[0]["wrapper"] == "DistributedDataParallel"
+    groups = []
+    for f in ranks:  # 8 rows: 2 prompts, each repeated num_generations (4) times in a row
+        p = f["first_batch_prompts"]
+        assert len(p) == 8 and p[:4] == [p[0]] * 4 and p[4:] == [p[4]] * 4 and p[0] != p[4], p
+        groups.append({p[0], p[4]})
+    assert not groups[0] & groups[1]  # the ranks split the prompts
+
+    def first_prompts(run_dir: Path) -> set[str]:  # rank 0 logs every process's completions (TRL gathers them)
+        rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+        return {r["prompt"] for r in rows if r["step"] == 1}
+
+    assert first_prompts(out) == first_prompts(one)  # the same prompts drawn at step 1
+    want, got = [r for r in metrics(one) if "reward" in r], [r for r in metrics(out) if "reward" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    assert got[0]["reward"] <= 0.5 and got[-1]["reward"] >= 0.7, [r["reward"] for r in got]
+    tail = [sum(r["reward"] for r in logs[-2:]) / 2 for logs in (want, got)]
+    assert abs(tail[0] - tail[1]) <= 0.2, tail
+    assert exact_match(out / "final", work["heldout"]) >= 0.9
+
+
+@pytest.mark.extended
+def test_sigterm_leaves_a_checkpoint_that_a_rerun_resumes_to_the_last_step(work):
+    """SIGTERM to `ftune run` mid-GRPO: the current step is checkpointed (exit 143, no final/), and the same
+    command resumes from it (TRL regenerates the batch it had buffered) to max_steps, logging the steps after."""
+    import os
+    import signal
+
+    from tests.faults.test_run_faults import _start, _wait_for, _workers_of
+
+    folder = work["folder"]
+    recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-term")
+    recipe["train"].update(max_steps=STEPS_TERM, logging_steps=2)
+    recipe["checkpoint"] = {"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"}
+    proc, path = _start(folder, recipe, "grpo-term")
+    run_dir = folder / "runs/grpo-term"
+    _wait_for(run_dir / "checkpoints/checkpoint-4/ftune_complete.json", proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM at step" in err and "Traceback" not in err
+    step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert 4 <= step < STEPS_TERM, err
+    assert (run_dir / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
+    assert not (run_dir / "final").exists() and _workers_of(run_dir / "plan.json") == []
+
+    res = ftune("run", str(path), cwd=folder)
+    assert res.code == 0, res.text
+    assert json.loads((run_dir / "plan.json").read_text())["resume_from"].endswith(f"checkpoint-{step}")
+    assert (run_dir / "final" / "ftune_complete.json").is_file()
+    logs = [r for r in metrics(run_dir) if "reward" in r]
+    assert logs[-1]["step"] == STEPS_TERM and any(step < r["step"] < STEPS_TERM for r in logs), logs
+    assert all(r["generation_time"] > 0 for r in logs if r["step"] > step)  # generating again after the resume
+    sampled = [json.loads(line)["step"] for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert max(sampled) == STEPS_TERM
+
+
+STEPS_TERM = 40
+
+
+def final_model(out: Path) -> Path:
+    """The run's final/ as a full model: an adapter merged into its base by `ftune merge` (its own check: the
+    merged logits equal the adapter's)."""
+    if not (out / "final" / "adapter_config.json").is_file():
+        return out / "final"
+    if not (out / "merged").is_dir():
+        res = ftune("merge", str(out), "--dtype", "float32", cwd=out.parent)
+        assert res.code == 0, res.text
+    return out / "merged"
+
+
+def exact_match(folder: Path, prompts: list[str], target: str = TARGET) -> float:
+    """Greedy held-out exact match of the model's answer against `target` (what `exact_match` rewards)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -172,5 +312,5 @@ def exact_match(folder: Path, prompts: list[str]) -> float:
             ids = tok(p, return_tensors="pt", add_special_tokens=False)["input_ids"]
             out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
-            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == TARGET
+            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == target
     return hits / len(prompts)

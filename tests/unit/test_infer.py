@@ -233,3 +233,18 @@ def test_generation_metrics_fit_the_data():
     chosen = _recipe(data={"train": [{"path": "d", "format": "chat"}]}, eval={"generate": {"metrics": ["exact_match"]}})
     assert generation_metrics(chosen) == ["exact_match"]
     assert [p.path for p in eval_generate_needs_prompts(_recipe(data={"train_on": "all"}))] == ["data.train_on"]
+
+
+def test_merge_check_samples_rows_the_run_left_untokenized(tiny_tokenizer_dir):
+    """`ftune merge` compares logits on a few of the run's rows: TRL tokenizes prompt and preference rows itself,
+    so their text is tokenized here (a GRPO run's merge failed with KeyError 'input_ids')."""
+    from transformers import AutoTokenizer
+
+    from ftune.infer.merge import _row_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    assert _row_ids({"input_ids": [5, 6, 7], "labels": [1]}, tok) == [5, 6, 7]
+    expected = tok("Q: cat\nA: sun", add_special_tokens=False)["input_ids"]
+    assert _row_ids({"prompt": "Q: cat\nA:", "answer": " sun", "_row": "row 1"}, tok) == expected  # grpo/rloo
+    assert _row_ids({"prompt": "Q: cat\nA:", "chosen": " sun", "rejected": " dog"}, tok) == expected  # preference
+    assert _row_ids({"prompt": [{"role": "user", "content": "hi"}]}, tok) == []  # no text: fixed texts instead

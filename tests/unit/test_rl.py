@@ -69,6 +69,16 @@ def test_reward_args_of_the_wrong_type_or_unknown_are_located(tmp_path):
     assert "not a regular expression" in p["train.rl.rewards[3].pattern"].message
 
 
+def test_an_adapter_on_the_output_head_is_refused_for_online_rl(tmp_path):
+    """TRL's online trainers read lm_head.weight directly (an adapter there never trains; TRL raises at init)."""
+    lora = {"method": "lora", "target_modules": ["q_proj", "lm_head"]}
+    p = problems(tmp_path, grpo(), peft=lora)
+    assert list(p) == ["peft.target_modules[1]"] and "never be trained" in p["peft.target_modules[1]"].message
+    assert line_of(p["peft.target_modules[1]"]) == "- lm_head"
+    load_recipe(_write(tmp_path, grpo(), peft={**lora, "target_modules": "all-linear"}))  # the head is not in it
+    load_recipe(_write(tmp_path, {}, data={"train": [{"path": "d.jsonl"}]}, peft=lora))  # SFT trains it
+
+
 def test_num_generations_must_divide_the_generation_batch(tmp_path):
     p = problems(tmp_path, grpo(num_generations=3))
     assert p["train.rl.num_generations"].message.startswith("3 generations per prompt don't divide the generation "
@@ -299,6 +309,42 @@ def test_guard_stops_when_every_completion_is_clipped():
 
 
 # ------------------------------------------------------------------------------ data
+def test_summary_totals_generation_and_training_time_over_logging_windows():
+    """metrics.jsonl holds per-step means over each window; summary.json's totals weight them by the window's steps
+    (a resumed run's repeated steps count once); runs without online RL get no such keys."""
+    from ftune.worker.report import rl_times
+
+    records = [{"step": 1, "generation_time": 2.0, "training_time": 1.0, "generated_tokens": 10.0, "reward": 0.1},
+               {"step": 4, "generation_time": 1.0, "training_time": 0.5, "generated_tokens": 20.0, "reward": 0.2},
+               {"step": 4, "eval_loss": 0.3},
+               {"step": 4, "generation_time": 9.0, "training_time": 9.0, "generated_tokens": 99.0},  # resumed at 4
+               {"step": 6, "generation_time": 0.5, "training_time": 0.5, "generated_tokens": 5.0}]
+    got = rl_times(records)
+    # generation 2 + 3*1 + 2*0.5 = 6, training 1 + 3*0.5 + 2*0.5 = 3.5, tokens 10 + 60 + 10 = 80
+    assert got == {"generation_seconds": 6.0, "training_seconds": 3.5, "generated_tokens": 80,
+                   "generated_tokens_per_second": round(80 / 9.5, 2)}
+    assert rl_times([{"step": 5, "loss": 1.0}]) == {}
+
+
+def test_step_timer_splits_each_step_into_generation_and_the_rest(monkeypatch):
+    """The trainer's `_generate` adds its seconds and the tokens of every process to the step; the timer logs
+    them and the rest of the step's wall time as TRL's per-step metrics."""
+    from collections import defaultdict
+
+    from ftune.worker import rl
+
+    clock = iter([10.0, 13.5])
+    monkeypatch.setattr(rl.time, "perf_counter", lambda: next(clock))
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list)})
+    timer = rl.step_timer(trainer)
+    timer.on_step_begin(None, None, None)
+    trainer._ftune_step[1] += 2.0  # what _generate adds
+    trainer._ftune_step[2] += 48.0
+    timer.on_step_end(None, None, None)
+    assert dict(trainer._metrics["train"]) == {"generation_time": [2.0], "training_time": [1.5],
+                                               "generated_tokens": [48.0]}
+
+
 def test_prompt_rows_render_chat_and_keep_answer_and_columns(tmp_path, tiny_tokenizer_dir):
     from transformers import AutoTokenizer
 

@@ -118,4 +118,17 @@ def reference_buildable(recipe: Recipe) -> Iterator[Problem]:
                          "set `train.rl.beta: 0`, or start from saved weights (model.init: pretrained)")
 
 
-RULES: list[Rule] = [rl_section, rewards_known, whole_groups, reference_buildable]
+def head_not_adapted(recipe: Recipe) -> Iterator[Problem]:
+    """TRL's online trainers compute the log-probabilities from the output head's weight directly, so an adapter
+    on it would never train (TRL refuses it at init, after launch): refused here, at the key."""
+    targets = getattr(recipe.peft, "target_modules", None)
+    if recipe.train.objective not in RL_OBJECTIVES or not isinstance(targets, list):
+        return
+    for i, name in enumerate(targets):
+        if name.rsplit(".", 1)[-1] == "lm_head":
+            yield Problem.at(f"peft.target_modules.{i}", f"{recipe.train.objective} computes the log-probabilities "
+                             "from lm_head's weight directly (TRL), so an adapter on lm_head would never be trained",
+                             "remove lm_head from peft.target_modules (`all-linear` adapts every layer but the head)")
+
+
+RULES: list[Rule] = [rl_section, rewards_known, whole_groups, reference_buildable, head_not_adapted]
