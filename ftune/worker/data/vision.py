@@ -19,6 +19,7 @@ from ftune.data.errors import DataError, row_location
 from ftune.data.formats import encode_with_offsets, render_with_spans
 from ftune.data.images import ImageProblem, open_image, parse_row, read_rows
 from ftune.data.masking import IGNORE, labels_from_spans, trainable
+from ftune.worker.data.packing import PaddingCollator
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
 
 BOOKKEEPING = ["_len", "_trainable", "_image_tokens", "_sizes"]
@@ -267,18 +268,8 @@ class VisionCollator:
     images: object  # data.images
 
     def __call__(self, features: list[dict]) -> dict:
-        import torch
-
-        width = max(len(f["input_ids"]) for f in features)
-        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.long)
-        for r, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[r, :n] = torch.as_tensor(f["input_ids"])
-            labels[r, :n] = torch.as_tensor(f["labels"])
-            mask[r, :n] = 1
-        batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        batch = PaddingCollator(self.pad_token_id)(features)
+        ids = batch["input_ids"]
         batch.update(pixel_inputs(self.processor, [f.get("images") or [] for f in features], self.images, ids))
         return batch
 
