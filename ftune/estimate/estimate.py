@@ -26,6 +26,7 @@ from ftune.estimate.memory import (
     per_device,
     weight_bytes,
 )
+from ftune.estimate.parallel import longest_sequence, split
 from ftune.estimate.suggest import suggest
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
@@ -72,6 +73,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     moe: MoeFacts | None = None
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
+    longest_seq: int | None = None
+    """Longest row (tokens, at per_device_batch_size) whose peak fits the device memory (`estimate.parallel`)."""
 
     @property
     def trainable_percent(self) -> float:
@@ -214,6 +217,8 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
     ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
     if fsdp.sharding_strategy == "no_shard":
         ranks = 1
+    if (par := recipe.distributed.parallelism) is not None:
+        ranks = par.dp_shard * par.cp  # accelerate's FSDP2 shards over the dp_shard x cp mesh (replicas: HSDP)
     return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), max([b for _, b in units], default=0),
                       root)
 
@@ -328,6 +333,9 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     memory = per_device(facts, profile, layout)
+    if (par := dist.parallelism) is not None and par.tp * par.cp > 1:  # what tp / cp divide (estimate.parallel)
+        memory = split(memory, tp=par.tp, cp=par.cp, load_shard=par.dp_shard if par.tp > 1 else 1)
+        notes.append(f"parallelism: states divided by tp {par.tp}, activations by tp x cp {par.tp * par.cp}")
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -336,6 +344,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
+    cp = par.cp if par is not None else 1
+    longest = None if usable is None or attn == "eager" else longest_sequence(memory, seq, usable, 2 * cp if cp > 1 else 1)
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
@@ -348,7 +358,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe,
+        moe=facts_moe, longest_seq=longest,
     )
 
 
@@ -384,4 +394,5 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
                       offload_optimizer=bool(ds and ds.offload_optimizer),
                       offload_params=bool(ds and ds.offload_params),
                       master_weights=train.mixed_precision != "no")
-    return Layout(**common, strategy=dist.strategy, shard_ranks=world_size)
+    tp = dist.parallelism is not None and dist.parallelism.tp > 1  # accelerate keeps a tp model out of DDP
+    return Layout(**common, strategy="none" if tp else dist.strategy, shard_ranks=world_size)
