@@ -335,7 +335,6 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     memory = per_device(facts, profile, layout)
     if (par := dist.parallelism) is not None and par.tp * par.cp > 1:  # what tp / cp divide (estimate.parallel)
         memory = split(memory, tp=par.tp, cp=par.cp, load_shard=par.dp_shard if par.tp > 1 else 1)
-        notes.append(f"parallelism: states divided by tp {par.tp}, activations by tp x cp {par.tp * par.cp}")
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -344,8 +343,11 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
-    cp = par.cp if par is not None else 1
-    longest = None if usable is None or attn == "eager" else longest_sequence(memory, seq, usable, 2 * cp if cp > 1 else 1)
+    longest = None if usable is None or attn == "eager" else longest_sequence(
+        memory, seq, usable, 2 * par.cp if par is not None and par.cp > 1 else 1)  # cp: a multiple of 2 x cp
+    if longest and longest > (positions := getattr(config, "max_position_embeddings", None) or longest):
+        notes.append(f"longest row: {longest:,} tokens fit in memory, capped at the model's {positions:,} positions")
+        longest = positions
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
