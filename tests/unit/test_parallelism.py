@@ -49,7 +49,7 @@ def test_tp_decides_the_load_and_the_data_parallel_batch(tmp_path):
     assert plan.model_load.distributed == {"tp_size": 2, "fsdp_size": 1}
     assert plan.world_size == 2
     assert plan.effective_batch_size == 4 * 2 * 1  # both ranks read the same batch: one data-parallel rank
-    assert plan.data.step_samples == 8
+    assert plan.data.step_samples == 8 and plan.data.pad_to_multiple_of is None
     assert plan.parallelism.accelerate_kwargs() == {"dp_replicate_size": 1, "dp_shard_size": 1, "tp_size": 2,
                                                     "cp_size": 1}
     assert any("tp 2: weights split at load" in n for n in plan.notes)
@@ -66,6 +66,7 @@ def test_cp_on_gpus_plans_sdpa_and_fsdp2(tmp_path):
     plan = compile_plan(_recipe(tmp_path, {"strategy": "fsdp", "num_processes": 4,
                                            "parallelism": {"dp_shard": 2, "cp": 2}}), environ={}, gpus=4)
     assert plan.model_load.kwargs["attn_implementation"] == "sdpa" and plan.model_load.distributed is None
+    assert plan.data.pad_to_multiple_of == 4  # every batch splits into 2 x cp chunks
     assert plan.effective_batch_size == 4 * 2 * 2
 
 
