@@ -105,10 +105,14 @@ def problems(recipe: Recipe, device: str, world_size: int) -> list[Problem]:
                                 f"{d.strategy}: transformers shards the model at load (tp, and dp_shard with its own "
                                 "FSDP2), and accelerate must leave it as loaded (it keeps a tensor-parallel model "
                                 "out of DDP)", "set `distributed.strategy: ddp`"))
-    elif p.tp == 1 and (p.dp_shard > 1 or p.cp > 1) and not fsdp2 and d.strategy != "deepspeed":
+    elif p.tp == 1 and (p.dp_shard > 1 or p.cp > 1) and d.strategy not in ("fsdp", "deepspeed"):
         what = "dp_shard shards parameters" if p.dp_shard > 1 else "cp splits sequences over FSDP2's mesh"
         found.append(Problem.at("distributed.strategy", f"{what}: it needs distributed.strategy fsdp (version 2), "
                                 f"not {d.strategy}", "set `distributed.strategy: fsdp`"))
+    elif fsdp2 and p.tp == 1 and p.dp_shard == 1 and p.cp == 1 and p.total > 1:
+        found.append(Problem.at(f"{WHERE}.dp_shard", "FSDP2 shards over dp_shard (x cp), and both are 1: accelerate "
+                                "1.15 refuses a layout with nothing to shard over", "set dp_shard (to the world "
+                                "divided by dp_replicate), or use `distributed.strategy: ddp` for plain replicas"))
     if p.tp > 1:
         found += _tp_problems(recipe)
     if p.cp > 1:

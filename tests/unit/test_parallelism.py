@@ -85,6 +85,8 @@ def test_sizes_must_multiply_to_the_world(tmp_path):
      "distributed.strategy: dp_shard shards parameters: it needs distributed.strategy fsdp (version 2), not ddp"),
     ({"strategy": "fsdp", "num_processes": 2, "fsdp": {"version": 1}, "parallelism": {"dp_shard": 2}}, {},
      "distributed.fsdp.version: distributed.parallelism needs FSDP version 2"),
+    ({"strategy": "fsdp", "num_processes": 2, "parallelism": {"dp_replicate": 2}}, {},
+     "distributed.parallelism.dp_shard: FSDP2 shards over dp_shard (x cp), and both are 1"),
     ({"strategy": "deepspeed", "num_processes": 2, "parallelism": {"dp_shard": 2}}, {},
      "distributed.strategy: distributed.parallelism with DeepSpeed"),
     ({"strategy": "ddp", "num_processes": 4, "parallelism": {"tp": 2, "dp_replicate": 2}}, {},
