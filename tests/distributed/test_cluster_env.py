@@ -167,7 +167,7 @@ def test_a_real_torchrun_job_trains_like_one_process(job, tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
          "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
          "-m", "ftune.cli.main", "run", str(job.dir.parent / "job.yaml"), f"train.max_steps={steps}",
-         "checkpoint.strategy=no", f"output.dir={out}"],
+         "checkpoint.strategy='no'", f"output.dir={out}"],
         cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**clean, "OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"}) for rank in (0, 1)]
     for node in nodes:
