@@ -12,12 +12,19 @@ device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 the same; override with FTU
 EOS and cut to SEQ, pad-to-longest batches with labels -100 on padding only, the same LoRA, bf16, gradient
 checkpointing, fused AdamW, batch, steps and seed); `ftune ÷ plain` is their tokens/s ratio.
 
+`FTUNE_BENCH_VARIANTS=lora,full`: run only these variants (in that order). `FTUNE_BENCH_OUT=path`: the results
+JSON is rewritten there after each variant, so a run cut short keeps what it measured. `FTUNE_BENCH_TIMEOUT`: seconds
+one `ftune run` (or plain script) may take before it is recorded as timed out (default 600).
+The packing variant uses flash_attention_2 where the flash_attn package imports, else sdpa (packed rows with
+position_ids), and says which.
+
 `FTUNE_BENCH_SMOKE=1`: a tiny config, a few steps, on whatever device there is (variants that need CUDA are
 skipped, MFU is not computed): checks this script end to end on a CPU machine. Its figures mean nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -41,13 +48,16 @@ CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, nu
 if SMOKE:
     CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+TIMEOUT = int(os.environ.get("FTUNE_BENCH_TIMEOUT", "600"))
+OUT = os.environ.get("FTUNE_BENCH_OUT")
 CUDA_ONLY = ("liger", "packing", "qlora", "compile")  # variant names holding these need a CUDA device
 LORA = {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
 VARIANTS = {
     "lora": {"peft": LORA},
     "lora+liger": {"peft": LORA, "train": {"kernels": "liger"}},
     "lora+packing+liger": {"peft": LORA, "train": {"kernels": "liger"}, "data": {"packing": True},
-                           "model": {"attn_implementation": "flash_attention_2"}},
+                           "model": {"attn_implementation": "flash_attention_2"
+                                     if importlib.util.find_spec("flash_attn") else "sdpa"}},
     "qlora": {"peft": LORA, "quantization": {"bits": 4, "compute_dtype": "bfloat16"}},
     "full": {"peft": {"method": "full"}},
     "full+compile": {"peft": {"method": "full"}, "train": {"compile": True}},
@@ -69,7 +79,10 @@ def _assets(folder: Path) -> tuple[Path, Path]:
     tok = train_tokenizer(corpus(2000), model_dir, vocab_size=CONFIG["vocab_size"])
     config = LlamaConfig(**CONFIG, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
-    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init of ~1B: much faster on a GPU
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(model_dir)
+    del model
     rng = random.Random(0)
     words = " ".join(corpus(4000)).split()
     rows = [" ".join(rng.choices(words, k=int(rng.paretovariate(1.2) * 60))) for _ in range(4000)]
@@ -125,7 +138,10 @@ PLAIN = textwrap.dedent('''
                              seed=cfg["seed"], data_seed=cfg["seed"], disable_tqdm=True, optim="adamw_torch_fused",
                              bf16=cuda, use_cpu=not cuda, gradient_checkpointing=True)
     metrics = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate).train().metrics
+    mean_row = sum(len(x) for x in ds["input_ids"]) / len(ds)
     print(json.dumps({"tokens_per_s": seen[0] / metrics["train_runtime"],
+                      "steps_per_s": metrics["train_steps_per_second"],
+                      "tokens_per_s_mean_row": mean_row * cfg["batch"] * metrics["train_steps_per_second"],
                       "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
 ''')
 
@@ -137,7 +153,11 @@ def plain(folder: Path, model_dir: Path, data: Path, sections: dict) -> dict:
     peft = sections["peft"]
     cfg = {"model": str(model_dir), "data": str(data), "out": str(folder / "plain"), "seq": SEQ, "batch": BATCH,
            "steps": STEPS, "lr": LR, "seed": 42, "lora": peft if peft["method"] == "lora" else None}
-    out = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True)
+    try:
+        out = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {TIMEOUT} s"}
     if out.returncode != 0:
         return {"error": out.stderr[-1500:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,13 +179,22 @@ def main() -> dict:
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16).parameters())
     results = {"device": name, "params": n_params, "seq": SEQ, "steps": STEPS, "variants": {}}
-    for variant, sections in VARIANTS.items():
+    chosen = [v.strip() for v in os.environ.get("FTUNE_BENCH_VARIANTS", "").split(",") if v.strip()] or list(VARIANTS)
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        sys.exit(f"bench-gpu: unknown variant(s) {unknown}; known: {list(VARIANTS)}")
+    for variant in chosen:
+        sections = VARIANTS[variant]
+        if OUT:
+            Path(OUT).write_text(json.dumps(results, indent=2))
         if not cuda and any(k in variant for k in CUDA_ONLY) or (not cuda and "quantization" in sections):
             results["variants"][variant] = {"skipped": "needs a CUDA device"}
             continue
         recipe = {
-            "name": f"gpu-{variant}", "model": {"path": str(model_dir), "dtype": dtype, **sections.get("model", {})},
-            "data": {"train": [{"path": str(data)}], "max_seq_length": SEQ, "train_on": "all",
+            "name": f"gpu-{variant.replace('+', '-')}", "model": {"path": str(model_dir), "dtype": dtype, **sections.get("model", {})},
+            # no shuffle in the data stage: the Trainer's sampler (same seed) then draws the same rows as the plain
+            # script's, so both pad the same batches (on skewed lengths, another order is another workload)
+            "data": {"train": [{"path": str(data)}], "max_seq_length": SEQ, "train_on": "all", "shuffle": False,
                      **sections.get("data", {})},
             "peft": sections["peft"],
             "train": {"max_steps": STEPS, "per_device_batch_size": BATCH, "learning_rate": LR, "logging_steps": 5,
@@ -181,8 +210,12 @@ def main() -> dict:
         plan = subprocess.run([sys.executable, "-m", "ftune.cli.main", "plan", str(path), "--format", "json"],
                               capture_output=True, text=True)
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path)], capture_output=True,
-                             text=True)
+        try:
+            run = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path)], capture_output=True,
+                                 text=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            results["variants"][variant] = {"error": f"timed out after {TIMEOUT} s"}
+            continue
         if run.returncode != 0:
             results["variants"][variant] = {"error": run.stdout[-1500:] + run.stderr[-1500:]}
             continue
@@ -202,14 +235,22 @@ def main() -> dict:
         if variant in ("lora", "full"):  # the defaults against the hand-written script (the same settings)
             base = plain(folder, model_dir, data, sections)
             row["plain"] = base
-            if "tokens_per_s" in base:
-                row["ftune_over_plain"] = round(tokens_per_s / base["tokens_per_s"], 3)
+            records = [json.loads(x) for x in (folder / variant / "metrics.jsonl").read_text().splitlines() if x]
+            steps = next((r["train_steps_per_second"] for r in reversed(records) if "train_steps_per_second" in r),
+                         None)
+            row["steps_per_s"] = steps
+            if "steps_per_s" in base and steps:  # the same rows, batch and seed: steps/s compares like with like
+                row["ftune_over_plain"] = round(steps / base["steps_per_s"], 3)
+        if variant == "lora+packing+liger":
+            row["attn_implementation"] = sections["model"]["attn_implementation"]
         results["variants"][variant] = row
     padded = results["variants"].get("lora", {}).get("plain", {}).get("tokens_per_s")
     packed = results["variants"].get("lora+packing+liger", {}).get("tokens_per_s")
     if padded and packed:  # the goal: >= 1.3x the plain padded Trainer on this skewed length distribution
         results["liger_packing_over_plain_padded"] = round(packed / padded, 3)
     shutil.rmtree(folder, ignore_errors=True)
+    if OUT:
+        Path(OUT).write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return results
 

@@ -41,7 +41,7 @@ def _run_lock(target):
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ftune.estimate.memory import parse_bytes
+    from ftune.estimate.units import parse_bytes
     from ftune.infer.merge import merge
     from ftune.infer.source import resolve
 

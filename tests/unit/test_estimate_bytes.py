@@ -189,7 +189,7 @@ def test_peak_is_weights_and_states_plus_the_larger_phase():
     assert mem.peak_phase == "update"
     assert mem.total == 6000 + 8004 + 4000 + 8000
     gpu = per_device(params, PROFILE, Layout(device="cuda"))
-    assert gpu.total == 6000 + 8004 + 4000 + 4000  # foreach: one state-sized copy
+    assert gpu.total == 6000 + 8004 + 4000 + 4000 + 2 * 32 * 1024**2  # foreach: one state-sized copy; cuBLAS
 
 
 def test_fsdp_shards_weights_gradients_and_states():
@@ -199,7 +199,8 @@ def test_fsdp_shards_weights_gradients_and_states():
                                                largest_unit_bytes=1000, root_unit_bytes=0))
     shard = {i.detail: i.bytes for i in eight.items}
     assert shard["float32"] == 32000 // 8 and shard["all-gathered FSDP units"] == 2000
-    assert eight.total < one.total / 3
+    workspaces = 2 * 32 * 1024**2  # per device, not sharded
+    assert eight.total - workspaces < (one.total - workspaces) / 3
     ddp = per_device(params, PROFILE, Layout(device="cuda", strategy="ddp", shard_ranks=8))
     assert {i.detail: i.bytes for i in ddp.items}["DDP gradient buckets"] == 32000
 
@@ -291,3 +292,21 @@ def test_galore_keeps_projected_moments_and_layerwise_one_gradient():
     every = per_device(params, PROFILE, Layout(optimizer="galore_adamw", low_rank=(64, "all-linear")))
     assert {i.kind: i.bytes for i in every.items}["optimizer"] == (2 * 64 * 4096 * 2 + 64 * 1024 * 2
                                                                    + 2 * 64 * 1024 * 2 + 64 * 1024 * 2 + 2 * 1024 * 2)
+
+
+def test_cuda_plan_counts_two_cublas_workspaces_and_cpu_none(tiny_model_dir, monkeypatch):
+    """Measured on an H200 (torch 2.11): a tiny model's CUDA peak was ~61 MiB over its tensors, cuBLAS's two
+    handles (forward thread, autograd's backward thread) at 32 MiB each; CUBLAS_WORKSPACE_CONFIG resizes them."""
+    from ftune.estimate.memory import cublas_workspace
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    r = recipe(tiny_model_dir, METHODS["lora"])
+    cpu = estimate(r, world_size=1, num_processes=1, gpu_memory=None, device="cpu")
+    cuda = estimate(r, world_size=1, num_processes=1, gpu_memory=80 * 1024**3, device="cuda")
+    workspaces = [i for i in cuda.memory if "cuBLAS" in i.detail]
+    assert [i.bytes for i in workspaces] == [2 * 32 * 1024**2]
+    assert not [i for i in cpu.memory if "cuBLAS" in i.detail]
+    assert cuda.total_bytes == cpu.total_bytes + 2 * 32 * 1024**2
+    assert cublas_workspace(":4096:2:16:8") == 4096 * 1024 * 2 + 16 * 1024 * 8
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert cublas_workspace() == 32 * 1024**2
