@@ -14,6 +14,9 @@ a shared 2-core machine.
 Ablation: `plain+tokens` is the plain script with `include_num_input_tokens_seen="non_padding"` (a gather and
 `.item()` every micro-batch: what ftune did before it took tokens/s from the data stage's counts); its ratio to
 plain is that extra's cost. The callbacks' own cost is timed in-process (`callback_cost`).
+
+`tiny-cpu` (run only when named): the tiny case's CPU seconds per step on each side, from runs of two lengths so
+that start-up cancels out; for a machine too busy for wall-clock steps/s (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -325,11 +328,70 @@ def minilm() -> dict:
             "ftune_over_plain": r}
 
 
-CASES = {"tiny": tiny, "minilm": minilm}
+def _tree_cpu(cmd: list[str], env: dict) -> float:
+    """CPU seconds (user + system) of a command and every process it waited for."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+CPU_STEPS = (30, 150)
+CPU_ROUNDS = 3
+
+
+def tiny_cpu() -> dict:
+    """The tiny case's per-step cost in CPU seconds rather than steps/s, for a machine too busy for wall time:
+    each side runs CPU_STEPS[0] and CPU_STEPS[1] steps, and (CPU of the long run - CPU of the short one) / the
+    step difference is a step's own CPU, with start-up (imports, launch, data, model load, save) cancelled out.
+    One thread, so no OpenMP spinning is counted as work. Rounds interleave the sides."""
+    folder = Path(tempfile.mkdtemp(prefix="ftune-bench-cpu-"))
+    model_dir, data = _assets(folder)
+    script = folder / "plain.py"
+    script.write_text(PLAIN)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def plain(steps: int) -> float:
+        return _tree_cpu([sys.executable, str(script), str(model_dir), str(data), str(folder / "plain"), str(steps),
+                          str(SEQ), str(BATCH), "0"], env)
+
+    def ftune(steps: int, tag: str) -> float:
+        recipe = {
+            "name": "bench-cpu", "model": {"path": str(model_dir), "dtype": "float32"},
+            "data": {"train": [{"path": str(data), "format": "text"}], "max_seq_length": SEQ, "shuffle": False,
+                     "train_on": "all"},
+            "peft": {"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+            "train": {"max_steps": steps, "per_device_batch_size": BATCH, "learning_rate": 1e-3, "logging_steps": 10,
+                      "seed": 0},
+            "checkpoint": {"strategy": "no", "resume": False},
+            "output": {"dir": str(folder / f"run-{tag}"), "report_to": ["none"], "loss_curve": False},
+        }
+        path = folder / f"{tag}.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        return _tree_cpu([sys.executable, "-m", "ftune.cli.main", "run", str(path)], env)
+
+    short, long = CPU_STEPS
+    rows, ratios = [], []
+    for i in range(CPU_ROUNDS):
+        p = (plain(long) - plain(short)) / (long - short)
+        f = (ftune(long, f"l{i}") - ftune(short, f"s{i}")) / (long - short)
+        ratios.append(p / f)  # as steps/s: plain's CPU per step over ftune's
+        rows.append({"plain_ms_cpu_per_step": round(p * 1e3, 2), "ftune_ms_cpu_per_step": round(f * 1e3, 2)})
+    shutil.rmtree(folder, ignore_errors=True)
+    r = spread(ratios)
+    print(f"tiny (CPU): plain ÷ ftune CPU per step median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}) "
+          f"over {CPU_ROUNDS} rounds of {short} and {long} steps, 1 thread")
+    return {"steps": CPU_STEPS, "rounds": rows, "ftune_over_plain": r}
+
+
+CASES = {"tiny": tiny, "minilm": minilm, "tiny-cpu": tiny_cpu}
 
 
 def main(cases: list[str] | None = None) -> dict:
-    return {name: CASES[name]() for name in cases or CASES}
+    """The wall-time cases by default (`make bench`); `tiny-cpu` when named."""
+    return {name: CASES[name]() for name in cases or ("tiny", "minilm")}
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 # Documented exit codes (README "Exit codes").
 EXIT_OK = 0
@@ -63,12 +64,19 @@ class Problem:
     hint: str | None = None
     location: Location = field(default_factory=Location)
     severity: str = "error"  # error | warning
+    anchor: Literal["key", "value", "parent"] = "key"
+    """Where the location points while the recipe loads: the key (a rule's problem, an unknown key), its value (a
+    bad value), or the mapping holding it (a missing key)."""
 
     @classmethod
-    def at(cls, path: str, message: str, hint: str | None = None) -> Problem:
-        """A problem at a recipe key, not located yet: every check (recipe rules, environment, model preflight)
-        returns these, and `LoadedRecipe.error` locates them all through `LoadedRecipe.locate`."""
-        return cls(message=message, path=path, hint=hint)
+    def at(cls, path: str | Iterable[str | int], message: str, hint: str | None = None,
+           anchor: Literal["key", "value", "parent"] = "key") -> Problem:
+        """A problem at a recipe key, not located yet: every check (the loader's schema, interpolation and secret
+        checks, recipe rules, environment, model preflight) returns these. `path` is a key, or its parts, spelled
+        the one way (`data.train.0.path` becomes `data.train[0].path`). The loader locates its own;
+        `LoadedRecipe.error` the rest."""
+        return cls(message=message, path=key(key_path(path) if isinstance(path, str) else path), hint=hint,
+                   anchor=anchor)
 
     def render(self) -> str:
         head = f"{self.location}: {self.severity}: "

@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     # `ftune plan --gpus N` does: the data of a GPU recipe can be inspected on a laptop
     plan = compile_plan(loaded, check_inputs=False, gpus=gpus)
     recipe = plan.recipe
+    from ftune.plan.gguf import materialize
+
+    for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
+        print(warning, file=sys.stderr)
     from ftune.worker.quiet import quiet_libraries
 
     quiet_libraries()  # datasets' map bars: ftune prints its own lines

@@ -33,12 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     """Loss (and perplexity) on the eval data; generation metrics too when `generate` (an eval.generate section)."""
-    import math
-
     from ftune import adapter
     from ftune.infer.load import load_trained
+    from ftune.plan.evaluation import with_perplexity
     from ftune.recipe.objectives import objective
-    from ftune.worker import data, generation, tokenizer, train
+    from ftune import generation
+    from ftune.worker import data, tokenizer, train
 
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
@@ -55,8 +55,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         reference = load_model(plan, tok)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[], ref_model=reference)
     metrics = trainer.evaluate()  # the eval data as the trainer prepared it (TRL's tokenize theirs at init)
-    if "eval_loss" in metrics and plan.recipe.train.objective == "sft":  # a preference loss has no perplexity
-        metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
+    with_perplexity(metrics, plan.recipe)  # the trainer's log added it already; a metrics dict of its own here
     shutil.rmtree(plan.run.eval_scratch, ignore_errors=True)  # the Trainer's output dir: nothing is kept there
     if generate is not None:
         from ftune.plan.evaluation import generation_metrics
@@ -79,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_recipe(args.recipe, args.overrides)
     os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
     plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
+    from ftune.plan.gguf import materialize
+
+    for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
+        print(warning, file=sys.stderr)
     model_dir = Path(args.model) if args.model else plan.run.final
     if not model_dir.is_dir():
         raise FtuneError(f"no model at {model_dir}", hint="train first with `ftune run`, or pass --model DIR")
@@ -129,7 +132,7 @@ def show_predictions(console, path: Path) -> None:
     """A few of the scored completions, so a score comes with what it scored; the file holds every row."""
     from rich.markup import escape
 
-    from ftune.worker.generation import read_predictions
+    from ftune.generation import read_predictions
 
     console.print(f"[bold]predictions[/bold] {path} (first {SHOWN_PREDICTIONS})")
     for row in read_predictions(path, SHOWN_PREDICTIONS):

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ftune.infer.load import clamp_new_tokens, load_for_generation
     from ftune.infer.source import resolve
-    from ftune.worker.generation import encode_prompt, generate
+    from ftune.generation import encode_prompt, generate
 
     check_decoding(args)
     if args.batch_size < 1:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+from ftune.cli.imports import block_bitsandbytes
 from ftune.errors import EXIT_OK, FtuneError
 
 
@@ -51,17 +51,6 @@ def epochs_text(data: DataCount, max_steps: int | None) -> str:
 def summarize_names(names: list[str]) -> list[tuple[str, int]]:
     """`model.layers.0.self_attn.q_proj` x32 -> (`model.layers.*.self_attn.q_proj`, 32), in first-seen order."""
     return list(Counter(re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n) for n in names).items())
-
-
-def _block_unneeded_imports() -> None:
-    """Planning never quantizes: keep peft/transformers from importing bitsandbytes (seconds of start-up).
-
-    Only in the `ftune` process itself, before peft is imported: peft decides once, at import, whether
-    bitsandbytes exists, so doing this in a process that trains later (a test session) would break it.
-    """
-    own_process = sys.argv[0].endswith(("/ftune", "ftune/cli/main.py"))
-    if own_process and "peft" not in sys.modules:
-        sys.modules.setdefault("bitsandbytes", None)  # type: ignore[arg-type]
 
 
 def _compile(loaded, gpus: int | None):
@@ -110,7 +99,7 @@ def _plan(args: argparse.Namespace) -> int:
         gpus = n if isinstance(n, int) and recipe.distributed.strategy != "none" else 1
     plan = _compile(loaded, gpus)
     recipe = plan.recipe  # as it runs: a continued adapter's base and peft section
-    _block_unneeded_imports()
+    block_bitsandbytes()  # planning never quantizes
     device = "cuda" if gpus else plan.device
     try:
         est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,

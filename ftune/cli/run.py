@@ -33,24 +33,21 @@ def _check_preference_data(loaded) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from ftune.cli.imports import block_bitsandbytes
     from ftune.plan.compile import compile_plan
+    from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
 
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
+    if not needs_bitsandbytes(loaded.recipe):  # the parent never quantizes; the worker decides for itself
+        block_bitsandbytes()
     plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
     warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
-        from ftune.gguf.convert import ensure
-        from ftune.plan.preflight import config_is_local, problems
+        from ftune.plan.gguf import materialize
 
-        checked = config_is_local(plan.recipe)  # converted before: the compiler checked its structure
-        ensure(plan.model_load.gguf.model_dump(), log=console.print)
-        if not checked:
-            found = problems(plan.recipe, plan.device)  # the converted model's structure, now that it exists
-            if errors := [p for p in found if p.severity == "error"]:
-                raise loaded.error(errors)
-            warnings += [p.render() for p in loaded.error(found).problems]
+        warnings += materialize(plan, loaded, log=console.print)
     _check_preference_data(loaded)
     if args.dry_run and args.format == "json":
         print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr

@@ -68,8 +68,8 @@ def answer_loss(model, tokenizer, rows: list[TaskRow]) -> float:
 
 def greedy_answers(model, tokenizer, rows: list[TaskRow], max_new_tokens: int = 4) -> list[str]:
     """Greedy continuation of each prompt up to end-of-sequence, decoded as `ftune generate` and
-    `eval.generate` decode (ftune.worker.generation)."""
-    from ftune.worker.generation import generate
+    `eval.generate` decode (ftune.generation)."""
+    from ftune.generation import generate
 
     prompts = [_encode(tokenizer, r)[0] for r in rows]
     completions = generate(model, tokenizer, prompts, stop_ids=[tokenizer.eos_token_id], max_new_tokens=max_new_tokens,
@@ -78,7 +78,7 @@ def greedy_answers(model, tokenizer, rows: list[TaskRow], max_new_tokens: int = 
 
 
 def score(model, tokenizer, rows: list[TaskRow], show: int = 4) -> TaskScore:
-    from ftune.worker.generation import exact_match
+    from ftune.generation import exact_match
 
     answers = greedy_answers(model, tokenizer, rows)
     right = sum(exact_match(a, r.answer) for a, r in zip(answers, rows))

@@ -42,7 +42,7 @@ def skipped_reason() -> str:
 def _answers(target_arg: str) -> list[str]:
     from ftune.infer.load import load_for_generation
     from ftune.infer.source import resolve
-    from ftune.worker.generation import encode_prompt, generate
+    from ftune.generation import encode_prompt, generate
 
     lo = load_for_generation(resolve(target_arg, allow_model=True))
     prompts = [encode_prompt(lo.fmt, lo.tokenizer, {"prompt": q}) for q in house.HELD_OUT]

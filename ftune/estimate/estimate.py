@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.meta import DTYPES, _build, resolve_config
-from ftune.estimate.moe import MoeFacts, moe_facts
+from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
 from ftune.estimate.memory import (
     Layout,
     MemoryItem,
@@ -323,9 +323,15 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
                                     layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
-        profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager")
+        said: list[str] = []
+        hidden = model.get_input_embeddings().embedding_dim
+        mlp = mlp_values(model, experts_layout, hidden) if experts_layout is not None else None
+        profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager",
+                                  model=model, layer_classes=layer_classes, mlp_values=mlp, notes=said)
         notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "
-                     "activations use the 34 x tokens x hidden bytes-per-layer formula instead")
+                     "activations use the 34 x tokens x hidden bytes-per-layer formula instead"
+                     + (", its MLP part sized for the routed experts (top_k x their widths)" if mlp else ""))
+        notes += said
 
     dist = recipe.distributed
     fsdp_layout = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftune.moe import group_of, moe_layout
+from ftune.moe import MoeLayout, group_of, moe_layout
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,27 @@ def moe_facts(model, recipe, counts, embedding: int, notes: list[str]) -> MoeFac
                     params_model=counts.total, params_active=counts.active, params_experts=counts.experts,
                     flops_per_token=6 * (counts.active - embedding), trainable_by_part=parts)
 
+
+
+def mlp_values(model, layout: MoeLayout, hidden: int) -> float:
+    """Values an MoE layer keeps for backward per token, for the activation formula (ftune.estimate.probe): each of
+    the top_k experts a token is routed to keeps the gathered input and its output (2 x hidden) and its SwiGLU
+    intermediates (gate and up, the activation, their product: 4 x its width, the width being its parameters / 3 x
+    hidden); the router keeps its input and logits; shared experts keep what a dense SwiGLU MLP does. The mean
+    over the MoE layers, applied to every layer."""
+    modules = dict(model.named_modules())
+    k = layout.top_k or layout.num_experts
+    total = 0.0
+    for block in layout.blocks:
+        per_expert = sum(_numel(s) for s in block.tensors.values() if len(s) == 3) / layout.num_experts
+        routed = k * (2 * hidden + 4 * per_expert / (3 * hidden))
+        shared = sum(modules[n].weight.numel() for n in block.shared if n in modules) / (3 * hidden)
+        total += routed + hidden + 2 * layout.num_experts + (hidden + 4 * shared if shared else 0)
+    return total / len(layout.blocks)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -166,15 +166,56 @@ def probe_activations(
     return ActivationProfile(tuple(per_layer), tuple(inputs), outside, rec.largest_outside)
 
 
-def formula_profile(config, *, batch: int, seq: int, itemsize: int, eager: bool) -> ActivationProfile:
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+DENSE_MLP = 9.5
+"""Values the formula's MLP keeps per token, in units of hidden: 19 bytes at 16 bits for a 4 x hidden MLP."""
+
+
+def _config_int(config, keys: tuple[str, ...]) -> int:
+    for key in keys:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def formula_profile(config, *, batch: int, seq: int, itemsize: int, eager: bool, model=None,
+                    layer_classes: set[str] = frozenset(), mlp_values: float | None = None,
+                    notes: list[str] | None = None) -> ActivationProfile:
     """The textbook estimate, for models whose forward cannot run on the meta device (data-dependent
-    routing, custom code): 34 bytes x tokens x hidden per layer at 16 bits (Korthikanti et al. 2022),
-    plus the seq x seq scores (5 x heads x seq bytes per token) with eager attention."""
-    h = getattr(config, "hidden_size", 0) or 0
-    layers = getattr(config, "num_hidden_layers", 0) or 0
-    heads = getattr(config, "num_attention_heads", 1) or 1
-    vocab = getattr(config, "vocab_size", 0) or 0
+    routing, custom code): 34 bytes x tokens x hidden per layer at 16 bits (Korthikanti et al. 2022): 15 for
+    attention and norms, 19 for a 4 x hidden MLP, which `mlp_values` (values per token, an MoE's routed experts:
+    ftune.estimate.moe.mlp_values) replaces; plus the seq x seq scores (5 x heads x seq bytes per token) with eager
+    attention. A size the config lacks (another key, a nested text config) is read from `model`'s structure:
+    the embedding width and the count of `layer_classes` modules; what is still unknown is said in `notes`."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    h = _config_int(text, HIDDEN_KEYS)
+    layers = _config_int(text, LAYER_KEYS)
+    heads = _config_int(text, HEAD_KEYS)
+    vocab = _config_int(text, ("vocab_size",))
+    said = notes if notes is not None else []
+    if model is not None:
+        embeddings = model.get_input_embeddings()
+        if not h and embeddings is not None:
+            h = embeddings.embedding_dim
+            said.append(f"activation formula: hidden size {h} read from the input embeddings (not in the config)")
+        if not layers and layer_classes:
+            layers = sum(type(m).__name__ in layer_classes for m in model.modules())
+            if layers:
+                said.append(f"activation formula: {layers} layers counted in the model (not in the config)")
+        if not vocab and embeddings is not None:
+            vocab = embeddings.num_embeddings
+    if not h or not layers:
+        missing = " and ".join(k for k, v in (("hidden size", h), ("layer count", layers)) if not v)
+        said.append(f"activations not counted: the config gives no {missing} and the model shows none")
+        return ActivationProfile((0,) * layers, (0,) * layers, 0, 0)
+    if eager and not heads:
+        heads = 1
+        said.append("activation formula: attention heads not in the config; the eager scores assume 1 head")
     tokens = batch * seq
-    per_token = 17 * h * itemsize + (5 * heads * seq * itemsize // 2 if eager else 0)
+    mlp = DENSE_MLP * h if mlp_values is None else mlp_values
+    per_token = int((7.5 * h + mlp) * itemsize) + (5 * heads * seq * itemsize // 2 if eager else 0)
     head = tokens * vocab * 4
     return ActivationProfile((tokens * per_token,) * layers, (tokens * h * itemsize,) * layers, head, head)

@@ -80,7 +80,7 @@ class Session:
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> str:
         """The model's answer to `text` (streamed to `on_text` as it is decoded), added to the conversation."""
         from ftune.infer.load import clamp_new_tokens
-        from ftune.worker.generation import encode_prompt, generate
+        from ftune.generation import encode_prompt, generate
 
         self.messages.append({"role": "user", "content": text})
         lo = self.loaded

@@ -204,7 +204,7 @@ class Loaded:
 
 def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
-    from ftune.worker.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
+    from ftune.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
 
     quiet_libraries()
     tok = load_tokenizer(target)

@@ -202,8 +202,8 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
     import transformers
 
     from ftune.infer.load import load_tokenizer, quiet_libraries
-    from ftune.worker.generation import as_chat_template, prompt_format, stop_token_ids
-    from ftune.worker.save import saved_tensors
+    from ftune.generation import as_chat_template, prompt_format, stop_token_ids
+    from ftune.worker.verify import saved_tensors
 
     quiet_libraries()
     tmp.mkdir(parents=True)

@@ -119,6 +119,10 @@ def _peft(recipe: Recipe, saved: adapter.SavedAdapter, problems: list[Problem]):
         written = set()  # no peft section: the adapter's method, with its keys
     module = method_module(method)
     fixed = module.from_adapter(saved.config)
+    if getattr(cfg, "target_modules", None) == "all-linear" and isinstance(fixed.get("target_modules"), list):
+        # what all-linear means depends on the model (on an MoE: the experts too): the meta-model check compares
+        # it with the adapter's targets (ftune.plan.preflight.continued_target_problems); the adapter's are kept
+        written = written - {"target_modules"}
     adjustable = getattr(module, "ADJUSTABLE", ())
     for key, value in fixed.items():
         mine = getattr(cfg, key, None)

@@ -14,7 +14,7 @@ from pathlib import Path
 from ftune import __version__, adapter
 from ftune.data.check import check_fields
 from ftune.errors import Problem
-from ftune.plan import (accelerate, batching, cluster, environment, gguf, parallelism, preference, preflight,
+from ftune.plan import (accelerate, batching, cluster, ddp, environment, gguf, parallelism, preference, preflight,
                         quantization, rl)
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
@@ -135,8 +135,11 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
+    experts = None
     if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
-        problems += preflight.problems(recipe, device)  # the model on the meta device
+        continued = (written, adapter_dir) if adapter_dir is not None else None
+        found, experts = preflight.inspect(recipe, device, continued)  # the model on the meta device
+        problems += found
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)
     warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
@@ -157,7 +160,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                      "which would round each sequence's summed log-prob)")
     trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                   accelerate_config=config, resuming=resume_from is not None)
-               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe))
+               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe)
+               | ddp.find_unused(recipe, world_size, experts, notes))
     load = model_load(recipe, adapter=adapter_dir)
     layout = parallelism.decide(recipe)
     notes += parallelism.notes(layout, world_size)

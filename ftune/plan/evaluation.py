@@ -1,4 +1,5 @@
-"""Which generation metrics score a run's greedy answers (eval.generate), decided before launch.
+"""What a run's evaluation reports, decided in one place: perplexity (which runs have one, and its one formula),
+and which generation metrics score a run's greedy answers (eval.generate).
 
 Exact match fits short, closed answers (a label, a number, an extraction); free-form chat answers almost never
 match a reference to the character, so exact match would report 0 for a model that learned its task. Unless the
@@ -7,7 +8,30 @@ recipe names `eval.generate.metrics`: exact match and F1 for instruction data, F
 
 from __future__ import annotations
 
+import math
+
 from ftune.recipe.schema import Recipe
+
+PERPLEXITY_CAP = 50.0
+"""exp(50) ~ 5e21: a diverged loss still gives a finite, printable perplexity (a non-finite loss stops the run)."""
+
+
+def has_perplexity(recipe: Recipe) -> bool:
+    """Perplexity is exp of the mean token NLL: a causal LM's SFT loss is one; a preference or RL objective's loss
+    and a classifier's loss over its labels are not."""
+    return recipe.train.objective == "sft" and recipe.model.task == "causal-lm"
+
+
+def perplexity(mean_token_nll: float) -> float:
+    return math.exp(min(mean_token_nll, PERPLEXITY_CAP))
+
+
+def with_perplexity(metrics: dict, recipe: Recipe) -> dict:
+    """`metrics` with `eval_perplexity` added from its `eval_loss` where the run has one (in place; returned).
+    The Trainer's logs (metrics.jsonl, the progress line, the summary) and `ftune eval` all go through here."""
+    if "eval_loss" in metrics and has_perplexity(recipe):
+        metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
+    return metrics
 
 
 def generation_metrics(recipe: Recipe) -> list[str]:

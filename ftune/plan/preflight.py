@@ -14,12 +14,70 @@ from pathlib import Path
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
+from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
 def config_is_local(recipe: Recipe) -> bool:
     """The model's config can be read without a hub: `model.path` is a folder holding config.json."""
     return (Path(recipe.model.path).expanduser() / "config.json").is_file()
+
+
+def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None
+            ) -> tuple[list[Problem], ExpertsKind | None]:
+    """`problems` on the meta model, and how it holds its experts (the DDP decision, ftune.plan.ddp): one build.
+    `continued`: the recipe as written and the adapter folder, when `recipe` continues an adapter."""
+    try:
+        model = build_meta_model(recipe)
+    except FtuneError as err:  # an unreadable config: at the key that names the model
+        return [Problem.at("model.path", err.message, err.hint)], None
+    found = problems(recipe, device, model)
+    if continued is not None:
+        found += continued_target_problems(continued[0], recipe, continued[1], model)
+    return found, experts_kind(model)
+
+
+def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, model) -> list[Problem]:
+    """`target_modules: all-linear` over an adapter being continued: what it means on this model (on an MoE,
+    attention and the experts: target_parameters) must be what the adapter adapts, since continuing can neither add
+    nor drop targets. The light check (ftune.plan.adapter) can't tell without the model."""
+    cfg = written.peft
+    if cfg.method != "lora" or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
+        return []
+    from ftune.errors import RecipeError
+    from ftune.methods.lora import resolve_targets
+
+    try:
+        targets = resolve_targets(model, cfg)
+    except RecipeError:  # all-linear itself can't apply here: target_problems says why, at its keys
+        return []
+    if targets.modules == "all-linear":  # a dense model: peft's expansion, every linear layer but the head
+        head = model.get_output_embeddings()
+        want_modules = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                        if _linear(m) and m is not head and n.rsplit(".", 1)[-1] not in ("score", "classifier")}
+    else:
+        want_modules = set(targets.modules)
+    want_params = set(targets.parameters)
+    have_modules, have_params = set(recipe.peft.target_modules), set(recipe.peft.target_parameters or [])
+    if (want_modules, want_params) == (have_modules, have_params):
+        return []
+
+    def listed(modules: set[str], params: set[str]) -> str:
+        return (f"target_modules {', '.join(sorted(modules)) or 'none'} and target_parameters "
+                f"{', '.join(sorted(params)) or 'none'}")
+
+    return [Problem.at("peft.target_modules",
+                       f"all-linear on {type(model).__name__} adapts {listed(want_modules, want_params)}, but the "
+                       f"adapter being continued ({folder}) adapts {listed(have_modules, have_params)}: a continued "
+                       "adapter keeps its targets",
+                       "remove peft.target_modules (the adapter's targets are kept), or point model.path at the base "
+                       "model to train a new adapter with all-linear")]
+
+
+def _linear(module) -> bool:
+    import torch
+
+    return isinstance(module, torch.nn.Linear)
 
 
 def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:

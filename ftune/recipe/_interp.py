@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ftune.recipe._schema import Issue, did_you_mean
+from ftune.errors import Problem
+from ftune.recipe._schema import did_you_mean
 
 Path = tuple[str | int, ...]
 KeyPath = Path
@@ -121,7 +122,7 @@ def _nesting(raw: str) -> int:
     return deepest
 
 
-def interpolate(data: dict) -> tuple[dict, list[Issue]]:
+def interpolate(data: dict) -> tuple[dict, list[Problem]]:
     """Resolve every `${...}` in `data`; returns (resolved copy, issues). Secrets are masked after (_secrets)."""
     refs = [(p, v) for p, v in leaves(data) if isinstance(v, str) and "${" in v]
     if not refs:
@@ -131,20 +132,20 @@ def interpolate(data: dict) -> tuple[dict, list[Issue]]:
 
     if not OmegaConf.has_resolver("env"):
         OmegaConf.register_resolver("env", _env, annotation_validation="off")
-    issues: list[Issue] = []
+    issues: list[Problem] = []
     staged = copy.deepcopy(data)
     good: list[tuple[Path, str]] = []
     for path, raw in refs:  # check each string's syntax alone: one bad string must not hide the others
         if _nesting(raw) > MAX_NESTING:  # omegaconf's grammar recurses: deep enough, it overflows the stack
-            issues.append(Issue(path, f"interpolations nested deeper than {MAX_NESTING} levels",
-                                "write ${key.path} or ${env:VAR,default}; a default may hold one more ${...}"))
+            issues.append(Problem.at(path, f"interpolations nested deeper than {MAX_NESTING} levels",
+                                "write ${key.path} or ${env:VAR,default}; a default may hold one more ${...}", anchor="value"))
             _set(staged, path, None)
             continue
         try:
             OmegaConf.create({"v": raw})
             good.append((path, raw))
         except (OmegaConfBaseException, RecursionError) as err:
-            issues.append(Issue(path, *_message(err, raw, data)))
+            issues.append(Problem.at(path, *_message(err, raw, data), anchor="value"))
             _set(staged, path, None)
     cfg = OmegaConf.create(_needed(staged, [raw for _, raw in good] if good else []))
     out = copy.deepcopy(staged)
@@ -158,6 +159,6 @@ def interpolate(data: dict) -> tuple[dict, list[Issue]]:
                 value = OmegaConf.to_container(value, resolve=True)
             _set(out, path, value)
         except (OmegaConfBaseException, RecursionError) as err:  # a chain of references too long to follow
-            issues.append(Issue(path, *_message(err, raw, data)))
+            issues.append(Problem.at(path, *_message(err, raw, data), anchor="value"))
             _set(out, path, None)
     return out, issues

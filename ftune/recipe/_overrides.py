@@ -78,9 +78,9 @@ def apply_overrides(data: dict, marks: dict[KeyPath, Marks], overrides: list[Ove
             ctx.add(f"`extends` can't be overridden (override '{shown_override(o.arg)}')", "extends",
                     "write a small recipe that extends the one you want", OVERRIDE)
             continue
-        issue = None if o.delete and _exists(data, o.parts) else check_key(o.parts, str(method), data)
-        if issue is not None:
-            ctx.add(f"{issue.message} (override '{shown_override(o.arg)}')", issue.path, issue.hint, OVERRIDE)
+        problem = None if o.delete and _exists(data, o.parts) else check_key(o.parts, str(method), data)
+        if problem is not None:
+            ctx.add(f"{problem.message} (override '{shown_override(o.arg)}')", problem.path, problem.hint, OVERRIDE)
             continue
         node = data
         for part in o.parts[:-1]:

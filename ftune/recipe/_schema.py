@@ -15,20 +15,11 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from ftune.errors import Problem, key_path
 from ftune.methods import METHODS, method_module
 from ftune.recipe.schema import Recipe
 
 Path = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Issue:
-    """A schema problem in user terms; `anchor` says where to point: the key, its value, or the parent."""
-
-    path: Path
-    message: str
-    hint: str | None
-    anchor: Literal["key", "value", "parent"] = "value"
 
 
 # Names other tools use for our keys; a typo of one still finds ours (`rnak` → rank → r).
@@ -236,7 +227,7 @@ def _literal_values(err: dict) -> list[str]:
     return [a.strip().strip("'") for a in err["ctx"]["expected"].replace(" or ", ", ").split(",")]
 
 
-def _unknown_key(step: _Step, key: str) -> Issue:
+def _unknown_key(step: _Step, key: str) -> Problem:
     parent_path = ".".join(map(str, step.path[:-1]))
     allowed = [k for k in step.parent.model_fields] if step.parent else []
     guess = did_you_mean(key, allowed)
@@ -247,12 +238,12 @@ def _unknown_key(step: _Step, key: str) -> Issue:
         owners = [m for m, cfg in method_configs().items() if key in cfg.model_fields]
         if owners:
             hint = f"'{key}' belongs to peft.method {' / '.join(owners)}; {hint}"
-    return Issue(tuple(step.path), message, hint, "key")
+    return Problem.at(tuple(step.path), message, hint, "key")
 
 
-def translate(errors: list[dict]) -> list[Issue]:
+def translate(errors: list[dict]) -> list[Problem]:
     """pydantic errors → issues on the user's paths, union alternatives merged into one message."""
-    issues: list[Issue] = []
+    issues: list[Problem] = []
     unions: dict[Path, list[tuple[dict, _Step]]] = {}
     matched: set[Path] = set()  # unions where an alternative took the value's type: its errors say more
     for err in errors:
@@ -263,7 +254,8 @@ def translate(errors: list[dict]) -> list[Issue]:
         issues.append(_one(err, step))
         if step.union_at is not None:
             matched.add(tuple(step.path[: len(step.union_at)]))
-    deeper = {i.path[: len(u)] for i in issues for u in unions if len(i.path) > len(u)} | matched
+    paths = [key_path(i.path) for i in issues]
+    deeper = {p[: len(u)] for p in paths for u in unions if len(p) > len(u)} | matched
     for at, alts in unions.items():
         if at in deeper:  # one alternative matched the shape; its own errors say more
             continue
@@ -279,65 +271,65 @@ def translate(errors: list[dict]) -> list[Issue]:
             if "string_type" in kinds or word in allowed:
                 hint = (f"quote it: '{word}', in an override too: \"{_dotted(at)}='{word}'\"" if word in allowed
                         else f"quote it, e.g. '{word}'")
-        issues.append(Issue(at, message, hint))
+        issues.append(Problem.at(at, message, hint, anchor="value"))
     return issues
 
 
-def _one(err: dict, step: _Step) -> Issue:
+def _one(err: dict, step: _Step) -> Problem:
     kind, path, value = err["type"], tuple(step.path), err.get("input")
     name = str(path[-1]) if path else "recipe"
     if kind == "extra_forbidden":
         return _unknown_key(step, str(path[-1]))
     if kind == "missing":
-        return Issue(path, "required key is missing", _describe(step), "parent")
+        return Problem.at(path, "required key is missing", _describe(step), "parent")
     if kind == "union_tag_invalid":
         tags = list(METHODS)
         guess = did_you_mean(err["ctx"]["tag"], tags)
         message = f"unknown method {show(err['ctx']['tag'])}" + (f" (did you mean '{guess}'?)" if guess else "")
-        return Issue((*path, "method"), message, f"methods: {', '.join(tags)}")
+        return Problem.at((*path, "method"), message, f"methods: {', '.join(tags)}", anchor="value")
     if kind == "literal_error":
         allowed = _literal_values(err)
         hint = f"allowed values: {', '.join(allowed)}"
         if isinstance(value, bool):
             read, word = _as_boolean(value, allowed)
             if word in allowed:  # `mixed_precision: no`: the user wrote an allowed value, YAML changed it
-                return Issue(path, f"invalid value {show(value)}: {read}",
-                             f"quote it: '{word}', in an override too: \"{_dotted(path)}='{word}'\" ({hint})")
-            return Issue(path, f"invalid value {show(value)}: {read}", hint)
+                return Problem.at(path, f"invalid value {show(value)}: {read}",
+                             f"quote it: '{word}', in an override too: \"{_dotted(path)}='{word}'\" ({hint})", anchor="value")
+            return Problem.at(path, f"invalid value {show(value)}: {read}", hint, anchor="value")
         guess = did_you_mean(str(value), allowed) if isinstance(value, str) else None
         message = f"invalid value {show(value)}" + (f" (did you mean '{guess}'?)" if guess else "")
-        return Issue(path, message, hint)
+        return Problem.at(path, message, hint, anchor="value")
     if kind in _RANGE:
         ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
         ctx = err.get("ctx", {})
         bound = range_text(step.field, name) or " and ".join(f"{name} {ops[k]} {v}" for k, v in ctx.items() if k in ops)
-        return Issue(path, f"{show(value)} is out of range", f"allowed range: {bound}")
+        return Problem.at(path, f"{show(value)} is out of range", f"allowed range: {bound}", anchor="value")
     if kind == "finite_number":
         bound = range_text(step.field, name)
-        return Issue(path, f"{show(value)} is not a finite number", f"allowed range: {bound}" if bound else _describe(step))
+        return Problem.at(path, f"{show(value)} is not a finite number", f"allowed range: {bound}" if bound else _describe(step), anchor="value")
     if kind in ("too_short", "too_long"):
         ctx = err.get("ctx", {})
         bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
         size = "at least" if kind == "too_short" else "at most"
-        return Issue(path, f"needs {size} {bound} item{'s' if bound != 1 else ''}, got {ctx.get('actual_length')}", _describe(step))
+        return Problem.at(path, f"needs {size} {bound} item{'s' if bound != 1 else ''}, got {ctx.get('actual_length')}", _describe(step), anchor="value")
     if kind == "string_pattern_mismatch":
-        return Issue(path, f"invalid value {show(value)}", _describe(step))
+        return Problem.at(path, f"invalid value {show(value)}", _describe(step), anchor="value")
     if kind in _EXPECTED:
         hint = _describe(step)
         if kind == "list_type" and isinstance(value, str):
             hint = f"write a list: [{value}]"
         elif kind == "string_type" and isinstance(value, bool):
             read, word = _as_boolean(value)
-            return Issue(path, f"expected {_EXPECTED[kind]}, got {show(value)}: {read}", f"quote it, e.g. '{word}'")
+            return Problem.at(path, f"expected {_EXPECTED[kind]}, got {show(value)}: {read}", f"quote it, e.g. '{word}'", anchor="value")
         elif kind == "string_type" and isinstance(value, (int, float)):
             hint = f"quote it: '{show(value)}'"
-        return Issue(path, f"expected {_EXPECTED[kind]}, got {show(value)}", hint)
+        return Problem.at(path, f"expected {_EXPECTED[kind]}, got {show(value)}", hint, anchor="value")
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    return Issue(path, message, _describe(step))
+    return Problem.at(path, message, _describe(step), anchor="value")
 
 
 # ----------------------------------------------------------------------------- override keys
-def check_key(parts: Path, method: str, data: Any) -> Issue | None:
+def check_key(parts: Path, method: str, data: Any) -> Problem | None:
     """Whether `parts` names a key of the schema (peft fields depend on `method`); None if it does."""
     tp: Any = Recipe
     node = data
@@ -351,10 +343,10 @@ def check_key(parts: Path, method: str, data: Any) -> Issue | None:
         dicts = [a for a in alternatives if get_origin(a) is dict]
         if isinstance(part, int) or str(part).isdigit():
             if not lists:
-                return Issue((*here, part), f"`{'.'.join(map(str, here))}` is not a list", None, "key")
+                return Problem.at((*here, part), f"`{'.'.join(map(str, here))}` is not a list", None, "key")
             size = len(node) if isinstance(node, list) else 0
             if int(part) >= size:
-                return Issue((*here, part), f"index {part} is out of range: the list has {size} item(s)", None, "key")
+                return Problem.at((*here, part), f"index {part} is out of range: the list has {size} item(s)", None, "key")
             tp, node = get_args(lists[0])[0], node[int(part)]
             continue
         fields = {k: f for m in models for k, f in m.model_fields.items()}
@@ -364,7 +356,7 @@ def check_key(parts: Path, method: str, data: Any) -> Issue | None:
             tp = get_args(dicts[0])[-1]
         else:
             if not models:
-                return Issue((*here, part), f"`{'.'.join(map(str, here))}` is a value, not a section", None, "key")
+                return Problem.at((*here, part), f"`{'.'.join(map(str, here))}` is a value, not a section", None, "key")
             step = _Step(path=[*here, part], parent=models[0])
             return _unknown_key(step, str(part))
         node = node.get(part) if isinstance(node, dict) else None

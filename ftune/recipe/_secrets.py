@@ -15,8 +15,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ftune.errors import Problem
 from ftune.recipe._interp import _ENV_REF, MASK, KeyPath, _dotted, _set, is_secret_name, leaves
-from ftune.recipe._schema import Issue
 
 SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pass", "passphrase",
                           "credential", "credentials", "auth"})
@@ -74,7 +74,7 @@ class Masked:
     """Dotted path → environment variable holding the masked value."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """Generated variable → secret value, for the workers' environment (never written to disk)."""
-    issues: list[Issue] = field(default_factory=list)
+    issues: list[Problem] = field(default_factory=list)
     values: set[str] = field(default_factory=set, repr=False)
     """Every secret value found: no message may quote one."""
 
@@ -116,11 +116,10 @@ def mask_secrets(raw: dict, out: dict) -> Masked:
         if not isinstance(value, str) or not any(secret in value for secret in holders):
             continue
         if is_path_key(path):
-            masked.issues.append(Issue(
+            masked.issues.append(Problem.at(
                 path,
                 "a secret can't be part of a path (it would show in file listings, logs and plan.json)",
-                "secrets belong in secret keys such as model.hub_token; build the path without it",
-            ))
+                "secrets belong in secret keys such as model.hub_token; build the path without it", anchor="value"))
             _set(out, path, None)
             continue
         _set(out, path, MASK)

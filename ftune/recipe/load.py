@@ -27,7 +27,7 @@ from ftune.recipe._extends import (
 from ftune.recipe._interp import MASK, interpolate
 from ftune.recipe._secrets import Masked, mask_secrets, override_secrets, shown_override
 from ftune.recipe._overrides import apply_overrides, parse_overrides
-from ftune.recipe._schema import Issue, translate
+from ftune.recipe._schema import translate
 from ftune.recipe._yaml import Marks
 from ftune.recipe.schema import Recipe
 
@@ -109,9 +109,10 @@ def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: LoadCo
     return where, ""
 
 
-def _problem(issue: Issue, marks: dict[KeyPath, Marks], ctx: LoadContext) -> Problem:
-    where, suffix = _locate(issue.path, issue.anchor, marks, ctx)
-    return Problem(issue.message + suffix, key(issue.path), issue.hint, where)
+def _located(problem: Problem, marks: dict[KeyPath, Marks], ctx: LoadContext) -> Problem:
+    """The loader's own problems (schema, interpolation, secrets, rules), located while the YAML marks are at hand."""
+    where, suffix = _locate(key_path(problem.path), problem.anchor, marks, ctx)
+    return replace(problem, message=problem.message + suffix, location=where)
 
 
 def _related(a: KeyPath, b: KeyPath) -> bool:
@@ -119,7 +120,7 @@ def _related(a: KeyPath, b: KeyPath) -> bool:
     return a[:n] == b[:n]
 
 
-def _validate(data: dict) -> tuple[Recipe | None, list[Issue]]:
+def _validate(data: dict) -> tuple[Recipe | None, list[Problem]]:
     from pydantic import ValidationError
 
     try:
@@ -129,12 +130,18 @@ def _validate(data: dict) -> tuple[Recipe | None, list[Issue]]:
 
 
 def _without(data: dict, paths: list[KeyPath]) -> dict:
-    """A copy of data with the keys at `paths` removed (the bad values), so the rest can be checked."""
+    """A copy of data with the keys at `paths` removed (the bad values), so the rest can be checked. A key inside a
+    list item (`data.train[1].format`) is removed from that item."""
     out = copy.deepcopy(data)
     for path in paths:
         node = out
         for part in path[:-1]:
-            node = node[part] if isinstance(node, dict) and part in node else None
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                node = None
             if node is None:
                 break
         if isinstance(node, dict):
@@ -142,7 +149,7 @@ def _without(data: dict, paths: list[KeyPath]) -> dict:
     return out
 
 
-def _rule_issues(data: dict, known: list[Issue], first: tuple[Recipe | None, list[Issue]]) -> list[Issue]:
+def _rule_problems(data: dict, known: list[Problem], first: tuple[Recipe | None, list[Problem]]) -> list[Problem]:
     """Cross-field rules, also when some keys are invalid: checked on the recipe without them.
 
     A violation is dropped when it concerns a bad value (its path and the value's are related): it
@@ -151,15 +158,15 @@ def _rule_issues(data: dict, known: list[Issue], first: tuple[Recipe | None, lis
     """
     from ftune.recipe import rules
 
-    values = [i.path for i in known if i.anchor != "key"]
-    keys = [i.path for i in known if i.anchor == "key"]
-    recipe, issues = first
+    values = [key_path(p.path) for p in known if p.anchor != "key"]
+    keys = [key_path(p.path) for p in known if p.anchor == "key"]
+    recipe, problems = first
     for _ in range(3):
         if recipe is not None:
             break
-        values += [i.path for i in issues if i.anchor != "key"]
-        keys += [i.path for i in issues if i.anchor == "key"]
-        recipe, issues = _validate(_without(data, values + keys))
+        values += [key_path(p.path) for p in problems if p.anchor != "key"]
+        keys += [key_path(p.path) for p in problems if p.anchor == "key"]
+        recipe, problems = _validate(_without(data, values + keys))
     if recipe is None:
         return []
     found = []
@@ -167,7 +174,7 @@ def _rule_issues(data: dict, known: list[Issue], first: tuple[Recipe | None, lis
         path = key_path(v.path)
         if any(_related(path, b) for b in values) or any(path[: len(k)] == k for k in keys):
             continue
-        found.append(Issue(path, v.message, v.hint, "key"))
+        found.append(v)  # a rule's Problem as it is: anchored at the key
     return found
 
 
@@ -216,13 +223,13 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     masked = mask_secrets(raw, data)
     masked.values |= override_secrets(overrides)
     issues += masked.issues
-    bad = [i.path for i in issues]
+    bad = {p.path for p in issues}
     recipe, schema_issues = _validate(data)
     reported = {p.path for p in ctx.problems}  # e.g. a bad `extends` value, already reported while composing
-    issues += [i for i in schema_issues if i.path not in bad and key(i.path) not in reported
-               and not (ctx.lost_base and i.anchor == "parent")]  # "missing": the lost base may set it
-    issues += _rule_issues(data, issues, (recipe, schema_issues))
-    ctx.problems.extend(_problem(i, marks, ctx) for i in issues)
+    issues += [p for p in schema_issues if p.path not in bad and p.path not in reported
+               and not (ctx.lost_base and p.anchor == "parent")]  # "missing": the lost base may set it
+    issues += _rule_problems(data, issues, (recipe, schema_issues))
+    ctx.problems.extend(_located(p, marks, ctx) for p in issues)
     if ctx.problems or recipe is None:
         ctx.problems = [_scrubbed(p, masked) for p in ctx.problems]
         raise RecipeError(_sorted(ctx), display(file))

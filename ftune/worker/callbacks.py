@@ -12,6 +12,7 @@ import math
 import time
 from pathlib import Path
 
+from ftune.clock import clock
 from ftune.rundir import mark_complete
 from ftune.worker.stop import STOP, is_finite, nonfinite
 
@@ -30,7 +31,8 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     the data stage's mean tokens per row x rows per optimizer step, for tok/s without counting tokens each step."""
     from transformers import TrainerCallback
 
-    from ftune.worker.save import first_nonfinite, verify_checkpoint
+    from ftune.worker.finite import first_nonfinite
+    from ftune.worker.verify import verify_checkpoint
 
     run = plan.run
 
@@ -147,12 +149,6 @@ def preference_guard(plan):
     return PreferenceGuard()
 
 
-def clock(seconds: float) -> str:
-    """h:mm:ss, as the progress bar shows it."""
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 def progress_line(step: int, total: int, logs: dict, tokens_per_second: float, elapsed: float, done: int) -> str:
     """One plain progress line: step/total, loss, lr, tok/s, elapsed and the time left at this pace (`done`: steps
     taken in `elapsed`, fewer than `step` after a resume)."""
@@ -250,10 +246,10 @@ def _rich_progress(base, console, tokens_per_step: float, preference: bool = Fal
                     + "".join(f"  {k.removeprefix('eval_')} {v:.4f}" for k, v in logs.items()
                               if k in ("eval_rewards/accuracies", "eval_rewards/margins"))
                 )
-            elif "eval_loss" in logs:
-                ppl = math.exp(min(logs["eval_loss"], 50))
+            elif "eval_loss" in logs:  # perplexity where the trainer's log added it (plan.evaluation.with_perplexity)
+                ppl = f"  perplexity {logs['eval_perplexity']:.2f}" if "eval_perplexity" in logs else ""
                 self.progress.console.print(
-                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}  perplexity {ppl:.2f}"
+                    f"  step {state.global_step}: eval_loss {logs['eval_loss']:.4f}{ppl}"
                     + "".join(f"  {k} {v:.4f}" for k, v in logs.items()
                               if k.startswith("eval_") and k in ("eval_accuracy", "eval_f1"))
                 )

@@ -66,6 +66,7 @@ def _facts(model, trainer) -> dict:
         "fsdp_version": getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", None) if acc else None,
         "wrapper": type(wrapped).__name__,
         "ddp": type(wrapped).__name__ == "DistributedDataParallel",
+        "find_unused_parameters": getattr(wrapped, "find_unused_parameters", None),
         "fsdp_units": len(fsdp_units),
         "fsdp_unit_classes": sorted({type(m).__name__ for m in fsdp_units}),
         "dtensor_params": sum(_is_dtensor(p) for p in params),

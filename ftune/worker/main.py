@@ -114,7 +114,7 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
 
     Greedy decoding of a sharded model needs every rank in step; it runs in single-process runs, and
     `ftune eval` computes the same metrics for any run."""
-    from ftune.worker import generation
+    from ftune import generation
 
     if plan.world_size > 1:
         if console:

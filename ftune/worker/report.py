@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from ftune.rundir import RunDir
@@ -76,11 +75,9 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
     lines = ["[bold green]done[/bold green]"]
     if losses:
         lines.append(loss_line(records))
-    if "eval_loss" in final_metrics and plan.recipe.train.objective != "sft":  # no perplexity for a preference loss
-        lines.append(f"eval loss {final_metrics['eval_loss']:.4f}, best {min(evals):.4f}")
-    elif "eval_loss" in final_metrics:
-        ppl = math.exp(min(final_metrics["eval_loss"], 50))
-        lines.append(f"eval loss {final_metrics['eval_loss']:.4f} (perplexity {ppl:.2f}), best {min(evals):.4f}")
+    if "eval_loss" in final_metrics:  # perplexity as the trainer's log added it (plan.evaluation.with_perplexity)
+        ppl = f" (perplexity {final_metrics['eval_perplexity']:.2f})" if "eval_perplexity" in final_metrics else ""
+        lines.append(f"eval loss {final_metrics['eval_loss']:.4f}{ppl}, best {min(evals):.4f}")
     for key in ("eval_accuracy", "eval_f1", "eval_rewards/accuracies", "eval_rewards/margins"):
         if key in final_metrics and "eval_generated" not in final_metrics:
             lines.append(f"{key[5:]} {final_metrics[key]:.4f}")

@@ -1,8 +1,6 @@
-"""Save `final/` — a normal HF model or PEFT adapter folder plus the tokenizer — and verify it.
-
-After writing, the saved tensors are read back and their names and shapes compared with the model's;
-a mismatch (or an adapter with zero tensors) is an error, never a silent success. Only then is the
-completion marker written.
+"""Save `final/` — a normal HF model or PEFT adapter folder plus the tokenizer — then verify it (`verify`) and
+only then write the completion marker. Under FSDP every rank gathers the full state dict and rank 0 writes it;
+PiSSA/OLoRA adapters are converted against the initial adapter first.
 """
 
 from __future__ import annotations
@@ -11,130 +9,11 @@ import json
 from pathlib import Path
 
 from ftune.adapter import RECORD
-from ftune.errors import RunError
 from ftune.rundir import mark_complete
-from ftune.worker.stop import ADVICE, nonfinite
-
-
-def saved_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every tensor in the folder's safetensors files (no data read)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
-def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
-    """Names and shapes a correct save of `model` must contain."""
-    if is_adapter:
-        from peft import get_peft_model_state_dict
-
-        state = get_peft_model_state_dict(model)
-    else:
-        state = model.state_dict()
-    return {k: tuple(v.shape) for k, v in state.items()}
-
-
-QUANTIZED_LAYERS = ("Linear4bit", "Linear8bitLt")
-"""bitsandbytes layers: their `weight` holds packed integers (under FSDP stored as bf16 bytes, which can read as
-NaN), never a float to check."""
-
-
-def packed_weights(model) -> set[str]:
-    """Names of bitsandbytes' packed weights in `model` (never checked for finiteness)."""
-    return {f"{name}.weight" for name, m in model.named_modules() if type(m).__name__ in QUANTIZED_LAYERS}
-
-
-def first_nonfinite(model, *, trainable_only: bool) -> str | None:
-    """Name of the first parameter holding a NaN or an infinity (this process's shard), or None."""
-    import torch
-
-    packed = packed_weights(model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in packed or not ((p.requires_grad or not trainable_only) and p.numel() and p.is_floating_point()):
-                continue
-            if not bool(torch.isfinite(p).all()):
-                return _clean(name)
-    return None
-
-
-def nonfinite_saved(folder: Path) -> list[str]:
-    """Names of saved tensors holding a NaN or an infinity (reads every tensor back)."""
-    import torch
-    from safetensors import safe_open
-
-    bad = []
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    bad.append(name)
-    return bad
-
-
-def verify(folder: Path, expected: dict[str, tuple[int, ...]], *, is_adapter: bool) -> None:
-    found = saved_tensors(folder)
-    if not found:
-        raise RunError(
-            f"save check failed: {folder} holds no tensors",
-            hint="the saved adapter/model is empty; report this with the run dir",
-        )
-    if is_adapter:
-        # peft strips the adapter name ("default") when saving.
-        expected = {k.replace(".default", ""): v for k, v in expected.items()}
-    missing = sorted(set(expected) - set(found))
-    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
-    if is_adapter:
-        extra = []
-    else:  # tied weights may be saved once; anything else unexpected is a mismatch
-        extra = sorted(set(found) - set(expected))
-    if missing or wrong or extra:
-        detail = "; ".join(
-            part for part in (
-                f"missing {missing[:5]}" if missing else "",
-                f"wrong shapes {[(k, found[k], expected[k]) for k in wrong[:3]]}" if wrong else "",
-                f"unexpected {extra[:5]}" if extra else "",
-            ) if part
-        )
-        raise RunError(f"save check failed for {folder}: {detail}",
-                       hint="the written files do not match the trained model; the run dir keeps the checkpoints")
-    bad = nonfinite_saved(folder)
-    if bad:
-        raise RunError(f"save check failed for {folder}: {len(bad)} tensor(s) hold NaN or infinity, e.g. {bad[:3]}",
-                       hint="final/ is not marked complete; " + ADVICE)
-
-
-FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def _clean(name: str) -> str:
-    for prefix in FSDP_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
-
-def _without_adapter_name(key: str, name: str) -> str:
-    """peft's checkpoint name for a model key (`q_proj.lora_A.default.weight` -> `q_proj.lora_A.weight`). peft does
-    this itself, but under FSDP v1 the LoRA layers are wrapped too (`lora_A.default._fsdp_wrapped_module.weight`),
-    so its rule only applies once the wrapper segments are gone."""
-    if key.endswith(f".{name}"):
-        return key.removesuffix(f".{name}")
-    head, _, suffix = key.rpartition(".")
-    return f"{head.removesuffix(f'.{name}')}.{suffix}" if head.endswith(f".{name}") else key
-
-
-def _as_model_names(model, state: dict) -> dict:
-    """Key the state dict by the model's own (wrapped) names: peft finds adapter tensors by module name."""
-    raw = {_clean(n): n for n, _ in model.named_parameters()}
-    raw.update({_clean(n): n for n, _ in model.named_buffers()})
-    return {raw.get(k, k): v for k, v in state.items()}
-
+from ftune.worker.finite import first_nonfinite, first_nonfinite_of, packed_weights
+from ftune.worker.names import as_model_names, clean, without_adapter_name
+from ftune.worker.stop import nonfinite
+from ftune.worker.verify import expected_from_full_state, expected_tensors, verify
 
 def save_adapter(model, state: dict, folder: Path) -> None:
     """Write a PEFT adapter folder from a gathered full state dict of a wrapped model.
@@ -151,33 +30,13 @@ def save_adapter(model, state: dict, folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     name = getattr(model, "active_adapter", "default")
-    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
-    save_file({_without_adapter_name(_clean(k), name): v.contiguous() for k, v in chosen.items()},
+    chosen = get_peft_model_state_dict(model, state_dict=as_model_names(model, state), adapter_name=name)
+    save_file({without_adapter_name(clean(k), name): v.contiguous() for k, v in chosen.items()},
               str(folder / "adapter_model.safetensors"),
               metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[name])
     config.inference_mode = True
     config.save_pretrained(str(folder))
-
-
-def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, tuple[int, ...]]:
-    """Expected names/shapes for a sharded model, from its gathered full state dict.
-
-    For an adapter the names are the model's own trainable parameters (not peft's filtering, which
-    is what goes wrong under FSDP v1), so an empty or partial adapter fails the check.
-    """
-    if not is_adapter:
-        return {k: tuple(v.shape) for k, v in state.items()}
-    from peft import get_peft_model_state_dict
-
-    trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
-    name = getattr(model, "active_adapter", "default")
-    chosen = get_peft_model_state_dict(model, state_dict=_as_model_names(model, state), adapter_name=name)
-    chosen = {_without_adapter_name(_clean(k), name): v for k, v in chosen.items()}
-    if len(chosen) >= len(trainable):
-        return {k: tuple(v.shape) for k, v in chosen.items()}
-    # peft picked fewer tensors than the model trains: expect them all, so the check fails loudly
-    return {n: tuple(state[n].shape) if n in state else (-1,) for n in trainable}
 
 
 def converts_initial(plan) -> bool:
@@ -247,12 +106,10 @@ def save_final(trainer, plan, tokenizer) -> dict:
     if getattr(trainer, "is_fsdp_enabled", False):
         acc = trainer.accelerator
         state = acc.get_state_dict(trainer.model_wrapped)  # collective: every rank must call it
-        state = {_clean(k): v for k, v in state.items()}
+        state = {clean(k): v for k, v in state.items()}
         expected = {}
         unwrapped = acc.unwrap_model(trainer.model_wrapped)
-        packed = packed_weights(unwrapped)
-        bad = next((k for k, v in state.items()
-                    if k not in packed and v.is_floating_point() and not bool(v.isfinite().all())), None)
+        bad = first_nonfinite_of(state.items(), packed_weights(unwrapped))
         if main and bad is None:
             expected = expected_from_full_state(unwrapped, state, is_adapter)
             if is_adapter:
@@ -293,74 +150,3 @@ def save_final(trainer, plan, tokenizer) -> dict:
     (final / RECORD).write_text(json.dumps(meta, indent=2) + "\n")
     mark_complete(final, {"tensors": len(expected)})
     return meta
-
-
-# ------------------------------------------------------------------------------ checkpoints
-def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Names and (global) shapes of the model tensors in a Trainer checkpoint, sharded or not.
-
-    FSDP sharded checkpoints are DCP folders (`pytorch_model_fsdp_0/`) whose metadata lists every
-    tensor with its full shape under a `model.` prefix; other checkpoints hold safetensors files.
-    """
-    dcp_dirs = sorted(d for d in folder.glob("pytorch_model_fsdp_*") if d.is_dir())
-    full = sorted(folder.glob("pytorch_model_fsdp*.bin"))  # FSDP full state dict checkpoints
-    if full:
-        import torch
-
-        state: dict = {}
-        for f in full:
-            state.update(torch.load(str(f), map_location="cpu", weights_only=True, mmap=True))
-        return {_clean(k.removeprefix("model.")): tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
-    if not dcp_dirs:
-        return saved_tensors(folder)
-    from torch.distributed.checkpoint import FileSystemReader
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for d in dcp_dirs:
-        meta = FileSystemReader(str(d)).read_metadata()
-        for name, item in meta.state_dict_metadata.items():
-            if hasattr(item, "size"):
-                shapes[_clean(name.removeprefix("model."))] = tuple(item.size)
-    return shapes
-
-
-PROMPT_EMBEDDINGS = "prompt_embeddings"
-"""peft saves a prompt-learning method's encoder (prefix tuning) as this one tensor (its output when projected)."""
-
-
-def _adapter_saved_name(param_name: str) -> str:
-    """The name peft gives a trainable adapter parameter when it saves it: no adapter name, no
-    `modules_to_save` wrapper (`score.modules_to_save.default.weight` -> `score.weight`), and prompt
-    encoders as `prompt_embeddings`."""
-    name = _clean(param_name).replace(".default", "").replace(".modules_to_save", "")
-    if name.startswith("prompt_encoder.") or ".prompt_encoder." in name:
-        return PROMPT_EMBEDDINGS
-    return name
-
-
-def verify_checkpoint(folder: Path, model, is_adapter: bool) -> None:
-    """Read a just-written checkpoint back and compare names (and shapes, where they are global).
-
-    Called on rank 0 before the checkpoint is marked complete: a checkpoint that would restore
-    nothing (or part of the model) is an error, not a resumable checkpoint.
-    """
-    found = checkpoint_tensors(folder)
-    if is_adapter:  # full adapter checkpoints keep the adapter name; sharded ones and final/ drop it
-        found = {k.replace(".default", ""): v for k, v in found.items()}
-        wanted = {_adapter_saved_name(n): p for n, p in model.named_parameters() if p.requires_grad}
-    else:
-        wanted = {_clean(n): p for n, p in model.named_parameters()}
-    if not found:
-        raise RunError(f"checkpoint check failed: {folder} holds no model tensors",
-                       hint="the checkpoint would restore nothing; report this with the run dir")
-    missing = sorted(n for n in wanted if n not in found)
-    # FSDP v1 flattens the local shard (1-D views), so only DTensor / plain shapes are comparable
-    wrong = sorted(n for n, p in wanted.items()
-                   if n in found and n != PROMPT_EMBEDDINGS and p.dim() > 1 and tuple(p.shape) != found[n])
-    if missing or wrong:
-        detail = "; ".join(part for part in (
-            f"missing {missing[:5]}" if missing else "",
-            f"wrong shapes {[(n, found[n], tuple(wanted[n].shape)) for n in wrong[:3]]}" if wrong else "",
-        ) if part)
-        raise RunError(f"checkpoint check failed for {folder}: {detail}",
-                       hint="the checkpoint does not match the model being trained; it is not marked complete")

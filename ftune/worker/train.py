@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import importlib
-import math
 
 from ftune.errors import FtuneError
+from ftune.plan.evaluation import with_perplexity
 from ftune.recipe.objectives import OBJECTIVES, RL_OBJECTIVES, TRL_INSTALL
 
 
@@ -78,9 +78,7 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
 
     class FtuneTrainer(Trainer):
         def log(self, logs, start_time=None):
-            if "eval_loss" in logs and plan.recipe.model.task == "causal-lm":
-                logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))
-            super().log(logs, start_time)
+            super().log(with_perplexity(logs, plan.recipe), start_time)
 
         def training_step(self, *args, **kwargs):
             if not offload:

@@ -202,7 +202,7 @@ def test_checkpoints_read_back_and_match_the_model(runner, kind, method, tiny_mo
     from transformers import AutoModelForCausalLM
 
     from ftune.errors import RunError
-    from ftune.worker.save import checkpoint_tensors, verify_checkpoint
+    from ftune.worker.verify import checkpoint_tensors, verify_checkpoint
 
     ckpt = runner(kind, method) / "checkpoints" / "checkpoint-2"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

@@ -66,7 +66,8 @@ def base_recipe(model_dir: Path, data_file: Path, **sections) -> dict:
                   "seed": 7, "warmup_steps": 0},
         "eval": {"strategy": "steps", "steps": 15},
         "checkpoint": {"strategy": "steps", "steps": 15, "keep": 2},
-        "output": {"dir": "runs/e2e", "report_to": ["tensorboard"]},
+        # loss_curve.png costs a matplotlib import and a draw, about 0.75 CPU s per run: test_run.py checks it
+        "output": {"dir": "runs/e2e", "report_to": ["tensorboard"], "loss_curve": False},
     }
     for key, value in sections.items():
         if key != "peft" and isinstance(value, dict) and isinstance(recipe.get(key), dict):

@@ -166,7 +166,7 @@ def test_generation_stops_at_a_stop_token(merged):
     """Decoding ends at the first stop token and drops it; else it runs to max_new_tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ftune.worker.generation import generate
+    from ftune.generation import generate
 
     model = AutoModelForCausalLM.from_pretrained(merged["out"]).eval()
     tok = AutoTokenizer.from_pretrained(merged["out"])

@@ -5,6 +5,7 @@ that reloads on a freshly quantized base and reproduces the logged eval loss."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -283,18 +284,35 @@ def test_quantized_run_learns_saves_and_reloads(tmp_path, tiny_model_dir, cyclic
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp_qlora_on_two_cpu_processes(tmp_path, tiny_model_dir, cyclic_data_file):
-    """FSDP2 shards the packed 4-bit weights (quant_storage = model dtype = bfloat16) across 2 gloo ranks."""
+@pytest.mark.parametrize("checkpointing", [
+    True,  # the combination of issue 23: both flags on, FSDP owns activation checkpointing
+    pytest.param(False, marks=pytest.mark.extended),  # the same without: make test-all
+], ids=["fsdp-activation-checkpointing", "no-checkpointing"])
+def test_fsdp_qlora_on_two_cpu_processes(tmp_path, tiny_model_dir, cyclic_data_file, checkpointing):
+    """FSDP2 shards the packed 4-bit weights (quant_storage = model dtype = bfloat16) across 2 gloo ranks. With
+    `train.gradient_checkpointing` and FSDP activation checkpointing both on, activations are checkpointed once
+    (FSDP's wrappers, no HF layer flag), and the packed weights' bytes (which can read as NaN in bf16) raise no
+    false non-finite alarm at the checkpoint or at the end."""
     quantization = {"bits": 4, "compute_dtype": "bfloat16", "quant_storage": "bfloat16"}
+    distributed = {"strategy": "fsdp", "num_processes": 2, "fsdp": {"activation_checkpointing": checkpointing}}
     _, run_dir, _ = _run(tmp_path, tiny_model_dir, cyclic_data_file, "qfsdp", quantization,
-                         model={"path": str(tiny_model_dir), "dtype": "bfloat16"},
-                         distributed={"strategy": "fsdp", "num_processes": 2})
+                         train={"gradient_checkpointing": checkpointing},
+                         model={"path": str(tiny_model_dir), "dtype": "bfloat16"}, distributed=distributed)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["activation_checkpointing"] == ("fsdp" if checkpointing else None)  # one owner, in plan.json
+    assert plan["trainer"]["activation_checkpointing"] is False  # never the Trainer's as well
     facts = [json.loads(RunDir(run_dir).rank_facts(r).read_text()) for r in (0, 1)]
     for fact in facts:
         assert fact["distributed_type"] == "FSDP" and fact["world_size"] == 2
+        assert "FSDPLlamaDecoderLayer" in fact["fsdp_unit_classes"]
         assert fact["dtensor_params"] == fact["params"]  # every parameter, 4-bit ones included, is sharded
         assert fact["local_numel"] * 2 == fact["full_numel"]
+        assert fact["hf_checkpointing_layers"] == 0
+        assert fact["fsdp_checkpoint_wrappers"] == (2 if checkpointing else 0)  # one per decoder layer
+    assert all(math.isfinite(x) for x in losses(run_dir))
     _assert_learned(run_dir)
+    # the checkpoints' guard passed too (a checkpoint is marked complete only after it)
+    assert [p.name for p in RunDir(run_dir).complete_checkpoints()] == ["checkpoint-30", "checkpoint-15"]
     reloaded = _reloaded_eval_loss(run_dir, dtype="bfloat16", upcast=False)  # as trained: bf16, no fp32 upcast
     # The Trainer averages per-batch mean losses: 2 ranks batch the 20 eval rows unlike 1 process (~0.01)
     assert reloaded == pytest.approx(eval_losses(run_dir)[-1], abs=2e-2)
@@ -333,3 +351,4 @@ def test_run_refuses_4bit_cpu_shapes_before_loading(tmp_path, tiny_tokenizer_dir
     assert "k_proj (48x24)" in res.err and "hint: use `quantization.bits: 8`, or run on a GPU" in res.err
     assert "Traceback" not in res.text
     assert not (tmp_path / "runs" / "odd" / "plan.json").exists()
+

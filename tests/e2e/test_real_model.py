@@ -130,7 +130,7 @@ def test_merge_generate_and_export_gguf_round_trip(real):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ftune.worker.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
+    from ftune.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
 
     questions = house.HELD_OUT + [q for q, _ in house.TRAIN[:10]]
 

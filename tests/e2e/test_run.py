@@ -38,7 +38,7 @@ def _reload(final, model_dir, adapter: bool, task: str = "causal-lm"):
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_learns_saves_and_reloads(method, tmp_path, tiny_model_dir, text_data_file):
     recipe = base_recipe(tiny_model_dir, text_data_file, name=f"e2e-{method}", peft=METHODS[method],
-                         train={"learning_rate": LEARNING_RATES[method]})
+                         train={"learning_rate": LEARNING_RATES[method]}, output={"loss_curve": True})
     path = write_recipe(tmp_path, recipe)
     res = ftune("run", str(path), cwd=tmp_path)
     assert res.code == 0, res.text

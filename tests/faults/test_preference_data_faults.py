@@ -32,7 +32,7 @@ def test_identical_pairs_refuse_the_run_above_half_and_warn_below(tmp_path, tiny
     recipe = _recipe(tmp_path, tiny_model_dir, "dpo", [_pair(i, same=i != 3) for i in range(1, 11)])
     assert main(["run", recipe, "--dry-run"]) == 1
     err = capsys.readouterr().err
-    assert "r.yaml:" in err and "data.train.0.path: 9 of 10 rows of" in err and "(90%)" in err
+    assert "r.yaml:" in err and "data.train[0].path: 9 of 10 rows of" in err and "(90%)" in err
     assert "rows 1, 2, 4, 5, 6, 7, 8, 9, ... (1 more)" in err and "log 2 = 0.693" in err
     assert main(["validate", "--check-paths", recipe]) == 1  # the same check in validate
     capsys.readouterr()
@@ -47,6 +47,6 @@ def test_one_sided_kto_labels_refuse_the_run(tmp_path, tiny_model_dir, capsys):
     recipe = _recipe(tmp_path, tiny_model_dir, "kto", rows)
     assert main(["run", recipe, "--dry-run"]) == 1
     err = capsys.readouterr().err
-    assert "data.train.0.fields.label: all 6 labelled rows of" in err and "are desirable (true)" in err
+    assert "data.train[0].fields.label: all 6 labelled rows of" in err and "are desirable (true)" in err
     rows[2]["label"] = False
     assert main(["run", _recipe(tmp_path, tiny_model_dir, "kto", rows), "--dry-run"]) == 0

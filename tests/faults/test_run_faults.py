@@ -17,16 +17,18 @@ import pytest
 from tests.e2e._util import base_recipe, ftune, write_recipe
 
 pytestmark = pytest.mark.slow
+MAX_STEPS = 50
+CHECKPOINT_EVERY = 10
 
 
 def _recipe(model, data, out: str, **train) -> dict:
     return base_recipe(
         model, data, name="faults",
         peft={"method": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
-        train={"max_steps": 40, "learning_rate": 1e-2, "per_device_batch_size": 4, "logging_steps": 2, **train},
+        train={"max_steps": MAX_STEPS, "learning_rate": 1e-2, "per_device_batch_size": 4, "logging_steps": 2, **train},
         eval={"strategy": "no"},
         data={"train": [{"path": str(data), "format": "text"}], "eval": None, "max_seq_length": 48},
-        checkpoint={"strategy": "steps", "steps": 10, "keep": None, "resume": "auto"},
+        checkpoint={"strategy": "steps", "steps": CHECKPOINT_EVERY, "keep": None, "resume": "auto"},
         output={"dir": out, "report_to": ["none"]},
     )
 
@@ -50,11 +52,9 @@ def reference(tmp_path_factory, tiny_model_dir, text_data_file) -> Path:
     return work / "runs/ref"
 
 
-def _start(tmp_path: Path, recipe: dict, name: str) -> tuple[subprocess.Popen, Path]:
-    path = write_recipe(tmp_path, recipe, f"{name}.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
+def _start_path(cwd: Path, path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    return proc, path
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -79,68 +79,109 @@ def _workers_of(plan_file: Path) -> list[int]:
     return found
 
 
-def test_sigterm_to_ftune_saves_the_current_step_and_resumes_bit_identical(tmp_path, reference, tiny_model_dir,
-                                                                           text_data_file):
-    recipe = _recipe(tiny_model_dir, text_data_file, "runs/term")
-    proc, path = _start(tmp_path, recipe, "term")
-    run = tmp_path / "runs/term"
+def _next_checkpoint(run: Path) -> int:
+    """The step of the first checkpoint after the newest complete one: a rerun must train to reach it."""
+    from ftune.rundir import RunDir, checkpoint_step
+
+    latest = RunDir(run).latest_complete_checkpoint()
+    step = checkpoint_step(latest) if latest else 0
+    return (step // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory, tiny_model_dir, text_data_file) -> dict:
+    """One run, interrupted three ways in turn by the same command rerun each time (resume: auto), then finished:
+    SIGTERM to ftune after checkpoint-10; SIGKILL to ftune alone after the next checkpoint; SIGKILL to the whole
+    group after the one after; a last rerun to the end. The tests below read it (one run instead of three: the
+    launches and steps they repeated cost about a third of this module's time)."""
+    work = tmp_path_factory.mktemp("interrupted")
+    path = write_recipe(work, _recipe(tiny_model_dir, text_data_file, "runs/chain"), "chain.yaml")
+    run = work / "runs/chain"
+    out: dict = {"work": work, "run": run, "plan": run / "plan.json"}
+
+    proc = _start_path(work, path)
     _wait_for(run / "checkpoints/checkpoint-10/ftune_complete.json", proc)
     os.kill(proc.pid, signal.SIGTERM)  # the ftune process only, as a supervisor does
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM at step" in err and "rerun the same command to resume" in err
-    assert "Traceback" not in err and err.count("error:") == 1
-    step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
-    assert 10 < step < 40, err
-    assert (run / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
-    assert not (run / "final").exists() and _workers_of(run / "plan.json") == []
+    _, err = proc.communicate(timeout=120)
+    out["term"] = {"code": proc.returncode, "err": err, "final": (run / "final").exists(),
+                   "workers": _workers_of(out["plan"])}
+    step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0]) if "stopped by SIGTERM at step " in err \
+        else None
+    out["term"]["step"] = step
+    assert step is not None and step < MAX_STEPS - 2 * CHECKPOINT_EVERY, err  # room for the two kills below
+    out["term"]["resume_from"] = None
 
-    res = ftune("run", str(path), cwd=tmp_path)  # resumes from the SIGTERM checkpoint
-    assert res.code == 0, res.text
-    assert json.loads((run / "plan.json").read_text())["resume_from"].endswith(f"checkpoint-{step}")
-    a, b = _tensors(reference / "final"), _tensors(run / "final")
-    assert a.keys() == b.keys() and len(a) > 0
-    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
-
-
-def test_resume_after_sigkill_of_the_group_is_bit_identical(tmp_path, reference, tiny_model_dir, text_data_file):
-    """SIGKILL to the whole group mid-training (no handler runs): a rerun resumes from the latest complete
-    checkpoint and ends bit-identical to the uninterrupted reference."""
-    recipe = _recipe(tiny_model_dir, text_data_file, "runs/killed")
-    proc, path = _start(tmp_path, recipe, "killed")
-    run = tmp_path / "runs/killed"
-    _wait_for(run / "checkpoints/checkpoint-20/ftune_complete.json", proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker
-    proc.communicate(timeout=30)
-    assert not (run / "final").exists()
-    res = ftune("run", str(path), cwd=tmp_path)  # same command: checkpoint.resume=auto continues
-    assert res.code == 0, res.text
-    assert "checkpoint-" in json.loads((run / "plan.json").read_text())["resume_from"]
-    a, b = _tensors(reference / "final"), _tensors(run / "final")
-    assert a.keys() == b.keys() and len(a) > 0
-    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
-
-
-def test_sigkill_of_ftune_alone_stops_its_workers(tmp_path, tiny_model_dir, text_data_file):
-    recipe = _recipe(tiny_model_dir, text_data_file, "runs/orphan", max_steps=400)
-    proc, path = _start(tmp_path, recipe, "orphan")
-    run = tmp_path / "runs/orphan"
-    _wait_for(run / "checkpoints/checkpoint-10/ftune_complete.json", proc)
-    assert _workers_of(run / "plan.json")
+    orphan_at = _next_checkpoint(run)
+    proc = _start_path(work, path)  # resumes from the SIGTERM checkpoint
+    _wait_for(run / f"checkpoints/checkpoint-{orphan_at}/ftune_complete.json", proc)
+    out["term"]["resume_from"] = json.loads(out["plan"].read_text())["resume_from"]
+    workers = _workers_of(out["plan"])
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel tells the children
     proc.communicate(timeout=30)
     deadline = time.time() + 20
-    while _workers_of(run / "plan.json") and time.time() < deadline:
+    while _workers_of(out["plan"]) and time.time() < deadline:
         time.sleep(0.1)
-    assert _workers_of(run / "plan.json") == [], "an orphan kept training"
     lines = (run / "metrics.jsonl").read_text()
     time.sleep(1.0)
-    assert (run / "metrics.jsonl").read_text() == lines and not (run / "final").exists()
+    out["orphan"] = {"pid": proc.pid, "workers_before": workers, "workers_after": _workers_of(out["plan"]),
+                     "metrics_still": (run / "metrics.jsonl").read_text() == lines, "final": (run / "final").exists()}
     from ftune.launch.lock import acquire
     from ftune.rundir import RunDir
 
     with acquire(RunDir(run), "ftune run") as lock:  # a rerun takes the dead run's lock over
-        assert lock.took_over is not None and lock.took_over["pid"] == proc.pid
+        out["orphan"]["took_over"] = lock.took_over
+
+    killed_at = _next_checkpoint(run)
+    assert killed_at < MAX_STEPS
+    proc = _start_path(work, path)
+    _wait_for(run / f"checkpoints/checkpoint-{killed_at}/ftune_complete.json", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker
+    proc.communicate(timeout=30)
+    out["group"] = {"final": (run / "final").exists()}
+
+    res = ftune("run", str(path), cwd=work)  # same command: checkpoint.resume=auto continues
+    out["group"] |= {"res": res, "resume_from": json.loads(out["plan"].read_text())["resume_from"],
+                     "killed_at": killed_at}
+    return out
+
+
+def _same_final(reference: Path, run: Path) -> None:
+    a, b = _tensors(reference / "final"), _tensors(run / "final")
+    assert a.keys() == b.keys() and len(a) > 0
+    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed run differs from the uninterrupted one"
+
+
+def test_sigterm_to_ftune_saves_the_current_step_and_resumes_bit_identical(interrupted, reference):
+    term, run = interrupted["term"], interrupted["run"]
+    err, step = term["err"], term["step"]
+    assert term["code"] == 143, err
+    assert "stopped by SIGTERM at step" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert 10 < step < MAX_STEPS, err
+    assert (run / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
+    assert not term["final"] and term["workers"] == []
+    assert term["resume_from"].endswith(f"checkpoint-{step}")  # the rerun resumed from the SIGTERM checkpoint
+    assert interrupted["group"]["res"].code == 0, interrupted["group"]["res"].text
+    _same_final(reference, run)
+
+
+def test_resume_after_sigkill_of_the_group_is_bit_identical(interrupted, reference):
+    """SIGKILL to the whole group mid-training (no handler runs): a rerun resumes from the latest complete
+    checkpoint and ends bit-identical to the uninterrupted reference."""
+    group, run = interrupted["group"], interrupted["run"]
+    assert not group["final"]
+    assert group["res"].code == 0, group["res"].text
+    assert "checkpoint-" in group["resume_from"]
+    assert int(group["resume_from"].rsplit("-", 1)[1]) >= group["killed_at"]
+    _same_final(reference, run)
+
+
+def test_sigkill_of_ftune_alone_stops_its_workers(interrupted):
+    orphan = interrupted["orphan"]
+    assert orphan["workers_before"]
+    assert orphan["workers_after"] == [], "an orphan kept training"
+    assert orphan["metrics_still"] and not orphan["final"]
+    assert orphan["took_over"] is not None and orphan["took_over"]["pid"] == orphan["pid"]
 
 
 def test_nonfinite_loss_stops_the_run_and_saves_nothing_nonfinite(tmp_path, tiny_model_dir, text_data_file):

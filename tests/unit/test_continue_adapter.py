@@ -186,3 +186,54 @@ def test_an_adapter_with_layers_the_base_lacks_is_refused_not_trained_fresh(tmp_
     last = config.num_hidden_layers  # the layer the base lacks
     assert "4 adapter tensors have no place in it" in err.value.message
     assert f"layers.{last}." in err.value.message and "point model.path at a base model" in err.value.hint
+
+
+def _moe_adapter(tmp_path: Path, base: Path, modules: list[str], parameters: list[str] | None) -> Path:
+    folder = tmp_path / "moe-first" / "final"
+    folder.mkdir(parents=True)
+    cfg = {**LORA, "target_modules": modules, "base_model_name_or_path": str(base)}
+    if parameters:
+        cfg["target_parameters"] = parameters
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+EXPERTS = ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+
+
+@pytest.mark.parametrize(("modules", "parameters", "adds"), [
+    (["q_proj", "v_proj"], EXPERTS, "k_proj, o_proj, q_proj, v_proj"),  # trained with experts: true
+    (["k_proj", "o_proj", "q_proj", "v_proj"], None, "target_parameters mlp.experts.down_proj"),  # attention only
+])
+def test_all_linear_that_would_change_an_moe_adapters_targets_is_refused(tmp_path, tiny_qwen3_moe_dir, modules,
+                                                                        parameters, adds):
+    """On an MoE, all-linear means attention and the experts (target_parameters): over an adapter that adapts
+    other targets it is refused at the key, naming both sides, instead of silently continuing something else."""
+    folder = _moe_adapter(tmp_path, tiny_qwen3_moe_dir, modules, parameters)
+    found = _problems(tmp_path, folder, {"method": "lora", "target_modules": "all-linear"})
+    assert list(found) == ["peft.target_modules"]
+    message, hint = found["peft.target_modules"].split(" | ")
+    assert message.startswith("all-linear on Qwen3MoeForCausalLM adapts target_modules k_proj, o_proj, q_proj, "
+                              "v_proj and target_parameters mlp.experts.down_proj, mlp.experts.gate_up_proj, but "
+                              f"the adapter being continued ({folder}) adapts target_modules {', '.join(modules)}")
+    assert adds in message and message.endswith("a continued adapter keeps its targets")
+    assert hint == ("remove peft.target_modules (the adapter's targets are kept), or point model.path at the base "
+                    "model to train a new adapter with all-linear")
+    plan = _compile(tmp_path, folder, {"method": "lora"})  # the fix the hint gives
+    assert plan.recipe.peft.target_modules == modules
+
+
+def test_all_linear_over_the_adapter_it_trained_continues(tmp_path, tiny_qwen3_moe_dir):
+    """The recipe that trained the adapter continues it: all-linear resolves, on the model, to the adapter's
+    targets (on the MoE: attention + experts; on a dense model: every linear layer but the head)."""
+    moe = _moe_adapter(tmp_path, tiny_qwen3_moe_dir, ["k_proj", "o_proj", "q_proj", "v_proj"], EXPERTS)
+    plan = _compile(tmp_path, moe, {"method": "lora", "target_modules": "all-linear"})
+    assert plan.recipe.peft.target_modules == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    assert plan.recipe.peft.target_parameters == EXPERTS
+    dense = _adapter(tmp_path / "dense", {**LORA, "target_modules": ["down_proj", "gate_proj", "k_proj", "o_proj",
+                                                                     "q_proj", "up_proj", "v_proj"]})
+    plan = _compile(tmp_path, dense, {"method": "lora", "target_modules": "all-linear"})
+    assert plan.model_load.adapter == str(dense)
+    found = _problems(tmp_path, _adapter(tmp_path / "dense2"), {"method": "lora", "target_modules": "all-linear"})
+    assert "all-linear on LlamaForCausalLM adapts target_modules down_proj, gate_proj" in found["peft.target_modules"]

@@ -15,7 +15,7 @@ from ftune.infer.chat import Quit, Session
 from ftune.recipe.rules.core import eval_generate_needs_prompts
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir, mark_complete
-from ftune.worker import generation as g
+from ftune import generation as g
 
 
 def _run_dir(tmp_path: Path, peft: dict | None = None, final: bool = True, complete: bool = True) -> Path:

@@ -82,3 +82,28 @@ def test_commands_table_requirements():
     assert light == ["validate", "show", "import", "launch-script"]
     assert COMMANDS["run"].requires == TRAIN_STACK
     assert all(set(cmd.requires) <= set(TRAIN_STACK) for cmd in COMMANDS.values())
+
+
+@pytest.mark.parametrize(("argv0", "peft_loaded", "blocked"), [
+    ("/venv/bin/ftune", False, True),  # the ftune process: bitsandbytes is kept out
+    ("/repo/ftune/cli/main.py", False, True),  # python -m ftune.cli.main
+    ("/venv/bin/pytest", False, False),  # a process that may train later (a test session): never
+    ("/venv/bin/ftune", True, False),  # peft already decided at its import: too late to change
+])
+def test_the_planning_parent_keeps_bitsandbytes_out_only_in_its_own_process(monkeypatch, argv0, peft_loaded, blocked):
+    """`ftune run`/`ftune plan` never quantize in the parent: bitsandbytes (and the torch._inductor it imports)
+    costs about 1 s of CPU per run there. Blocked, find_spec reports it absent, as peft and transformers check."""
+    import importlib.util
+
+    from ftune.cli.imports import block_bitsandbytes
+
+    monkeypatch.setattr(sys, "argv", [argv0, "run", "recipe.yaml"])
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+    if peft_loaded:
+        monkeypatch.setitem(sys.modules, "peft", sys.modules.get("peft") or object())
+    else:
+        monkeypatch.delitem(sys.modules, "peft", raising=False)
+    assert block_bitsandbytes() is blocked
+    assert ("bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None) is blocked
+    if blocked:
+        assert importlib.util.find_spec("bitsandbytes") is None

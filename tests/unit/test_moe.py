@@ -300,6 +300,10 @@ def test_the_shipped_recipe_plans_offline(capsys, monkeypatch):
     assert est["params_trainable"] == sum(moe["trainable_by_part"].values())
     assert est["fsdp"]["unit_classes"] == {"Qwen3MoeDecoderLayer": 48, "root (PeftModelForCausalLM)": 1}
     assert est["fits"] is True
+    # activations: the formula sized for the routed experts (8 x width 768 per token), above the dense formula's
+    assert any("its MLP part sized for the routed experts" in n for n in est["notes"])
+    activations = sum(i["bytes"] for i in est["memory"] if i["kind"] == "activations")
+    assert activations > 0
 
 
 def test_gpt_oss_experts_train_and_merge_expert_by_expert():

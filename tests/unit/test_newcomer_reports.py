@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from ftune.cli.main import main
-from ftune.worker.callbacks import clock, progress_line
+from ftune.clock import clock
+from ftune.worker.callbacks import progress_line
 from ftune.worker.report import loss_line
 
 

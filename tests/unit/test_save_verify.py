@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftune.errors import RunError
-from ftune.worker.save import expected_tensors, verify, verify_checkpoint
+from ftune.worker.verify import expected_tensors, verify, verify_checkpoint
 
 
 def _peft(model_dir, config, cls_name="AutoModelForCausalLM"):
@@ -67,3 +67,27 @@ def test_full_model_checkpoint_passes(tmp_path, tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model.save_pretrained(tmp_path)
     verify_checkpoint(tmp_path, model, is_adapter=False)
+
+
+def test_wrong_shapes_and_unexpected_tensors_fail_with_what_differs(tmp_path, tiny_model_dir):
+    """final/ and a checkpoint share one comparison: a wrong shape fails both; an unexpected tensor fails a full
+    model's final/ only (an adapter's folder may hold more than the trainable names, a checkpoint optimizer keys)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    expected = expected_tensors(model, is_adapter=False)
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = torch.zeros(3, 3)
+    tensors["stray.weight"] = torch.zeros(2)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RunError) as final:
+        verify(tmp_path, expected, is_adapter=False)
+    assert f"wrong shapes [('{name}', (3, 3), (64, 64))]" in str(final.value)
+    assert "unexpected ['stray.weight']" in str(final.value) and "missing" not in str(final.value)
+    with pytest.raises(RunError) as checkpoint:
+        verify_checkpoint(tmp_path, model, is_adapter=False)
+    assert f"wrong shapes [('{name}', (3, 3), (64, 64))]" in str(checkpoint.value)
+    assert "unexpected" not in str(checkpoint.value)

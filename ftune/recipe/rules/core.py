@@ -1,7 +1,7 @@
 """Core cross-field rules: combinations of valid values that can't work together.
 
 Each rule reads the typed Recipe and yields `Problem`s whose path is the key the user should
-change, written as in the recipe (`peft.r`, `data.train.0.format`).
+change, written as in the recipe (`peft.r`, `data.train[0].format`).
 """
 
 from __future__ import annotations

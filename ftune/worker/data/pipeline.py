@@ -24,7 +24,7 @@ from ftune.data.formats import (
 )
 from ftune.worker.data.report import DataReport, SourceReport, length_stats
 from ftune.data.sources import Source, load
-from ftune.worker.data.stops import count_unstopped, stop_ids
+from ftune.generation.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable", "_anomalies"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ftune.worker.data import stops
+from ftune.generation import stops
 from ftune.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 from ftune.data.masking import IGNORE
 
@@ -38,7 +38,7 @@ class PromptFormat:
 
 def prompt_format(recipe, tokenizer) -> PromptFormat:
     """The prompt format of a run: its first chat or instruction training source, else plain text."""
-    from ftune.worker.data import chat_template_of
+    from ftune.data.chat_rows import chat_template_of
 
     for src in recipe.data.train:
         if src.format == "chat":
@@ -234,7 +234,7 @@ def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max
         completions += generate(model, tokenizer, chunk, stop_ids=stop_ids, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size)
         if log is not None:
-            from ftune.worker.callbacks import clock
+            from ftune.clock import clock
 
             done, elapsed = len(completions), time.time() - t0
             log(f"generate {done}/{len(pairs)}  elapsed {clock(elapsed)}  "

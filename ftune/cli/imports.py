@@ -1,0 +1,21 @@
+"""Start-up time of the commands that plan: keep heavy libraries they never use out of the `ftune` process."""
+
+from __future__ import annotations
+
+import sys
+
+
+def block_bitsandbytes() -> bool:
+    """Keep peft/transformers from importing bitsandbytes in this `ftune` process (it pulls in torch._inductor:
+    about 2 s of CPU per `ftune run` measured, a quarter of the parent's start-up). The parent plans and checks,
+    it never quantizes; the worker decides for itself from `plan.uses_bitsandbytes`.
+
+    Only in the `ftune` process itself, before peft is imported: peft decides once, at import, whether
+    bitsandbytes exists, so doing this in a process that trains later (a test session) would break it.
+    Returns whether it blocked.
+    """
+    own_process = sys.argv[0].endswith(("/ftune", "ftune/cli/main.py"))
+    if own_process and "peft" not in sys.modules and "bitsandbytes" not in sys.modules:
+        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]  # find_spec -> None: treated as absent
+        return True
+    return False
