@@ -26,12 +26,11 @@ from ftune.estimate.memory import (
     per_device,
     weight_bytes,
 )
-from ftune.estimate.parallel import longest_sequence, split
+from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
-
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,7 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     moe: MoeFacts | None = None
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
-    longest_seq: int | None = None
-    """Longest row (tokens, at per_device_batch_size) whose peak fits the device memory (`estimate.parallel`)."""
+    longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
 
     @property
     def trainable_percent(self) -> float:
@@ -215,10 +213,9 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
         classes[cls] = classes.get(cls, 0) + 1
     classes[f"root ({type(model).__name__})"] = 1
     ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
-    if fsdp.sharding_strategy == "no_shard":
-        ranks = 1
-    if (par := recipe.distributed.parallelism) is not None:
-        ranks = par.dp_shard * par.cp  # accelerate's FSDP2 shards over the dp_shard x cp mesh (replicas: HSDP)
+    ranks = 1 if fsdp.sharding_strategy == "no_shard" else ranks
+    par = recipe.distributed.parallelism  # accelerate's FSDP2 shards over the dp_shard x cp mesh (replicas: HSDP)
+    ranks = par.dp_shard * par.cp if par is not None else ranks
     return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), max([b for _, b in units], default=0),
                       root)
 
@@ -339,8 +336,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     memory = per_device(facts, profile, layout)
-    if (par := dist.parallelism) is not None and par.tp * par.cp > 1:  # what tp / cp divide (estimate.parallel)
-        memory = split(memory, tp=par.tp, cp=par.cp, load_shard=par.dp_shard if par.tp > 1 else 1)
+    memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -349,11 +345,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
-    longest = None if usable is None or attn == "eager" else longest_sequence(
-        memory, seq, usable, 2 * par.cp if par is not None and par.cp > 1 else 1)  # cp: a multiple of 2 x cp
-    if longest and longest > (positions := getattr(config, "max_position_embeddings", None) or longest):
-        notes.append(f"longest row: {longest:,} tokens fit in memory, capped at the model's {positions:,} positions")
-        longest = positions
+    longest = None if usable is None or attn == "eager" else longest_row(
+        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes)
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)

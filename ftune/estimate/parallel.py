@@ -6,7 +6,7 @@
   split matrix), and by dp_shard where transformers shards the loaded model itself (tp x dp_shard, strategy ddp);
   the all-gathered FSDP units are gathered within a tp slice, so they are divided by tp only;
 - activations and backward's temporaries: by tp (each rank computes its heads / MLP slice) and by cp (each rank
-  holds 1/cp of every sequence).
+  holds 1/cp of every sequence); fixed per-device buffers (cuBLAS workspaces) are not divided.
 The counts of replicated small tensors (norms, biases) are divided too: a slight under-count, said in a note.
 """
 
@@ -28,9 +28,9 @@ def split(memory: DeviceMemory, *, tp: int = 1, cp: int = 1, load_shard: int = 1
     for item in memory.items:
         if item.kind in STATE_KINDS or item.detail == "optimizer update scratch":
             k = tp if item.detail == GATHERED else tp * load_shard
-        elif item.kind in ("activations", "temporary"):
+        elif item.kind == "activations" or (item.kind == "temporary" and item.phase == "backward"):
             k = tp * cp
-        else:  # pragma: no cover - every kind is listed above
+        else:  # fixed per device whatever the split (cuBLAS workspaces)
             k = 1
         items.append(replace(item, bytes=item.bytes // k))
     return _retotal(memory, items)
@@ -56,3 +56,22 @@ def longest_sequence(memory: DeviceMemory, seq: int, device_memory: int, multipl
         return 0
     tokens = room * seq // scaled
     return tokens // multiple * multiple
+
+
+def split_layout(memory: DeviceMemory, layout) -> DeviceMemory:
+    """`split` for a recipe's `distributed.parallelism` (None: unchanged); dp_shard divides at load only with tp."""
+    if layout is None:
+        return memory
+    return split(memory, tp=layout.tp, cp=layout.cp, load_shard=layout.dp_shard if layout.tp > 1 else 1)
+
+
+def longest_row(memory: DeviceMemory, seq: int, device_memory: int, layout, positions: int | None,
+                notes: list[str]) -> int:
+    """`longest_sequence` for the recipe's layout (a multiple of 2 x cp under cp), capped at the model's positions
+    with a note saying what memory alone would allow."""
+    cp = layout.cp if layout is not None else 1
+    longest = longest_sequence(memory, seq, device_memory, 2 * cp if cp > 1 else 1)
+    if positions and longest > positions:
+        notes.append(f"longest row: {longest:,} tokens fit in memory, capped at the model's {positions:,} positions")
+        return positions
+    return longest

@@ -132,6 +132,12 @@ def _memory() -> DeviceMemory:
     return DeviceMemory(items, "update", 1640 * MIB, 0)
 
 
+def test_fixed_buffers_are_not_divided():
+    workspace = MemoryItem("temporary", "cuBLAS workspaces", 64 * MIB)  # phase always: one per device
+    m = split(DeviceMemory((*_memory().items, workspace), "update", 1704 * MIB, 0), tp=8, cp=2)
+    assert {i.detail: i.bytes // MIB for i in m.items}["cuBLAS workspaces"] == 64
+
+
 def test_split_divides_states_by_tp_and_activations_by_tp_and_cp():
     m = split(_memory(), tp=2, cp=2)
     got = {i.detail: i.bytes // MIB for i in m.items}
