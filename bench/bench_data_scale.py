@@ -83,7 +83,7 @@ def side(name: str, data: str, tok_dir: str) -> dict:
     work = tempfile.mkdtemp(prefix="ftune-bench-scale-")
     sampler = _AnonPeak()
     sampler.start()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     if name == "ftune":
         recipe = Recipe.model_validate({"name": "b", "model": {"path": "unused"}, "data": {
             "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
@@ -103,9 +103,9 @@ def side(name: str, data: str, tok_dir: str) -> dict:
         out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
         tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
         fill = None
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     shutil.rmtree(work, ignore_errors=True)
-    return {"wall": wall, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"wall": wall, "cpu": cpu, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             // 1024, "anon_mb": sampler.peak}
 
 
@@ -144,10 +144,16 @@ def measure(sizes: list[int], rounds: int) -> dict:
                 "ftune_peak_anon_mb": max(r["anon_mb"] for r in runs["ftune"]),
                 "plain_peak_anon_mb": max(r["anon_mb"] for r in runs["plain"]),
             }
+            cpu = [p["cpu"] / f["cpu"] for f, p in zip(runs["ftune"], runs["plain"])]
+            row["cpu_ratio"] = round(statistics.median(cpu), 3)  # rows per CPU second, ftune / plain
+            row["cpu_ratio_range"] = [round(min(cpu), 3), round(max(cpu), 3)]
+            row["walls"] = {k: [round(r["wall"], 1) for r in v] for k, v in runs.items()}
+            row["cpus"] = {k: [round(r["cpu"], 1) for r in v] for k, v in runs.items()}
             row["rss_ratio"] = round(row["ftune_peak_rss_mb"] / row["plain_peak_rss_mb"], 2)
             figures[str(n)] = row
             print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
-                  f"{row['ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
+                  f"{row['ratio_range'][1]}), per CPU second {row['cpu_ratio']} ({row['cpu_ratio_range'][0]}-"
+                  f"{row['cpu_ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
                   f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -8,6 +8,7 @@ from ftune.errors import FtuneError
 TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
     "sequence-classification": "AutoModelForSequenceClassification",
+    "image-text-to-text": "AutoModelForImageTextToText",
 }
 
 

@@ -164,3 +164,88 @@ def build_tiny_moe(
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return model
+
+
+VLM_TOKENS = ["<|im_start|>", "<|im_end|>", "<image>"]
+VLM_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'text' %}"
+    "{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A chatml chat template that renders image parts as `<image>` (what LLaVA's processor expands)."""
+
+
+def build_tiny_llava(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                     hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, init_range: float = 0.2,
+                     seed: int = 0):
+    """A randomly initialised LLaVA (a CLIP vision tower, a projector, a Llama) with its processor (the given
+    tokenizer with `<|im_start|>`, `<|im_end|>` and `<image>` added, a CLIP image processor at `image_size`,
+    a chatml template that renders image parts), saved in `folder`: what AutoProcessor and
+    AutoModelForImageTextToText load. An image becomes (image_size / patch_size)^2 tokens. `init_range`: the
+    weights' init std; 0.2 (not transformers' 0.02) so that a LoRA under the frozen random head can move the
+    logits far enough to learn in a few dozen steps."""
+    import torch
+    from transformers import AutoModelForImageTextToText, CLIPImageProcessor, LlavaConfig, LlavaProcessor
+
+    torch.manual_seed(seed)
+    tokenizer.add_special_tokens({"additional_special_tokens": VLM_TOKENS})
+    tokenizer.eos_token = "<|im_end|>"
+    images = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                crop_size={"height": image_size, "width": image_size})
+    processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, chat_template=VLM_TEMPLATE,
+                               patch_size=patch_size, vision_feature_select_strategy="default",
+                               num_additional_image_tokens=1)
+    config = LlavaConfig(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=vision_size, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=2 * vision_size, image_size=image_size,
+                           patch_size=patch_size, projection_dim=vision_size),
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=2 * hidden_size, max_position_embeddings=512,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+                         initializer_range=init_range),
+        initializer_range=init_range, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1, tie_word_embeddings=False,
+    )
+    model = AutoModelForImageTextToText.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    return model
+
+
+def build_tiny_idefics3(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                        hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A randomly initialised Idefics3 (SigLIP-style vision tower, pixel-shuffle connector, Llama) with its
+    processor (the same chatml template; `<image>` rewritten by the processor into
+    `<fake_token_around_image><global-img><image><fake_token_around_image>`: one image token per image, no
+    splitting), saved in `folder`. The second family the tests train: its processor rewrites the placeholder
+    instead of repeating it."""
+    import torch
+    from transformers import AutoModelForImageTextToText, Idefics3Config, Idefics3ImageProcessor, Idefics3Processor
+
+    torch.manual_seed(seed)
+    tokenizer.add_special_tokens({"additional_special_tokens": [*VLM_TOKENS, "<fake_token_around_image>",
+                                                                "<global-img>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    images = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": image_size},
+                                    max_image_size={"longest_edge": image_size})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer, chat_template=VLM_TEMPLATE,
+                                  image_seq_len=((image_size // patch_size) // 2) ** 2)
+    config = Idefics3Config(
+        vision_config=dict(hidden_size=vision_size, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=2 * vision_size, image_size=image_size, patch_size=patch_size),
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=2 * hidden_size, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False),
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+    )
+    model = AutoModelForImageTextToText.from_config(config)
+    model.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    return model

@@ -27,8 +27,9 @@ def not_text(value: object) -> tuple[str, str] | None:
         return ("a list of token ids", "pre-tokenized rows go in `format: pretokenized` (an `input_ids` column, "
                 "with the model's own tokenizer); or detokenize them into text")
     if _has_media(value):
-        return ("image (or other media) parts", "vision-chat isn't supported yet: keep the text parts only, "
-                "as one string")
+        return ("image (or other media) parts", "a text-only model reads text: keep the text parts only, as one "
+                "string; to train on the images, use `format: vision-chat` with `model.task: image-text-to-text` "
+                "(docs/vision.md)")
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and v.get("type") == "text"
                                                            for v in value):
         return ("a list of text parts", "join the parts' `text` into one string")

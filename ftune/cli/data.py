@@ -39,7 +39,8 @@ def samples(ds, n: int, task: str) -> list[dict]:
             for k, (s, e) in enumerate(zip(starts, starts[1:])):
                 trained = [i > s and lab != -100 for i, lab in enumerate(row["labels"][s:e], start=s)]
                 out.append({"row": r, "segment": k if len(starts) > 2 else None,
-                            "input_ids": row["input_ids"][s:e], "trained": trained})
+                            "input_ids": row["input_ids"][s:e], "trained": trained,
+                            **({"images": row["images"]} if "images" in row else {})})
                 if len(out) >= n:
                     return out
         if len(out) >= n:
@@ -123,9 +124,11 @@ def run(args: argparse.Namespace) -> int:
     from ftune.worker import tokenizer
     from ftune.worker.data import build
 
-    tok = tokenizer.load(plan.tokenizer_path, recipe, token=loaded.secret("model.hub_token"))
+    processor = tokenizer.load_processor(plan)  # a vision-language model's: its tokenizer renders the rows
+    tok = processor.tokenizer if processor is not None else tokenizer.load(plan.tokenizer_path, recipe,
+                                                                          token=loaded.secret("model.hub_token"))
     log: list[str] = []
-    bundle = build(recipe, tok, plan.data, log=log.append)
+    bundle = build(recipe, tok, plan.data, log=log.append, processor=processor)
     ds = bundle.train if args.split == "train" else bundle.eval
     if ds is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")

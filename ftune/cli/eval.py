@@ -40,8 +40,9 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune import generation
     from ftune.worker import data, tokenizer, train
 
-    tok = tokenizer.load_tokenizer(plan)
-    bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
+    processor = tokenizer.load_processor(plan)  # a vision-language model's
+    tok = processor.tokenizer if processor is not None else tokenizer.load_tokenizer(plan)
+    bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None, processor=processor)
     if bundle.eval is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
@@ -65,8 +66,19 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         metrics.update(generation.generation_metrics(
             model, tok, bundle.eval, metrics=generation_metrics(with_generate), max_new_tokens=generate.max_new_tokens,
             max_samples=generate.max_samples, stop_ids=generation.stop_token_ids(tok, fmt),
-            batch_size=args.per_device_eval_batch_size, predictions=plan.run.predictions, log=log))
+            batch_size=args.per_device_eval_batch_size, predictions=plan.run.predictions, log=log,
+            pixels=_pixels(bundle)))
     return metrics
+
+
+def _pixels(bundle):
+    """A vision-chat bundle's image inputs for generation (its collator's processor and image settings)."""
+    from ftune.worker.data.vision import VisionCollator, pixel_inputs
+
+    collate = bundle.collator
+    if not isinstance(collate, VisionCollator):
+        return None
+    return lambda paths, ids: pixel_inputs(collate.processor, paths, collate.images, ids)
 
 
 def run(args: argparse.Namespace) -> int:

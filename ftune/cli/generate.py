@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     src.add_argument("--file", help="jsonl of prompts: {prompt}, {instruction, input} or {messages} per line")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image shown with every prompt, before its text (repeatable; a vision-language run)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--format", choices=["text", "json"], default="text")
 
@@ -119,12 +121,19 @@ def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.file) if args.file is not None else list(args.prompt or [])
     target = resolve(args.target, allow_model=True)
     lo = load_for_generation(target, extra=extra)
-    encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
+    images, pixels = None, None
+    if args.image:
+        from ftune.infer.vision import image_prompts
+
+        encoded, images, pixels = image_prompts(target, prompts, args.image)
+    else:
+        encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
     max_new, note = clamp_new_tokens(lo.model, max(len(e) for e in encoded), args.max_new_tokens)
     if note:
         print(note, file=sys.stderr)
     completions = generate(lo.model, lo.tokenizer, encoded, stop_ids=lo.stop_ids, max_new_tokens=max_new,
-                           temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
+                           temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
+                           images=images, pixels=pixels)
     if args.format == "json":
         rows = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),
                  "finish_reason": "stop" if c.stopped else "length"} for p, c in zip(prompts, completions)]

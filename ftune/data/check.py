@@ -62,6 +62,8 @@ def check_fields(recipe: Recipe) -> list[Problem]:
         problems += _check_text_fields(where, spec, src, rows)
         if spec.format == "chat":
             problems += _check_messages(where, spec, rows)
+        if spec.format == "vision-chat":
+            problems += _check_vision(where, src, rows, recipe.data.images)
         if spec.format == "classification" and recipe.model.labels:
             for n, row in enumerate(rows, start=1):
                 label = row.get(spec.fields.label)
@@ -118,6 +120,23 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
             if (wrong := not_text(m[f.content])) is not None:
                 return [Problem.at(f"{where}.fields.content", f"row {n} of {spec.path}: a message's `{f.content}` holds "
                          f"{wrong[0]}, not text", wrong[1])]
+    return []
+
+
+def _check_vision(where: str, src, rows: list[dict], settings) -> list[Problem]:
+    """The first rows' messages and images, read as the data stage will (ftune.data.images): the first problem,
+    at the row and field."""
+    from ftune.data.images import ImageProblem, open_image, parse_row
+
+    base = Path(src.path).parent
+    for n, row in enumerate(rows, start=1):
+        try:
+            parsed = parse_row(row.get(src.spec.fields.messages), src, base)
+            for path, at in zip(parsed.images, parsed.fields):
+                open_image(path, settings, at)
+        except ImageProblem as err:
+            return [Problem.at(f"{where}.path", f"row {n} of {src.spec.path}, field {err.field}: {err.message}",
+                               err.hint)]
     return []
 
 

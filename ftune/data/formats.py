@@ -8,6 +8,7 @@ report and drops. A row the recipe can't read raises `DataError` naming the file
 from __future__ import annotations
 
 import string
+from itertools import repeat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,14 @@ from pathlib import Path
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
 from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
-    ANOMALIES, DEFAULT_CHAT_TEMPLATE, DEFAULT_ROLE_MAP, ROLES, anomaly_bits, chat_anomalies, count_anomalies,
+    ANOMALIES, DEFAULT_CHAT_TEMPLATE, DEFAULT_ROLE_MAP, ROLES, ChatRenderer, anomaly_bits, chat_anomalies,
+    count_anomalies,
     normalize_messages,
 )
 from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
 from ftune.data.masking import (
     IGNORE,
-    labels_from_spans,
+    labels_from_spans_batch,
     prompt_completion_labels,
     trainable,
     truncate,
@@ -60,39 +62,6 @@ class Context:
         return cached
 
 
-class ChatRenderer:
-    """Renders plain `{role, content}` conversations with one chat template, exactly as
-    `tokenizer.apply_chat_template(messages, chat_template=..., tokenize=False)` does, without its per-call work
-    (argument checks, a deep copy of the messages and of the special-token map on every call): the template is
-    compiled once by transformers' own sandboxed compiler and the tokenizer's special tokens are bound once.
-    Rendering is most of a chat source's preprocessing time: 5.5x faster per call here (docs/data.md).
-    Falls back to `apply_chat_template` where transformers lacks the compiler."""
-
-    def __init__(self, tokenizer, template: str) -> None:
-        self.tokenizer, self.template = tokenizer, template
-        self._fn = None
-
-    def __getstate__(self) -> dict:  # datasets pickles map functions (num_proc > 1); a compiled template does not
-        return {"tokenizer": self.tokenizer, "template": self.template, "_fn": None}
-
-    def __call__(self, messages: list[dict], generation_prompt: bool) -> str:
-        if self._fn is None:
-            self._fn = self._compile()
-        return self._fn(messages, generation_prompt)
-
-    def _compile(self):
-        tok, template = self.tokenizer, self.template
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
-        except ImportError:  # another transformers: the public path, slower
-            return lambda msgs, gen: tok.apply_chat_template(msgs, chat_template=template, tokenize=False,
-                                                             add_generation_prompt=gen)
-        compiled = _compile_jinja_template(template)
-        special = _plain_template_data(dict(tok.special_tokens_map))
-        return lambda msgs, gen: compiled.render(messages=msgs, tools=None, documents=None,
-                                                 add_generation_prompt=gen, **special)
-
-
 def required_fields(src: Source) -> dict[str, str]:
     """Recipe key under `fields` -> column name the format needs in every row."""
     f = src.spec.fields
@@ -108,6 +77,7 @@ def required_fields(src: Source) -> dict[str, str]:
         "preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
         "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
         "prompt": {"prompt": f.prompt},
+        "vision-chat": {"messages": f.messages},
     }[src.spec.format]
 
 
@@ -307,11 +277,12 @@ def _render_conversations(idx, conversations, ctx, fail):
             raise fail(i, f"the chat template rejected the conversation: {err}") from err
         texts.append(text)
         spans.append(sp)
-    for ids, offsets, sp in zip(*encode_with_offsets(tok, texts), spans):
-        if ctx.train_on == "all":
-            yield ids, list(ids), True
-        else:
-            yield ids, labels_from_spans(ids, offsets, sp), False
+    all_ids, offsets = encode_with_offsets(tok, texts)
+    if ctx.train_on == "all":
+        for ids in all_ids:
+            yield ids, ids, True  # labels are the ids (never mutated: truncation slices)
+        return
+    yield from zip(all_ids, labels_from_spans_batch(all_ids, offsets, spans), repeat(False))
 
 
 def encode_with_offsets(tok, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
@@ -329,22 +300,43 @@ def encode_with_offsets(tok, texts: list[str]) -> tuple[list[list[int]], list[li
 
 
 def _pretokenized(batch, idx, src, ctx, fail):
+    """`pretokenized` (alias `tokens`) rows, checked before training: ids are token ids of this tokenizer, labels and
+    the attention mask have one value per id, labels are ids or -100, the mask is 0/1 (its 0s, padding, dropped)."""
     f = src.spec.fields
-    all_labels = batch.get(f.labels) or [None] * len(idx)
-    for i, ids, labels in zip(idx, batch[f.input_ids], all_labels):
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+    none = [None] * len(idx)
+    all_labels, all_masks = batch.get(f.labels) or none, batch.get(f.attention_mask) or none
+    vocab = len(ctx.tokenizer)
+    retokenize = ("the ids were made with another tokenizer: re-tokenize the data with this model's tokenizer "
+                  "(model.tokenizer / model.path)")
+    for i, ids, labels, mask in zip(idx, batch[f.input_ids], all_labels, all_masks):
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
-        vocab = len(ctx.tokenizer)
         out_of_range = next((t for t in ids if t < 0 or t >= vocab), None)
         if out_of_range is not None:  # caught here: the embedding lookup would fail mid-run (or at the final eval)
             raise fail(i, f"token id {out_of_range} in `{f.input_ids}` is outside the tokenizer's vocabulary "
-                       f"(0..{vocab - 1})", hint="the ids were made with another tokenizer: re-tokenize the data "
-                       "with this model's tokenizer (model.tokenizer / model.path)")
+                       f"(0..{vocab - 1})", hint=retokenize)
+        for col, values in ((f.labels, labels), (f.attention_mask, mask)):
+            if values is not None and (not isinstance(values, list) or len(values) != len(ids)):
+                got = f"{len(values)} values" if isinstance(values, list) else f"a {type(values).__name__}"
+                raise fail(i, f"`{col}` has {got} but `{f.input_ids}` has {len(ids)}",
+                           hint=f"`{col}` needs one value per token id")
+        if mask is not None:
+            wrong = [m for m in mask if m not in (0, 1) or isinstance(m, bool)]
+            if wrong:
+                raise fail(i, f"`{f.attention_mask}` holds {wrong[0]!r}: only 1 (a token) and 0 (padding) are allowed")
+            if 0 in mask:
+                keep = [k for k, m in enumerate(mask) if m]
+                ids = [ids[k] for k in keep]
+                labels = [labels[k] for k in keep] if labels is not None else None
         if labels is None or ctx.train_on == "all":
             yield list(ids), list(ids), True
             continue
-        if len(labels) != len(ids):
-            raise fail(i, f"`{f.labels}` has {len(labels)} values but `{f.input_ids}` has {len(ids)}")
+        bad = next((x for x in labels if not (x is None or x == IGNORE or (isinstance(x, int) and not
+                                                                            isinstance(x, bool) and 0 <= x < vocab))),
+                   IGNORE)
+        if bad != IGNORE:  # a target past the vocabulary fails the loss on the device, mid-run
+            raise fail(i, f"label {bad!r} in `{f.labels}` is neither -100 nor a token id of the tokenizer "
+                       f"(0..{vocab - 1})", hint=retokenize)
         yield list(ids), [IGNORE if x is None else int(x) for x in labels], False
 
 

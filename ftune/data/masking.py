@@ -57,6 +57,40 @@ def labels_from_spans(ids: list[int], offsets: list[tuple[int, int]], spans: lis
     return labels
 
 
+def labels_from_spans_batch(ids: list[list[int]], offsets: list[list[tuple[int, int]]],
+                            spans: list[list[tuple[int, int]]]) -> list[list[int]]:
+    """`labels_from_spans` of every row of a batch at once: the rows' characters laid end to end (each row's
+    offsets and spans shifted by the characters before it), then one sorted search of all token starts among all
+    span starts. Same labels, row by row (tested), without a Python step per token."""
+    import numpy as np
+    from itertools import chain
+
+    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    total = int(counts.sum())
+    flat_ids = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total)
+    pairs = np.fromiter(chain.from_iterable(chain.from_iterable(offsets)), dtype=np.int64, count=2 * total)
+    starts, ends = pairs[0::2], pairs[1::2]
+    # a row's width: past its last token end and its last span end, so rows never overlap once shifted
+    widths = np.fromiter((s[-1][1] + 1 if s else 1 for s in spans), dtype=np.int64, count=len(ids))
+    full = np.flatnonzero(counts)
+    if total:
+        last_end = np.maximum.reduceat(ends, np.concatenate([[0], np.cumsum(counts)[:-1]])[full])
+        widths[full] = np.maximum(widths[full], last_end + 1)
+    shift = np.concatenate([[0], np.cumsum(widths)[:-1]])
+    token_shift = np.repeat(shift, counts)
+    span_counts = np.fromiter(map(len, spans), dtype=np.int64, count=len(spans))
+    bounds = np.fromiter(chain.from_iterable(chain.from_iterable(spans)), dtype=np.int64,
+                         count=2 * int(span_counts.sum())).reshape(-1, 2) + np.repeat(shift, span_counts)[:, None]
+    if len(bounds) > 1 and (np.diff(bounds[:, 0]) < 0).any():  # spans out of order: the row-by-row walk
+        return [labels_from_spans(i, o, sp) for i, o, sp in zip(ids, offsets, spans)]
+    s = starts + token_shift
+    k = np.searchsorted(bounds[:, 0], s, side="right") - 1  # the last span starting at or before the token
+    inside = (k >= 0) & (s < bounds[np.maximum(k, 0), 1] if len(bounds) else False) & (ends > starts)
+    flat = np.where(inside, flat_ids, IGNORE).tolist()
+    cut = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    return [flat[a:b] for a, b in zip(cut, cut[1:])]
+
+
 def _labels_by_bisect(ids, offsets, spans) -> list[int]:
     starts = [s for s, _ in spans]
     labels = []

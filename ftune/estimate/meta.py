@@ -99,6 +99,8 @@ def _build(recipe: Recipe, config_file: Path):
                          "if the model ships its own code") from None
     dtype = resolve_dtype(recipe, config)
     auto = AutoModelForCausalLM
+    if recipe.model.task == "image-text-to-text":
+        from transformers import AutoModelForImageTextToText as auto
     if recipe.model.task == "sequence-classification":
         auto = AutoModelForSequenceClassification
         config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels

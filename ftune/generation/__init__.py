@@ -126,10 +126,12 @@ def input_device(model):
 
 def generate(model, tokenizer, prompts: Sequence[list[int]], *, stop_ids: list[int], max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
-             streamer=None) -> list[Completion]:
+             streamer=None, images: Sequence[list[str]] | None = None, pixels=None) -> list[Completion]:
     """Complete each prompt (token ids), left-padded in batches; greedy when `temperature` is 0.
 
     Sampling is seeded (`seed`), so a seeded run repeats itself; greedy decoding needs no seed.
+    A vision-language model: `images[i]` are prompt i's image files and `pixels(paths, ids)` the model's image
+    inputs for a batch (`ftune.worker.data.vision.pixel_inputs` bound to the processor and data.images).
     """
     import torch
     from transformers import GenerationConfig, set_seed
@@ -153,9 +155,12 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, stop_ids: list[i
             for i, p in enumerate(chunk):
                 ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 mask[i, width - len(p):] = 1
+            extra = {}
+            if pixels is not None and images is not None:
+                extra = {k: v.to(device) for k, v in pixels(list(images[start : start + batch_size]), ids).items()}
             with torch.no_grad():
                 gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     generation_config=config, streamer=streamer)
+                                     generation_config=config, streamer=streamer, **extra)
             for row in gen[:, width:].tolist():
                 stop = next((k for k, t in enumerate(row) if t in stop_ids), None)
                 new = row if stop is None else row[:stop]
@@ -192,6 +197,20 @@ def token_f1(prediction: str, reference: str) -> float:
 METRICS = {"exact_match": exact_match, "f1": token_f1}
 
 
+def eval_images(dataset, limit: int | None = None) -> list[list[str]] | None:
+    """The image files of the eval rows `eval_pairs` keeps (vision-chat data), None for text data."""
+    if "images" not in getattr(dataset, "column_names", []):
+        return None
+    out = []
+    for row in dataset:
+        if limit is not None and len(out) >= limit:
+            break
+        first = next((i for i, label in enumerate(row["labels"]) if label != IGNORE), None)
+        if first:
+            out.append(list(row["images"] or []))
+    return out
+
+
 def eval_pairs(dataset, limit: int | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, reference ids) of eval rows, from the tokens training scored: the prompt is everything
     before the first loss-bearing token, the reference the first run of loss-bearing tokens (the answer,
@@ -213,7 +232,7 @@ def eval_pairs(dataset, limit: int | None = None) -> list[tuple[list[int], list[
 
 def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max_new_tokens: int,
                        max_samples: int | None, stop_ids: list[int], batch_size: int = 8,
-                       predictions: Path | None = None, log=None) -> dict:
+                       predictions: Path | None = None, log=None, pixels=None) -> dict:
     """`eval_<metric>` of greedy completions against the references, averaged over the eval rows used.
 
     `predictions`: write one JSON line per row there (prompt, reference, completion, stopped, scores), replacing
@@ -224,6 +243,7 @@ def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max
     from ftune.errors import FtuneError
 
     pairs = eval_pairs(dataset, max_samples)
+    images = eval_images(dataset, max_samples) if pixels is not None else None
     if not pairs:
         raise FtuneError("no eval row has a prompt to complete: generation metrics need prompt-masked labels",
                          hint="use instruction or chat data with `data.train_on: completion`")
@@ -232,7 +252,8 @@ def generation_metrics(model, tokenizer, dataset, *, metrics: Sequence[str], max
     for start in range(0, len(pairs), batch_size):
         chunk = [p for p, _ in pairs[start : start + batch_size]]
         completions += generate(model, tokenizer, chunk, stop_ids=stop_ids, max_new_tokens=max_new_tokens,
-                                batch_size=batch_size)
+                                batch_size=batch_size, pixels=pixels,
+                                images=images[start : start + batch_size] if images is not None else None)
         if log is not None:
             from ftune.clock import clock
 

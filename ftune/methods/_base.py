@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -20,3 +22,22 @@ class MethodConfig(BaseModel):
         """How `ftune merge` makes a plain model of the output: `copy` (it is one already), `merge` (fold the
         adapter into the base), or None (it can't: the method adds computation that has no weights to fold into)."""
         return None if self.uses_peft_library else "copy"
+
+
+class VisionModules(BaseModel):
+    """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the
+    part of a module is decided by `ftune.models.vision.part_of`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    vision: Literal["frozen", "lora", "full"] = "frozen"
+    """The vision tower (image encoder): kept `frozen` (the default), adapted with `lora`, or trained in `full`."""
+    projector: Literal["frozen", "lora", "full"] = "full"
+    """The projector from image features to the language model's embeddings: trained in `full` by default (it is
+    small), with `lora`, or `frozen`."""
+    language: Literal["lora", "full", "frozen"] = "lora"
+    """The language model (embeddings, decoder layers, head): `lora` on the linear layers `target_modules` names,
+    `full`, or `frozen`."""
+
+    def of(self, part: str) -> str:
+        return getattr(self, part)

@@ -75,8 +75,11 @@ def _did_you_mean(name: str, candidates: list[str]) -> str:
 
 def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
     """The LoRA targets of recipe section `cfg` on `model`, and the problems that stop it (located keys)."""
+    from ftune.models.vision import is_vision_language
     from ftune.moe import moe_layout
 
+    if is_vision_language(getattr(getattr(model, "config", None), "model_type", None)):
+        return _vision(model, cfg)
     layout = moe_layout(model)
     problems: list[Problem] = []
     notes: list[str] = []
@@ -164,6 +167,49 @@ def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
         problems.append(Problem.at("peft.use_dora", f"DoRA does not work on {_what(parameters)} (peft's "
                                    "ParamWrapper)", "remove peft.use_dora, or adapt linear layers only"))
     return Targets(modules, parameters, modules_to_save or None, dropout, notes), problems
+
+
+def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
+    """A vision-language model: per part (`peft.modules`, ftune.models.vision.part_of), LoRA on the linear layers of
+    the `lora` parts that `target_modules` names (all of them with `all-linear`), the `full` parts' top modules saved
+    whole (peft modules_to_save), the rest frozen. Targets are full module names, so no part leaks into another."""
+    from ftune.methods._base import VisionModules
+    from ftune.models.vision import PARTS, part_of
+
+    kind = model.config.model_type
+    modes = cfg.modules or VisionModules()
+    problems: list[Problem] = []
+    written = cfg.target_modules != "all-linear"
+    lora_parts = {p for p in PARTS if modes.of(p) == "lora"}
+    chosen = sorted(n for n, leaf in _linear_modules(model).items() if part_of(n, kind) in lora_parts
+                    and (not written or any(n == t or n.endswith("." + t) for t in cfg.target_modules)))
+    for part in sorted(lora_parts):
+        if not any(part_of(n, kind) == part for n in chosen):
+            problems.append(Problem.at("peft.target_modules" if written else "peft.modules",
+                                       f"peft.modules.{part} is lora, but no linear layer of the {part} part of "
+                                       f"{type(model).__name__} is a target",
+                                       "name that part's layers in peft.target_modules (`all-linear`: every linear "
+                                       f"layer), or set peft.modules.{part}: full or frozen"))
+    whole = {p for p in PARTS if modes.of(p) == "full"}
+    tops = _outermost(model, kind, whole)
+    if not chosen and not tops:
+        problems.append(Problem.at("peft.modules", f"every part of {type(model).__name__} is frozen: nothing trains",
+                                   "set at least one of peft.modules.vision / projector / language to lora or full"))
+    extra = list(cfg.modules_to_save or [])
+    return Targets(chosen, [], (tops + [m for m in extra if m not in tops]) or None, cfg.dropout), problems
+
+
+def _outermost(model, kind: str, parts: set[str]) -> list[str]:
+    """The outermost modules whose parameters all belong to one of `parts` (what peft's modules_to_save wraps)."""
+    from ftune.models.vision import part_of
+
+    of: dict[str, set[str]] = {}
+    for name, _ in model.named_parameters():
+        pieces = name.split(".")
+        for k in range(1, len(pieces)):
+            of.setdefault(".".join(pieces[:k]), set()).add(part_of(name, kind))
+    pure = {n for n, found in of.items() if len(found) == 1 and next(iter(found)) in parts}
+    return sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure)
 
 
 def _what(parameters: list[str]) -> str:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ftune.methods._base import MethodConfig
+from ftune.methods._base import MethodConfig, VisionModules
 
 
 class Config(MethodConfig):
@@ -34,6 +34,11 @@ class Config(MethodConfig):
     full and is saved with the adapter (`full`)."""
     modules_to_save: list[str] | None = None
     """Extra modules trained in full and saved with the adapter (e.g. `score` for classification)."""
+    modules: VisionModules | None = None
+    """Vision-language models (`model.task: image-text-to-text`): what trains in each part, `{vision, projector,
+    language}` each `frozen`, `lora` or `full`; default `{vision: frozen, projector: full, language: lora}`.
+    LoRA goes on the linear layers of a `lora` part that `target_modules` names (`all-linear`: all of them); a
+    `full` part trains whole and is saved with the adapter (docs/vision.md)."""
     bias: Literal["none", "all", "lora_only"] = "none"
     """Which biases to train."""
     use_rslora: bool = False

@@ -56,6 +56,8 @@ class DataPlan(BaseModel):
     pad_to_multiple_of: int | None = None
     """Batches padded to a multiple of this width: 2 x cp under context parallelism (each row is cut into that
     many load-balanced chunks)."""
+    max_images: int | None = None
+    """vision-chat: the most images a row may carry (`data.images.max_per_sample`, else the family's limit)."""
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -71,4 +73,23 @@ def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
     packs = bool(recipe.data.packing) and collator(recipe) != "padding"
     layout = recipe.distributed.parallelism
     return DataPlan(collator=collator(recipe), packing=packs, cache=str(cache_root(recipe.data.cache_dir)),
-                    step_samples=step_samples, pad_to_multiple_of=2 * layout.cp if layout and layout.cp > 1 else None)
+                    step_samples=step_samples, pad_to_multiple_of=2 * layout.cp if layout and layout.cp > 1 else None,
+                    max_images=max_images(recipe))
+
+
+def max_images(recipe: Recipe) -> int | None:
+    """`data.images.max_per_sample`, else the model family's limit (read from a local config.json), else None."""
+    import json
+
+    from ftune.models.vision import IMAGE_LIMITS
+
+    if recipe.model.task != "image-text-to-text":
+        return None
+    if recipe.data.images.max_per_sample is not None:
+        return recipe.data.images.max_per_sample
+    config = Path(recipe.model.path).expanduser() / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return IMAGE_LIMITS.get(model_type)

@@ -27,7 +27,7 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
     files exist."""
-    found: list[Problem] = model_files(recipe)
+    found: list[Problem] = model_files(recipe) + image_processor(recipe)
     model_path = recipe.model.path
     folder = Path(model_path).expanduser()
     if not model_folder:
@@ -144,6 +144,28 @@ def model_files(recipe: Recipe) -> list[Problem]:
         if problem is not None:
             return [Problem.at("model.path", problem, "download or copy the model again (the file is incomplete)")]
     return []
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def image_processor(recipe: Recipe) -> list[Problem]:
+    """A vision-language model's local folder holds its image processor (AutoProcessor reads it from there)."""
+    if recipe.model.task != "image-text-to-text":
+        return []
+    key = "model.tokenizer" if recipe.model.tokenizer else "model.path"
+    folder = Path(recipe.model.tokenizer or recipe.model.path).expanduser()
+    if not folder.is_dir() or is_adapter(folder):
+        return []
+    config = folder / "processor_config.json"
+    has = (folder / "preprocessor_config.json").is_file() or (config.is_file() and "image_processor" in
+                                                               config.read_text(errors="replace"))
+    if has:
+        return []
+    return [Problem.at(key, f"{folder} has no image processor (no preprocessor_config.json, nor an image_processor "
+                       "in processor_config.json): model.task image-text-to-text reads images through it",
+                       "copy the processor files from the model's hub repository into the folder (or point "
+                       "model.tokenizer at a folder holding them)")]
 
 
 def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:

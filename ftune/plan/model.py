@@ -39,7 +39,7 @@ class ModelLoad(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    auto_class: Literal["AutoModelForCausalLM", "AutoModelForSequenceClassification"]
+    auto_class: Literal["AutoModelForCausalLM", "AutoModelForSequenceClassification", "AutoModelForImageTextToText"]
     path: str
     init: Literal["pretrained", "random"]
     kwargs: dict[str, Any]

@@ -288,7 +288,12 @@ def docs_reference() -> str:
         from ftune.methods import method_module
 
         out.extend(["", f"### `peft` with `method: {method}`", ""])
-        out.extend(_table(method_module(method).Config))
+        config = method_module(method).Config
+        out.extend(_table(config))
+        for key, field in config.model_fields.items():  # a method's nested sections (lora's `modules`)
+            for m in members(field.annotation):
+                if _is_model(m) and m not in seen:
+                    section(m, f"peft.{key}")
     return "\n".join(out) + "\n"
 
 

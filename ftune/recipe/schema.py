@@ -16,13 +16,14 @@ from ftune.plugins import merged as merged_plugins
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
-                   "unpaired-preference", "prompt")
+                   "unpaired-preference", "prompt", "vision-chat")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
 FORMAT_ALIASES: dict[str, dict[str, Any]] = {
     "sharegpt": {"format": "chat", "fields": {"messages": "conversations", "role": "from", "content": "value"},
                  "roles": {"human": "user", "gpt": "assistant", "system": "system"}},
     "alpaca": {"format": "instruction"},
+    "tokens": {"format": "pretokenized"},
 }
 """Format names other tools use, and the source settings each stands for (what `ftune show` prints); keys the
 recipe sets itself win over the alias's."""
@@ -58,8 +59,9 @@ class ModelSection(Section):
     """A `.gguf` file inside the folder `path` names (or set `path` to the .gguf itself): ftune dequantizes it once
     into its cache (~/.cache/ftune/models, keyed by the file's sha256; FTUNE_MODEL_CACHE overrides) as a plain
     Hugging Face folder with its tokenizer and chat template, and trains on that (docs/gguf.md)."""
-    task: Literal["causal-lm", "sequence-classification"] = "causal-lm"
-    """What the model is trained to do."""
+    task: Literal["causal-lm", "sequence-classification", "image-text-to-text"] = "causal-lm"
+    """What the model is trained to do; `image-text-to-text`: a vision-language model (AutoModelForImageTextToText
+    with its AutoProcessor) trained on `format: vision-chat` rows (docs/vision.md)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
     """Dtype the weights are loaded in; `auto` takes the checkpoint's own (float32 when unset)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] | None = None
@@ -108,7 +110,7 @@ class Fields(Section):
     output: str = "output"
     """`instruction`: the response column."""
     messages: str = "messages"
-    """`chat`: the list of messages (sharegpt data often uses `conversations`)."""
+    """`chat` and `vision-chat`: the list of messages (sharegpt data often uses `conversations`)."""
     role: str = "role"
     """`chat`: the role key inside a message (sharegpt: `from`)."""
     content: str = "content"
@@ -117,6 +119,9 @@ class Fields(Section):
     """`pretokenized`: token ids."""
     labels: str = "labels"
     """`pretokenized`: optional labels (-100 = not trained)."""
+    attention_mask: str = "attention_mask"
+    """`pretokenized`: optional mask of 1s and 0s; tokens under a 0 (padding) are dropped, since ftune batches and
+    pads rows itself."""
     label: str = "label"
     """`classification`: the label column (a name from model.labels, or an integer id); `unpaired-preference`:
     the desirable flag (true/false)."""
@@ -140,7 +145,7 @@ class DataSource(Section):
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
     (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo. Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
-    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`."""
+    value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`; `tokens` = `pretokenized`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""
     split: str = "train"
@@ -192,6 +197,21 @@ class DataSource(Section):
         return out
 
 
+class ImageSettings(Section):
+    """How `vision-chat` images are read before the model's image processor sees them (docs/vision.md)."""
+
+    max_pixels: int = Field(1024 * 1024, gt=0)
+    """The most pixels (width x height) an image may have; a larger one is scaled down to fit (`resize: fit`) or
+    refused (`resize: none`)."""
+    min_pixels: int = Field(1, gt=0)
+    """The fewest pixels an image may have; a smaller one is scaled up (`resize: fit`) or refused (`resize: none`)."""
+    resize: Literal["fit", "none"] = "fit"
+    """`fit`: scale an image into [min_pixels, max_pixels] keeping its aspect ratio; `none`: refuse one outside."""
+    max_per_sample: int | None = Field(None, gt=0)
+    """The most images one row may carry; default: the model family's limit where it has one (LLaVA 1.5 and
+    PaliGemma: 1), else no limit."""
+
+
 class EvalSplit(Section):
     split: float = Field(gt=0.0, lt=1.0)
     """Fraction of the training rows held out for evaluation."""
@@ -232,6 +252,8 @@ class DataSection(Section):
     """Processes for preprocessing; default: one."""
     cache_dir: str | None = None
     """Where preprocessed data is cached; default: ~/.cache/ftune/data (FTUNE_CACHE overrides)."""
+    images: ImageSettings = Field(default_factory=ImageSettings)
+    """`vision-chat` sources: image size limits and resizing."""
 
 
 # --------------------------------------------------------------------------------------- quantization

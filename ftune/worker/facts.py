@@ -47,7 +47,8 @@ def _first_batch_fingerprint(trainer) -> dict[str, Any]:
         return {}
     ids = batch["input_ids"].detach().cpu()
     return {"first_batch_shape": list(ids.shape), "first_batch_sum": int(ids.sum()),
-            "first_batch_sha1": hashlib.sha1(ids.numpy().tobytes()).hexdigest()}
+            "first_batch_sha1": hashlib.sha1(ids.numpy().tobytes()).hexdigest(),
+            "first_batch_ids": ids.tolist() if ids.numel() <= 4096 else None}  # small batches: which rows they are
 
 
 def _facts(model, trainer) -> dict:

@@ -46,9 +46,10 @@ def run_stages(plan: Plan) -> dict:
     main = args.process_index == 0
     console = Console(stderr=False, highlight=False) if main else None
 
-    tok = tokenizer.load_tokenizer(plan)
+    processor = tokenizer.load_processor(plan)  # a vision-language model's (image processor + tokenizer)
+    tok = processor.tokenizer if processor is not None else tokenizer.load_tokenizer(plan)
     bundle = data.build(recipe, tok, plan.data, main_process_first=lambda: args.main_process_first(desc="preprocessing"),
-                        log=console.print if console else (lambda *a, **k: None))
+                        log=console.print if console else (lambda *a, **k: None), processor=processor)
     model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None
     if recipe.quantization is not None:
@@ -87,7 +88,7 @@ def run_stages(plan: Plan) -> dict:
     final_metrics = final_eval(trainer) if trainer.eval_dataset is not None else {}
     if recipe.eval.generate is not None and trainer.eval_dataset is not None:
         final_metrics.update(_generation_metrics(plan, trainer, tok, console))
-    saved = save.save_final(trainer, plan, tok)
+    saved = save.save_final(trainer, plan, processor or tok)
     result = {}
     if console:
         card.write(plan, final_metrics, trainer.state.global_step)
@@ -126,9 +127,20 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
         trainer.model, tok, trainer.eval_dataset, metrics=plan.generate_metrics or [],
         max_new_tokens=section.max_new_tokens, max_samples=section.max_samples,
         stop_ids=generation.stop_token_ids(tok, fmt), batch_size=trainer.args.per_device_eval_batch_size,
-        predictions=plan.run.predictions, log=console.print if console and not console.is_terminal else None)
+        predictions=plan.run.predictions, log=console.print if console and not console.is_terminal else None,
+        pixels=_pixels(plan, trainer))
     trainer.log(metrics)
     return metrics
+
+
+def _pixels(plan: Plan, trainer):
+    """A vision-language run's image inputs for generation (the collator's processor and image settings)."""
+    from ftune.worker.data.vision import VisionCollator, pixel_inputs
+
+    collate = trainer.data_collator
+    if not isinstance(collate, VisionCollator):
+        return None
+    return lambda paths, ids: pixel_inputs(collate.processor, paths, collate.images, ids)
 
 
 def _write_error(run: RunDir, payload: dict) -> None:

@@ -18,7 +18,7 @@ def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):
     config = load_config(recipe, token, labels, path=spec.path)
     for key, value in spec.config.items():  # the router's loss settings (plan.model_load.config)
         setattr(config, key, value)
-    if config.pad_token_id is None and tokenizer.pad_token_id is not None:
+    if getattr(config, "pad_token_id", 0) is None and tokenizer.pad_token_id is not None:  # a VLM's lives in text_config
         config.pad_token_id = tokenizer.pad_token_id
     cls = getattr(transformers, spec.auto_class)
     if spec.init == "random":

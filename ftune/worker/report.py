@@ -22,7 +22,8 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
         table.add_row("quantized", quantization)
     table.add_row("parameters", f"{counts.trainable:,} trainable / {counts.total:,} total ({counts.percent:.4f}%)")
     if bundle.report.streaming:
-        table.add_row("data", f"streamed from {bundle.report.stream_files} file(s), not counted")
+        table.add_row("data", f"streamed from {bundle.report.stream_files} file(s), not counted"
+                      + (f"; eval from {bundle.report.stream_eval_files}" if bundle.report.stream_eval_files else ""))
     else:
         table.add_row("data", f"{len(bundle.train):,} train rows"
                       + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))

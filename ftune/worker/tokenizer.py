@@ -65,3 +65,36 @@ def trained_token_ids(tok, model) -> list[int]:
 
 def load_tokenizer(plan):
     return load(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"))
+
+
+PROCESSOR_HINT = ("a vision-language model's folder holds its processor: preprocessor_config.json (the image "
+                  "processor), the tokenizer files and the chat template (set model.tokenizer where they live apart)")
+
+
+def load_processor_at(path: str, recipe, token: str | None = None):
+    """A vision-language model's processor (AutoProcessor: image processor + tokenizer) at `path`, its tokenizer
+    prepared as `load` prepares one (special tokens, a pad token, right padding)."""
+    from transformers import AutoProcessor
+
+    try:
+        proc = AutoProcessor.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code,
+                                             revision=recipe.model.revision, token=token)
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise FtuneError(f"cannot load the processor from {path}: {str(err).splitlines()[0]}",
+                         hint=PROCESSOR_HINT) from err
+    if getattr(proc, "image_processor", None) is None or getattr(proc, "tokenizer", None) is None:
+        raise FtuneError(f"{path} has no image processor (AutoProcessor gave a {type(proc).__name__})",
+                         hint=PROCESSOR_HINT)
+    tok = proc.tokenizer
+    apply_tokens(tok, recipe.model)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    tok.padding_side = "right"
+    return proc
+
+
+def load_processor(plan):
+    """The processor of `plan` (`model.task: image-text-to-text`), None for a text model."""
+    if plan.recipe.model.task != "image-text-to-text":
+        return None
+    return load_processor_at(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"))

@@ -50,3 +50,19 @@ def test_pretokenized_ids_outside_the_vocabulary_fail_before_training(tok, tmp_p
     err = _error(tok, tmp_path, path, format="pretokenized")
     assert "row 2 of" in err.message and f"token id {len(tok) + 5}" in err.message
     assert f"0..{len(tok) - 1}" in err.message and "re-tokenize" in err.hint
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    ({"input_ids": [1, 2, 3], "labels": [1, 2]}, "`labels` has 2 values but `input_ids` has 3"),
+    ({"input_ids": [1, 2, 3], "attention_mask": [1, 1]}, "`attention_mask` has 2 values but `input_ids` has 3"),
+    ({"input_ids": [1, 2, 3], "attention_mask": [1, 2, 1]}, "`attention_mask` holds 2: only 1"),
+    ({"input_ids": [1, 2, 3], "labels": [-100, 2, 10 ** 6]}, "label 1000000 in `labels` is neither -100 nor a token"),
+    ({"input_ids": [1, -4]}, "token id -4 in `input_ids` is outside the tokenizer's vocabulary"),
+])
+def test_tokens_rows_that_would_fail_in_training_are_refused_by_row(tok, tmp_path, row, expected):
+    """`format: tokens`: each bad row is named by file, row and line before any training."""
+    path = tmp_path / "ids.jsonl"
+    path.write_text(json.dumps({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}) + "\n" + json.dumps(row) + "\n")
+    err = _error(tok, tmp_path, path, format="tokens")
+    assert "row 2 of" in err.message and "ids.jsonl" in err.message and expected in err.message, err.message
+    assert err.location.line == 2

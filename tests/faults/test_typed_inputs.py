@@ -1,5 +1,5 @@
 """Inputs are typed where they enter: a list or an object where text is expected is refused with the row and the
-hint that fits (token ids -> `format: pretokenized`, image parts -> vision-chat isn't supported), in the data
+hint that fits (token ids -> `format: pretokenized`, image parts -> `format: vision-chat` for a VLM), in the data
 stage, in `validate --check-paths`, and in `generate --file`; never stringified into "[1, 2, 3]"."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CASES = [  # format, rows, field named, what it holds, hint
     ("text", [{"text": [1, 2, 3]}, {"text": [4, 5]}], "`text`", "a list of token ids", "format: pretokenized"),
     ("instruction", [{"instruction": "q", "output": ["a", "b"]}], "`output`", "a list (['a', 'b'])",
      "must be a string"),
-    ("chat", [{"messages": IMAGE_CHAT}], "`content`", "image (or other media) parts", "vision-chat isn't supported"),
+    ("chat", [{"messages": IMAGE_CHAT}], "`content`", "image (or other media) parts", "`format: vision-chat`"),
 ]
 
 

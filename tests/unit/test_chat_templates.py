@@ -157,6 +157,33 @@ def test_span_labels_walk_equals_the_bisect_reference():
     assert labels_from_spans([1, 2, 3], shuffled, [(0, 4)]) == _labels_by_bisect([1, 2, 3], shuffled, [(0, 4)])
 
 
+def test_span_labels_of_a_batch_equal_row_by_row():
+    """The batched labelling (all rows in one sorted search) gives each row's labels exactly: random rows, empty
+    rows and tokens, spans past the last token, offsets out of order, and spans out of order (the walk decides)."""
+    import random
+
+    from ftune.data.masking import labels_from_spans, labels_from_spans_batch
+
+    rng = random.Random(1)
+    for _ in range(60):
+        ids, offsets, spans = [], [], []
+        for _ in range(rng.randint(1, 12)):
+            n = rng.randint(0, 30)
+            cuts = sorted(rng.sample(range(1, 120), n)) if n else []
+            row = [(a, a) if rng.random() < 0.05 else (a, b) for a, b in zip([0, *cuts], cuts)]
+            if rng.random() < 0.1:
+                rng.shuffle(row)
+            points = sorted(rng.sample(range(0, 130), 2 * rng.randint(0, 3)))
+            offsets.append(row)
+            spans.append(list(zip(points[::2], points[1::2])))
+            ids.append([rng.randint(0, 99) for _ in row])
+        want = [labels_from_spans(i, o, s) for i, o, s in zip(ids, offsets, spans)]
+        assert labels_from_spans_batch(ids, offsets, spans) == want
+    crossed = [[(8, 9), (2, 4)]]  # spans out of order
+    assert labels_from_spans_batch([[7, 8, 9]], [[(0, 2), (2, 3), (8, 9)]], crossed) == \
+        [labels_from_spans([7, 8, 9], [(0, 2), (2, 3), (8, 9)], crossed[0])]
+
+
 def test_offsets_from_the_backend_equal_the_wrappers(tok):
     """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
     the text included, and a backend left truncating sends it back through the wrapper."""
@@ -178,3 +205,17 @@ def test_trainable_counts_targets_after_the_first_token():
 
     for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
         assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)
+
+
+def test_anomaly_bits_in_one_pass_equal_the_named_anomalies():
+    """The per-row bit mask (one pass) says what `chat_anomalies` says, on every short conversation of 4 roles."""
+    from itertools import product
+
+    from ftune.data.chat_rows import ANOMALIES, anomaly_bits, chat_anomalies
+
+    for n in range(5):
+        for roles in product(("system", "user", "assistant", "tool"), repeat=n):
+            for empty in range(n + 1):  # no empty message, or message `empty - 1` empty
+                conv = [{"role": r, "content": "" if k == empty - 1 else "hi"} for k, r in enumerate(roles)]
+                want = chat_anomalies(conv)
+                assert anomaly_bits(conv) == sum(1 << k for k, kind in enumerate(ANOMALIES) if kind in want), conv

@@ -184,3 +184,17 @@ def test_classification_truncation_keeps_the_closing_special_token(tmp_path):
     assert b.train[0]["input_ids"] == [2, 4, 5, 6, 7, 3]  # [CLS] the cat sat on [SEP]
     assert b.train[1]["input_ids"] == [2, 8, 5, 3]  # not cut: as encoded
     assert b.report.truncated == 1
+
+
+def test_tokens_rows_pass_through_with_labels_and_their_attention_mask(tok, tmp_path):
+    """`format: tokens` (= pretokenized): ids and labels kept as given, the padding under a mask's 0s dropped (ftune
+    pads itself), -100 labels never trained; a row without labels trains every token."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rows = [{"input_ids": [5, 6, 7, 8, pad, pad], "labels": [-100, -100, 7, 8, -100, -100],
+             "attention_mask": [1, 1, 1, 1, 0, 0]},
+            {"input_ids": [9, 10, 11], "attention_mask": [1, 1, 1]}]
+    b = run(tok, tmp_path, rows, {"format": "tokens"})
+    assert b.train["input_ids"] == [[5, 6, 7, 8], [9, 10, 11]]
+    assert b.train["labels"] == [[-100, -100, 7, 8], [9, 10, 11]]
+    assert set(b.train.column_names) == {"input_ids", "labels"}
+    assert b.report.tokens == 7 and b.report.trainable_tokens == 2 + 2  # row 1: 7, 8; row 2: 10, 11 (shifted)

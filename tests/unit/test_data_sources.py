@@ -184,3 +184,21 @@ def test_a_streamed_bad_line_halfway_names_the_file_and_line(tok, tmp_path):
             pass
     assert f"line {BATCH + 11} of {bad}" in err.value.message and "is not valid JSON" in err.value.message
     assert (err.value.location.file, err.value.location.line) == (str(bad), BATCH + 11)
+
+
+def test_streamed_eval_reads_its_files_in_order_up_to_the_limit_at_every_evaluation(tok, tmp_path):
+    """`data.streaming` with `data.eval` files: the eval set is a stream too, in file order (never shuffled), bounded
+    by each file's `limit` rows, and read from the start each time the trainer iterates it."""
+    for name, word in (("a", "cat"), ("b", "dog")):
+        (tmp_path / f"eval-{name}.jsonl").write_text(
+            "".join(json.dumps({"text": f"the {word} sat {i}"}) + "\n" for i in range(30)))
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": f"a bird sang {i}"}) + "\n" for i in range(9)))
+    r = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "train": {"max_steps": 3}, "data": {
+        "train": [{"path": str(tmp_path / "train.jsonl")}], "streaming": True, "max_seq_length": 32,
+        "eval": [{"path": str(tmp_path / "eval-*.jsonl"), "limit": 4}], "cache_dir": str(tmp_path / "cache")}})
+    bundle = build(r, tok, log=lambda _: None)
+    texts = [tok.decode(row["input_ids"], skip_special_tokens=True) for row in bundle.eval]
+    assert texts == [f"the {w} sat {i}" for w in ("cat", "dog") for i in range(4)]
+    assert [tok.decode(row["input_ids"], skip_special_tokens=True) for row in bundle.eval] == texts  # again, whole
+    assert bundle.report.stream_eval_files == 2 and "eval streamed from 2 file(s)" in bundle.report.lines()[0]
+    assert not (tmp_path / "cache").exists()  # nothing cached

@@ -2,8 +2,8 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 plugins, outputs, typed, moe, clock                        what plugins register; the output policy; text
-                                                               checks; MoE structure; durations shown
+  1 plugins, outputs, typed, moe, clock, models               what plugins register; the output policy; text
+                                                               checks; MoE and VLM structure; durations shown
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, gguf
   3 recipe                                                     the recipe language
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1,
+    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2,
     "recipe": 3,

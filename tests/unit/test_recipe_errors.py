@@ -38,7 +38,7 @@ def test_issue_example_text(tmp_path):
     assert p.render().endswith(
         "r.yaml:11:3: error: peft.rnak: unknown key (did you mean 'r'?)\n"
         "    hint: allowed keys under `peft`: method, r, alpha, dropout, target_modules, target_parameters, experts, "
-        "router, modules_to_save, bias, use_rslora, use_dora, init"
+        "router, modules_to_save, modules, bias, use_rslora, use_dora, init"
     )
 
 

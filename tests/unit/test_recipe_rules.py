@@ -160,3 +160,21 @@ def test_a_format_of_the_wrong_type_is_located_not_a_crash(tmp_path, value):
     at its key like any wrong value (it raised TypeError: unhashable type)."""
     found = problems(tmp_path, recipe({"    - path: d.jsonl": f"      format: {value}\n"}))
     assert [p.location.line for p in found if "format" in p.path] == [7], [p.render() for p in found]
+
+
+@pytest.mark.parametrize(("change", "where", "says"), [
+    ({"train:\n  max_steps: 5\n": "train:\n  epochs: 1\n"}, "data.streaming", "needs train.max_steps"),
+    ({"    - path: d.jsonl\n": "    - path: d.jsonl\n  eval:\n    split: 0.1\n"}, "data.eval.split",
+     "can't hold out a fraction"),
+    ({"    - path: d.jsonl\n": "    - path: d.jsonl\n  eval:\n    - path: e.jsonl\n"}, "data.eval[0]",
+     "a streamed eval source needs a bound"),
+    ({"    - path: d.jsonl\n": "    - path: d.jsonl\n  eval:\n    - path: e.jsonl\n      limit: 9\n      split: "
+      "train[:5]\n"}, "data.eval[0].split", "split slices need its rows counted"),
+])
+def test_streaming_refuses_what_a_stream_cannot_do(tmp_path, change, where, says):
+    text = BASE.replace("data:\n", "data:\n  streaming: true\n")
+    for old, new in change.items():
+        text = text.replace(old, new)
+    found = problems(tmp_path, text)
+    assert [p.path for p in found] == [where] and says in found[0].message, [(p.path, p.message) for p in found]
+    assert found[0].hint and found[0].location.file.endswith("r.yaml") and found[0].location.line > 1

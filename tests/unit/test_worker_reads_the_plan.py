@@ -25,6 +25,7 @@ ALLOWED = {
     "data.max_dropped_fraction": "data quality gate", "data.model_dump": "the cache key (every data key)",
     "data.streaming": "how the files are read", "data.mix": "how sources interleave",
     "data.mix_stopping": "how sources interleave",
+    "data.images": "how vision-chat images are read and resized (what the rows' images are, like their paths)",
     "peft": "the method's own section, given to its inject()",
     "quantization": "the record in final/ftune.json",
     "train.seed": "seeding", "train.callbacks": "plugin callbacks by name", "train.objective": "the loss family",

@@ -85,17 +85,17 @@ def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
     if recipe.data.eval is None:
         yield Problem.at("eval.generate", "eval.generate needs eval data, but `data.eval` is not set",
                          "set `data.eval` (e.g. `{split: 0.05}`), or remove `eval.generate`")
-    if recipe.model.task != "causal-lm":
+    if recipe.model.task == "sequence-classification":
         yield Problem.at("eval.generate", f"eval.generate needs a causal-lm model, not model.task '{recipe.model.task}'",
                          "remove `eval.generate`: classification reports accuracy through the eval loss only")
     formats = {s.format for s in recipe.data.train}
     defaulted = [i for i, s in enumerate(recipe.data.train) if "format" not in s.model_fields_set]
-    if not formats & {"instruction", "chat"} and defaulted:  # say so where the format would be written
+    if not formats & {"instruction", "chat", "vision-chat"} and defaulted:  # say so where the format would be written
         yield Problem.at(f"data.train[{defaulted[0]}]", "this source sets no `format`, so it defaulted to text; "
                          "eval.generate scores answers to prompts, which needs instruction or chat data",
                          "set `format: instruction` (alias `alpaca`), `format: chat` or `format: sharegpt` here, "
                          "or remove `eval.generate`")
-    elif not formats & {"instruction", "chat"}:
+    elif not formats & {"instruction", "chat", "vision-chat"}:
         yield Problem.at("eval.generate", "eval.generate scores answers to prompts, so it needs instruction or chat "
                          f"data; data.train has {', '.join(sorted(formats))}",
                          "use `format: instruction` or `format: chat` sources, or remove `eval.generate`")

@@ -11,7 +11,7 @@ from ftune.chat import BUILTIN, is_jinja
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
-from ftune.recipe.schema import Recipe
+from ftune.recipe.schema import EvalSplit, Recipe
 
 # One `+`-joined part of datasets' slice syntax: a split name, then optionally [from:to] in rows or percent.
 _SPLIT_PART = re.compile(r"^\s*[\w.-]+\s*(\[\s*(-?\d+\s*%?)?\s*:\s*(-?\d+\s*%?)?\s*\])?\s*$")
@@ -162,10 +162,14 @@ def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
     if t.max_steps is None:
         yield Problem.at("data.streaming", "streaming data has no length, so training needs train.max_steps",
                          "set train.max_steps (the number of optimizer steps to train)")
-    if d.eval is not None:
-        yield Problem.at("data.eval", "streaming does not evaluate during training yet",
-                         "remove data.eval here, and run `ftune eval` on final/ with a recipe whose data.eval names "
-                         "the eval files")
+    if isinstance(d.eval, EvalSplit):
+        yield Problem.at("data.eval.split", "a stream can't hold out a fraction of its rows: they are never counted",
+                         "give data.eval its own files (`data.eval: [{path: eval.jsonl, limit: 1000}]`), streamed "
+                         "and read up to their `limit` at each evaluation")
+    for i, src in enumerate(d.eval if isinstance(d.eval, list) else []):
+        if src.limit is None:
+            yield Problem.at(f"data.eval.{i}", "a streamed eval source needs a bound: every evaluation reads it "
+                             "from the start", f"set data.eval[{i}].limit (rows read from each of its files)")
     if t.objective != "sft" or recipe.model.task != "causal-lm":
         where = "train.objective" if t.objective != "sft" else "model.task"
         yield Problem.at(where, "streaming feeds supervised causal-LM training only",
@@ -173,13 +177,16 @@ def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
     if t.group_by_length:
         yield Problem.at("train.group_by_length", "length grouping needs every length first; a stream has none",
                          "remove train.group_by_length, or set data.streaming: false")
-    for i, src in enumerate(d.train):
+    sources = [("train", i, src) for i, src in enumerate(d.train)]
+    sources += [("eval", i, src) for i, src in enumerate(d.eval if isinstance(d.eval, list) else [])]
+    for part, i, src in sources:
         if src.type in ("hub", "disk"):
-            yield Problem.at(f"data.train.{i}.type", f"streaming reads local files; a {src.type} source isn't yet",
+            yield Problem.at(f"data.{part}.{i}.type", f"streaming reads local files; a {src.type} source isn't yet",
                              "point path at local .jsonl/.parquet/.csv/.txt files (a glob for many)")
         if src.split != "train":
-            yield Problem.at(f"data.train.{i}.split", "a streamed file is read whole; split slices need its rows "
+            yield Problem.at(f"data.{part}.{i}.split", "a streamed file is read whole; split slices need its rows "
                              "counted first", "remove `split`, or set data.streaming: false")
+    for i, src in enumerate(d.train):
         if src.weight is not None and d.mix != "interleave" and len(d.train) > 1:
             yield Problem.at(f"data.train.{i}.weight", "weights resample sources to shares of all rows, which a "
                              "stream can't count", "set `data.mix: interleave` (weights become probabilities)")

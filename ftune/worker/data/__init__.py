@@ -58,9 +58,11 @@ def build(
     *,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     log: Callable[[str], None] = print,
+    processor=None,
 ) -> DataBundle:
     """Preprocess (or read from the cache) the recipe's data for training with `tokenizer`, as the Plan decided
-    (`decided` is `Plan.data`: batching, packing, the cache root, samples per step)."""
+    (`decided` is `Plan.data`: batching, packing, the cache root, samples per step). `processor`: a
+    vision-language model's (AutoProcessor), for vision-chat rows."""
     from pathlib import Path
 
     from ftune.worker.data import packing
@@ -72,11 +74,17 @@ def build(
     data = recipe.data
     train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
     eval_srcs = [resolve(s, f"data.eval[{i}]") for i, s in enumerate(data.eval)] if isinstance(data.eval, list) else []
-    template = chat_template_of(recipe, tokenizer)
+    vision = processor is not None
+    if vision:
+        from ftune.worker.data import vision as vision_data
+
+        template = vision_data.template_of(recipe, processor)
+    else:
+        template = chat_template_of(recipe, tokenizer)
     if data.streaming:
         from ftune.worker.data.stream import build_stream
 
-        train, report = build_stream(recipe, tokenizer, template, train_srcs, decided.packing)
+        train, evals, report = build_stream(recipe, tokenizer, template, train_srcs, eval_srcs, decided.packing)
         for line in report.lines():
             log(line)
         pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
@@ -84,14 +92,18 @@ def build(
         collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of) \
             if how in ("position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" \
             else packing.PaddingCollator(pad, decided.pad_to_multiple_of)
-        return DataBundle(train, None, collate, report, None, how)
+        return DataBundle(train, evals, collate, report, None, how)
     key = make_key(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
         extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,
                "seed": recipe.train.seed,
                # a plugin format's code is part of the result: its version is part of the key
                "plugins": sorted({installed().versions[s.spec.format] for s in train_srcs + eval_srcs
-                                  if s.spec.format in installed().formats})},
+                                  if s.spec.format in installed().formats}),
+               # vision-chat: what the images hold and how they become tokens
+               **({"images": vision_data.images_digest(train_srcs + eval_srcs, data.images),
+                   "image_processor": processor.image_processor.to_json_string(),
+                   "max_images": decided.max_images} if vision else {})},
         files={s.path: content_hash(s) for s in train_srcs + eval_srcs},
         tokenizer=tokenizer_fingerprint(tokenizer),
         template=template,
@@ -116,7 +128,10 @@ def build(
             reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                if rl_data(recipe):
+                if vision:
+                    report = vision_data.preprocess(recipe, processor, train_srcs, eval_srcs, template, scratch,
+                                                    decided.max_images, log=log)
+                elif rl_data(recipe):
                     report = prompt.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 elif preference_data(recipe):
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
@@ -137,7 +152,9 @@ def build(
     if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
-    if recipe.model.task == "sequence-classification":
+    if vision:
+        collate = vision_data.VisionCollator(pad, processor, data.images)
+    elif recipe.model.task == "sequence-classification":
         collate = packing.ClassificationCollator(pad)
     elif how == "padding_free":
         collate = packing.PaddingFreeCollator()

@@ -17,7 +17,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 4  # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix
+# 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix;
+# 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask
+FORMAT_VERSION = 5
 
 
 def sha(value) -> str:

@@ -56,10 +56,11 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-SHARD_TOKENS = 1 << 22
-"""Packing reads and bins at most this many tokens at a time (about 40 bytes of working memory each): memory stays
-flat in the number of rows. Samples pack within their shard; each shard ends on a few partly filled rows (at
-100,000 chat rows, three shards, the fill was 0.970, as at 20,000 rows in one shard: docs/data.md)."""
+SHARD_TOKENS = 1 << 20
+"""Packing reads and bins at most this many tokens at a time (about 40 bytes of working memory each, 40 MiB a
+shard): memory stays flat in the number of rows. Samples pack within their shard; each shard ends on a few partly
+filled rows (at 100,000 chat rows the fill is 0.9701 with 4M-token shards, 0.9695 with 1M-token ones; the
+4M-token shards held about 130 MiB more at the peak: docs/performance.md)."""
 
 
 def pack(ds, capacity: int, scratch=None, lengths=None, shard_tokens: int = SHARD_TOKENS):

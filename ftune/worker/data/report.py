@@ -53,6 +53,8 @@ class DataReport:
     step_samples: int | None = None  # per-device batch x accumulation x world size (set per run, not cached)
     streaming: bool = False  # data.streaming: read while training; nothing counted before
     stream_files: int = 0
+    images: dict | None = None  # vision-chat: count, rows with images, sizes, image tokens, conversion notes
+    stream_eval_files: int = 0  # eval sources' files, read up to their limit at each evaluation
 
     # The totals the issue names, across sources.
     @property
@@ -113,7 +115,9 @@ class DataReport:
         if self.streaming:
             return [f"data: streaming {self.stream_files} file(s): rows are read, tokenized"
                     + (f" and packed into rows of {self.max_seq_length}" if self.packing else "")
-                    + " while training runs; nothing is counted or cached first"]
+                    + " while training runs; nothing is counted or cached first"
+                    + (f"; eval streamed from {self.stream_eval_files} file(s), up to each source's limit"
+                       if self.stream_eval_files else "")]
         out = [
             f"data: {self.rows} rows -> {self.kept} samples ({self.dropped} dropped without a trainable token, "
             + (f"{self.truncated} truncated at {self.max_seq_length})" if self.max_seq_length is not None
@@ -128,6 +132,13 @@ class DataReport:
             total = sum(s.used for s in trained) or 1
             out.append("data: mix " + " · ".join(f"{s.where} {s.used} ({s.used / total:.1%})" for s in trained))
         out += [f"data: WARNING {w}" for w in self.warnings()]
+        if self.images is not None:
+            im = self.images
+            out.append(f"data: images {im['count']} in {im['rows']} of {self.train_samples} train samples; sizes "
+                       "(after resize) "
+                       f"{im['min_size']} .. {im['max_size']}; {im['tokens']} image tokens "
+                       f"({_pct(im['tokens'], im['all_tokens'])} of the tokens, never trained)")
+            out += [f"data: note: {n}" for n in im.get("notes", [])]
         if self.packing:
             out.append(f"data: packed into {self.packed_rows} rows of {self.max_seq_length}, fill {self.fill:.3f}")
         state = "hit" if self.cache_hit else f"miss ({self.cache_reason})"

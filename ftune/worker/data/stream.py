@@ -103,22 +103,28 @@ def _encode_batch(batch, file, encode, locations, src, seed, pack_to):
         yield {"input_ids": ids, "labels": labels, "position_ids": positions}
 
 
-def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Source], packs: bool):
-    """The training IterableDataset and its report (no counts: nothing is read before training)."""
+def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Source], eval_srcs: list[Source],
+                 packs: bool):
+    """The training IterableDataset, the eval one (None without `data.eval` sources) and their report (no counts:
+    nothing is read before training). Eval sources are read in file order, up to their `limit` rows per file (a
+    rule requires it), from the start at every evaluation, and packed like the training rows."""
     import datasets
 
     data, seed = recipe.data, recipe.train.seed
     ctx = Context(tokenizer, data.max_seq_length, data.train_on, template, None, recipe.model.num_labels)
     ints = datasets.List(datasets.Value("int32"))
     cols = {"input_ids": ints, "labels": ints, **({"position_ids": ints} if packs else {})}
-    parts, n_files = [], 0
-    for src in train_srcs:
-        files = src.spec.files()
-        n_files += len(files)
-        parts.append(datasets.IterableDataset.from_generator(
+
+    def stream(src: Source, shuffle_seed: int | None):
+        return datasets.IterableDataset.from_generator(
             _samples, features=datasets.Features(cols),
-            gen_kwargs={"files": files, "src": src, "ctx": ctx, "seed": seed if data.shuffle else None,
-                        "pack_to": data.max_seq_length if packs else None}))
+            gen_kwargs={"files": src.spec.files(), "src": src, "ctx": ctx, "seed": shuffle_seed,
+                        "pack_to": data.max_seq_length if packs else None})
+
+    parts = [stream(src, seed if data.shuffle else None) for src in train_srcs]
+    n_files = sum(len(src.spec.files()) for src in train_srcs)
+    evals = [stream(src, None) for src in eval_srcs]
+    evaluation = None if not evals else evals[0] if len(evals) == 1 else datasets.concatenate_datasets(evals)
     if len(parts) == 1:
         train = parts[0]
     elif data.mix == "interleave":
@@ -127,6 +133,7 @@ def build_stream(recipe: Recipe, tokenizer, template: str, train_srcs: list[Sour
                                              stopping_strategy=data.mix_stopping)
     else:
         train = datasets.concatenate_datasets(parts)
-    report = DataReport(max_seq_length=data.max_seq_length, packing=packs, streaming=True,
-                        stream_files=n_files, cache_reason="streaming: nothing is cached")
-    return train, report
+    report = DataReport(max_seq_length=data.max_seq_length, packing=packs, streaming=True, stream_files=n_files,
+                        stream_eval_files=sum(len(src.spec.files()) for src in eval_srcs),
+                        cache_reason="streaming: nothing is cached")
+    return train, evaluation, report

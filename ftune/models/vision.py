@@ -1,0 +1,80 @@
+"""Vision-language models: which part a module or parameter belongs to (vision tower, projector, language model).
+
+One function decides it, `part_of`, so the planner's counts (the catalog), the peft stage's freezing and LoRA
+targets, and the tests all agree. Names are matched by dotted segments anywhere in the name, so the same rule reads
+a meta model's names, a checkpoint's keys in either layout (`model.visual.x` or `visual.x`) and a peft-wrapped
+model's names (`base_model.model.model.visual.x.lora_A.default.weight`). No heavy imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Part = Literal["vision", "projector", "language"]
+PARTS: tuple[Part, ...] = ("vision", "projector", "language")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Dotted name prefixes of a family's parts; everything else is the language model (with lm_head)."""
+
+    vision: tuple[str, ...]
+    projector: tuple[str, ...]
+
+
+_QWEN = Layout(vision=("visual",), projector=("visual.merger", "visual.deepstack_merger_list"))
+_IDEFICS = Layout(vision=("vision_model",), projector=("connector",))
+_TOWER = Layout(vision=("vision_tower",), projector=("multi_modal_projector", "image_newline"))
+
+# model_type -> layout, as transformers 5.23 names the modules (checked by tests/unit/test_vision_parts.py on
+# tiny models built from configs)
+LAYOUTS: dict[str, Layout] = {
+    "qwen2_vl": _QWEN,
+    "qwen2_5_vl": _QWEN,
+    "qwen3_vl": _QWEN,
+    "qwen3_vl_moe": _QWEN,
+    "idefics3": _IDEFICS,
+    "smolvlm": _IDEFICS,
+    "llava": _TOWER,
+    "llava_next": _TOWER,
+    "llava_onevision": _TOWER,
+    "gemma3": _TOWER,
+    "paligemma": _TOWER,
+    "mistral3": _TOWER,
+}
+
+IMAGE_LIMITS: dict[str, int] = {"llava": 1, "paligemma": 1}
+"""Images per sample a family was trained with, where it has a limit (LLaVA-1.5, PaliGemma: one image per
+prompt); `data.images.max_per_sample` overrides it."""
+
+# a model_type not in the table: any family's prefixes (projector first), so a new family still splits sensibly
+_ANY = Layout(
+    vision=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.vision})),
+    projector=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.projector})),
+)
+
+
+def is_vision_language(model_type: str | None) -> bool:
+    """A model type whose modules `part_of` splits by a known layout."""
+    return model_type in LAYOUTS
+
+
+def _has(name: str, prefixes: tuple[str, ...]) -> bool:
+    dotted = f".{name}."
+    return any(f".{prefix}." in dotted for prefix in prefixes)
+
+
+def part_of(name: str, model_type: str | None) -> Part:
+    """The part of a vision-language model that module or parameter `name` belongs to.
+
+    The projector (Qwen's `visual.merger`, Idefics3's `connector`, LLaVA's `multi_modal_projector`) is matched
+    before the vision tower that may contain it; every other name (embeddings, decoder layers, lm_head) is the
+    language model.
+    """
+    layout = LAYOUTS.get(model_type or "", _ANY)
+    if _has(name, layout.projector):
+        return "projector"
+    if _has(name, layout.vision):
+        return "vision"
+    return "language"

@@ -1,0 +1,58 @@
+"""Vision-language recipes (`model.task: image-text-to-text`, `format: vision-chat`): what they can combine with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ftune.errors import Problem
+from ftune.recipe.schema import Recipe
+from ftune.recipe.sources import sources
+
+VLM = "image-text-to-text"
+
+
+def format_needs_a_vision_model(recipe: Recipe) -> Iterator[Problem]:
+    """vision-chat rows carry images a text-only model can't read; a VLM reads vision-chat rows only."""
+    task = recipe.model.task
+    for key, source in sources(recipe):
+        if source.format == "vision-chat" and task != VLM:
+            yield Problem.at(f"{key}.format", f"format 'vision-chat' carries images, but model.task is '{task}' "
+                             "(a text-only model)", f"set `model.task: {VLM}` (a vision-language model), or use "
+                             "`format: chat` for text-only conversations")
+        elif task == VLM and source.format != "vision-chat":
+            yield Problem.at(f"{key}.format", f"model.task '{VLM}' trains on `format: vision-chat` rows; this source "
+                             f"has format '{source.format}'", "set `format: vision-chat` (a row's content may be "
+                             "plain text: images are optional per row)")
+
+
+def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
+    if recipe.model.task != VLM:
+        if recipe.peft.method == "lora" and recipe.peft.modules is not None:
+            yield Problem.at("peft.modules", "peft.modules splits a vision-language model into its parts; "
+                             f"model.task is '{recipe.model.task}'", "remove peft.modules (or set "
+                             f"`model.task: {VLM}`)")
+        return
+    d = recipe.data
+    if d.packing:
+        yield Problem.at("data.packing", "vision-chat rows can't be packed: a row's image tokens and its pixel "
+                         "inputs must stay together, and the vision models' position ids (M-RoPE) don't restart "
+                         "inside a packed row", "set `data.packing: false`")
+    if d.streaming:
+        yield Problem.at("data.streaming", "vision-chat data is not streamed yet (its images are checked and hashed "
+                         "before training)", "set `data.streaming: false`")
+    if recipe.train.objective != "sft":
+        yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' on a vision-language model "
+                         "is not supported yet: ftune trains VLMs with supervised fine-tuning (sft) only",
+                         "set `train.objective: sft` (DPO on vision pairs: see docs/vision.md)")
+    if recipe.peft.method not in ("lora", "full"):
+        yield Problem.at("peft.method", f"peft.method '{recipe.peft.method}' is not supported on a vision-language "
+                         "model", "use `peft.method: lora` (with peft.modules per part) or `full`")
+    if d.images.min_pixels > d.images.max_pixels:
+        yield Problem.at("data.images.min_pixels", f"min_pixels ({d.images.min_pixels}) is above max_pixels "
+                         f"({d.images.max_pixels})", "make min_pixels <= max_pixels")
+    if recipe.model.add_tokens:
+        yield Problem.at("model.add_tokens", "added tokens are not supported on a vision-language model yet",
+                         "remove model.add_tokens")
+
+
+RULES = [format_needs_a_vision_model, vision_combinations]

@@ -1,0 +1,83 @@
+"""`ftune.models.vision.part_of`: every parameter of a tiny model of each VLM family lands in the right part."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftune.models.vision import LAYOUTS, part_of
+
+_TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+             vocab_size=300)
+_MROPE = {"rope_type": "default", "mrope_section": [2, 2, 4]}
+_SIGLIP = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+               patch_size=14)
+CONFIGS = {
+    "qwen2_vl": dict(vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2),
+                     text_config=dict(_TEXT, rope_scaling=_MROPE)),
+    "qwen2_5_vl": dict(vision_config=dict(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2,
+                                          intermediate_size=64, fullatt_block_indexes=[0]),
+                       text_config=dict(_TEXT, rope_scaling=_MROPE)),
+    "qwen3_vl": dict(vision_config=dict(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2,
+                                        intermediate_size=64, deepstack_visual_indexes=[0]),
+                     text_config=dict(_TEXT, head_dim=16)),
+    "idefics3": dict(vision_config=_SIGLIP, text_config=_TEXT, scale_factor=1),
+    "smolvlm": dict(vision_config=_SIGLIP, text_config=_TEXT, scale_factor=1),
+    "llava": dict(vision_config=dict(_SIGLIP, model_type="clip_vision_model", projection_dim=32),
+                  text_config=dict(_TEXT, model_type="llama")),
+    "gemma3": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, head_dim=16), mm_tokens_per_image=4),
+    "paligemma": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, model_type="gemma2", head_dim=16)),
+}
+# the first segment after the wrapper that each part's parameters start with, as transformers 5.23 builds them
+EXPECTED = {
+    "qwen2_vl": {"vision": {"visual"}, "projector": {"visual"}, "language": {"language_model", "lm_head"}},
+    "idefics3": {"vision": {"vision_model"}, "projector": {"connector"}, "language": {"text_model", "lm_head"}},
+    "llava": {"vision": {"vision_tower"}, "projector": {"multi_modal_projector"},
+              "language": {"language_model", "lm_head"}},
+}
+EXPECTED |= {"qwen2_5_vl": EXPECTED["qwen2_vl"], "qwen3_vl": EXPECTED["qwen2_vl"], "smolvlm": EXPECTED["idefics3"],
+             # Gemma ties lm_head to the embeddings: no parameter of its own
+             "gemma3": EXPECTED["llava"] | {"language": {"language_model"}},
+             "paligemma": EXPECTED["llava"] | {"language": {"language_model"}}}
+
+
+def _meta(model_type: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.for_model(model_type, **CONFIGS[model_type])
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(config)
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_every_parameter_has_the_part_its_module_says(model_type):
+    model = _meta(model_type)
+    seen: dict[str, set[str]] = {"vision": set(), "projector": set(), "language": set()}
+    for name, _ in model.named_parameters():
+        head = name.removeprefix("model.").split(".")[0]
+        seen[part_of(name, model_type)].add(head)
+        # the same parameter under peft's wrapper and in a checkpoint without the `model.` prefix
+        assert part_of(f"base_model.model.{name}", model_type) == part_of(name, model_type)
+        assert part_of(name.removeprefix("model."), model_type) == part_of(name, model_type)
+    assert seen == EXPECTED[model_type]
+    assert model_type in LAYOUTS
+
+
+def test_qwen_merger_is_the_projector_inside_the_vision_tower():
+    assert part_of("model.visual.merger.mlp.0.weight", "qwen2_vl") == "projector"
+    assert part_of("model.visual.blocks.0.attn.qkv.weight", "qwen2_vl") == "vision"
+    assert part_of("model.visual.deepstack_merger_list.0.linear_fc1.weight", "qwen3_vl") == "projector"
+    assert part_of("model.language_model.layers.0.self_attn.q_proj.weight", "qwen2_5_vl") == "language"
+    assert part_of("lm_head.weight", "qwen2_5_vl") == "language"
+
+
+def test_names_match_whole_segments_only():
+    # `visualize` is not `visual`, `connectors` not `connector`
+    assert part_of("model.language_model.visualize.weight", "qwen2_vl") == "language"
+    assert part_of("model.text_model.connectors.weight", "idefics3") == "language"
+
+
+def test_an_unknown_family_uses_every_known_layout_and_a_text_model_is_all_language():
+    assert part_of("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "new_vlm") == "vision"
+    assert part_of("model.multi_modal_projector.linear_1.weight", None) == "projector"
+    assert part_of("model.layers.0.self_attn.q_proj.weight", "llama") == "language"
