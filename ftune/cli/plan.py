@@ -151,6 +151,9 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
         parts = " · ".join(f"{part} {n:,}" + (f" ({per_expert:,} per expert per layer)" if part == "experts" else "")
                            for part, n in sorted(m.trainable_by_part.items()))
         console.print(f"[bold]trains[/]       {parts or 'nothing'}")
+    if est.vision is not None:
+        for line in vision_lines(est.vision):
+            console.print(line)
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""
@@ -216,3 +219,17 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print(shlex.join(plan.launch.command), markup=False)
     for note in plan.notes + est.notes:
         console.print(f"  note: {note}")
+
+
+def vision_lines(v) -> list[str]:
+    """A vision-language model's parts (parameters, trainable) and what one image costs."""
+    from ftune.estimate.estimate import fmt_bytes
+
+    parts = " · ".join(f"{part} {c.params:,}{' ' + c.mode if c.mode else ''} ({c.trainable:,} trainable)"
+                       for part, c in v.parts.items())
+    lines = [f"[bold]parts[/]        {parts}"]
+    if v.image is not None:
+        lines.append(f"[bold]images[/]       {v.image.tokens:,} tokens, {v.image.patches:,} encoder patches per image "
+                     f"({v.image.how}) · image encoder activations {fmt_bytes(v.encoder_activation_bytes)} per device")
+    return lines
+

@@ -5,6 +5,10 @@ id finds its entry by exact id, or by name when its org is the original's or a k
 name is compared case-insensitively, without a `Meta-` prefix and without suffixes that mark a
 variant of the same architecture (`-Instruct`, `-it`, `-chat`, `-Base`, unsloth's `-bnb-4bit`, ...).
 Suffixes that change the model (`-128k`, `-1M`, `-GPTQ`, `-AWQ`, ...) are never stripped.
+
+Vision-language models live apart, in `ftune/catalog/vision/`, and are looked up for `model.task:
+image-text-to-text` only: `google/gemma-3-4b-it` is the whole vision-language model there and its text decoder
+in the text catalog, so each task plans what it loads.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from functools import cache
 from pathlib import Path
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog"
+VISION_CATALOG = CATALOG / "vision"
+VISION_TASK = "image-text-to-text"
 
 MIRROR_ORGS = ("NousResearch", "unsloth", "mistral-community")
 """Orgs that re-upload base models under the original name (unsloth also adds the suffixes below)."""
@@ -43,39 +49,42 @@ def name_key(name: str) -> str:
 
 
 @cache
-def entries() -> dict[str, Path]:
-    """Catalog ids (`org/name`, as the hub spells them) -> their config files."""
-    return {f.stem.replace("--", "/", 1): f for f in sorted(CATALOG.glob("*.json"))}
+def entries(vision: bool = False) -> dict[str, Path]:
+    """Catalog ids (`org/name`, as the hub spells them) -> their config files; `vision`: the vision-language
+    catalog (for `model.task: image-text-to-text`)."""
+    folder = VISION_CATALOG if vision else CATALOG
+    return {f.stem.replace("--", "/", 1): f for f in sorted(folder.glob("*.json"))}
 
 
 @cache
-def by_name() -> dict[str, str]:
+def by_name(vision: bool = False) -> dict[str, str]:
     """Name keys -> catalog ids. Each key names one entry (a test checks it)."""
-    return {name_key(i.split("/", 1)[1]): i for i in entries()}
+    return {name_key(i.split("/", 1)[1]): i for i in entries(vision)}
 
 
-def lookup(model_id: str) -> tuple[str, Path] | None:
-    """The catalog entry (id, config file) for a hub id, or None."""
-    ids = {i.lower(): i for i in entries()}
+def lookup(model_id: str, vision: bool = False) -> tuple[str, Path] | None:
+    """The catalog entry (id, config file) for a hub id, or None; `vision`: in the vision-language catalog."""
+    ids = {i.lower(): i for i in entries(vision)}
     if model_id.lower() in ids:
         found = ids[model_id.lower()]
-        return found, entries()[found]
+        return found, entries(vision)[found]
     org, sep, name = model_id.partition("/")
     if not sep or "/" in name:
         return None
-    found = by_name().get(name_key(name))
+    found = by_name(vision).get(name_key(name))
     if found is None:
         return None
     orgs = {found.split("/", 1)[0].lower(), *(m.lower() for m in MIRROR_ORGS)}
-    return (found, entries()[found]) if org.lower() in orgs else None
+    return (found, entries(vision)[found]) if org.lower() in orgs else None
 
 
-def near(model_id: str, n: int = 3) -> list[str]:
+def near(model_id: str, n: int = 3, vision: bool = False) -> list[str]:
     """Catalog ids closest to `model_id` by name, best first; never empty (the closest ones, however far)."""
     org, _, rest = model_id.rpartition("/")
     name = name_key(rest)
-    close = [by_name()[k] for k in difflib.get_close_matches(name, list(by_name()), n=n, cutoff=0.6)]
-    same_org = [i for i in entries() if org and i.split("/", 1)[0].lower() == org.lower()]
+    names = by_name(vision)
+    close = [names[k] for k in difflib.get_close_matches(name, list(names), n=n, cutoff=0.6)]
+    same_org = [i for i in entries(vision) if org and i.split("/", 1)[0].lower() == org.lower()]
     same_org.sort(key=lambda i: -difflib.SequenceMatcher(None, name, name_key(i.split("/", 1)[1])).ratio())
-    anything = [by_name()[k] for k in difflib.get_close_matches(name, list(by_name()), n=n, cutoff=0.0)]
+    anything = [names[k] for k in difflib.get_close_matches(name, list(names), n=n, cutoff=0.0)]
     return list(dict.fromkeys(same_org + close + anything))[:n]  # same_org is sorted by the same likeness

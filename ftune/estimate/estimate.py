@@ -20,6 +20,7 @@ from ftune.estimate.memory import (
     MemoryItem,
     ParamFact,
     fmt_bytes,
+    galore_low_rank,
     layer_split,
     optimizer_spec,
     parse_bytes,  # noqa: F401  (re-exported for the CLI)
@@ -28,6 +29,7 @@ from ftune.estimate.memory import (
 )
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
+from ftune.estimate.vision import VisionFacts, base_parts, with_images
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import Recipe
@@ -72,6 +74,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     moe: MoeFacts | None = None
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
+    vision: VisionFacts | None = None
+    """Vision-language models: parameters per part, total and trainable; what an image costs."""
     longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
 
     @property
@@ -278,6 +282,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
     embedding = model.get_input_embeddings().weight.numel()
+    vision_base = base_parts(recipe, model, config)  # a VLM's parts, before the method adds to them
     quantized = _quantize_layout(model, recipe)
     if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
@@ -330,11 +335,15 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
                      + (", its MLP part sized for the routed experts (top_k x their widths)" if mlp else ""))
         notes += said
 
+    facts_vision, profile = (None, profile) if vision_base is None else with_images(
+        recipe, vision_base, model, config, profile, batch=batch, seq=seq, itemsize=DTYPES[dtype], notes=notes)
+
     dist = recipe.distributed
     fsdp_layout = None
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
+    facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
@@ -359,17 +368,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe, longest_seq=longest,
+        moe=facts_moe, vision=facts_vision, longest_seq=longest,
     )
-
-
-def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
-    """GaLore's rank (transformers' default 128) and target modules, from train.optimizer_args."""
-    args = train.optimizer_args or {}
-    if not train.optimizer.startswith("galore_") or "target_modules" not in args:
-        return None
-    targets = args["target_modules"]
-    return int(args.get("rank", 128)), targets if isinstance(targets, str) else tuple(targets)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
@@ -380,7 +380,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   reference_copy=train.objective if reference_copy(recipe) else None,
                   double_quant=bool(recipe.quantization and recipe.quantization.double_quant),
-                  low_rank=_low_rank(train))
+                  low_rank=galore_low_rank(train))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,

@@ -38,9 +38,17 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
         return Path(cached), f"hf-cache {cached}"
     if recipe.model.config is not None:
         return _own_config(recipe.model.config)
-    found = catalog.lookup(path)
+    vision = recipe.model.task == catalog.VISION_TASK
+    found = catalog.lookup(path, vision)
     if found is not None:
-        return found[1], f"catalog {found[1].name}"
+        return found[1], f"catalog {'vision/' if vision else ''}{found[1].name}"
+    other = catalog.lookup(path, not vision)
+    if other is not None:  # in the other catalog: the task, not the name, is what's wrong
+        what = ("a vision-language model", f"set model.task: {catalog.VISION_TASK}") if not vision else \
+            ("a text-only model", "name a vision-language model (docs/vision-plan.md lists the catalog's), or set "
+                                  "model.task: causal-lm")
+        raise RecipeError([Problem.at("model.task", f"{path!r} is {what[0]} in the catalog ({other[0]}), but "
+                                      f"model.task is {recipe.model.task!r}", what[1])])
     if str(path).lower().endswith(".gguf"):  # a llama.cpp file: there is nothing to download to make it trainable
         raise RecipeError([Problem.at("model.path", f"{path!r} is a GGUF file (llama.cpp's format): ftune fine-tunes "
                                       "Hugging Face models (config.json and safetensors weights)",
@@ -53,7 +61,7 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
         raise RecipeError([Problem.at("model.path", f"model folder not found: {path}{where}",
                                       "check the folder: model.path must be a folder holding config.json (or set "
                                       "model.config to the model's config.json to plan without its weights)")])
-    near = catalog.near(path)
+    near = catalog.near(path, vision=vision)
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise RecipeError([Problem.at(
         "model.path",
@@ -89,7 +97,12 @@ def resolve_dtype(recipe: Recipe, config) -> str:
 def _build(recipe: Recipe, config_file: Path):
     """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
     remote = recipe.model.trust_remote_code
     try:
@@ -99,11 +112,11 @@ def _build(recipe: Recipe, config_file: Path):
                          "if the model ships its own code") from None
     dtype = resolve_dtype(recipe, config)
     auto = AutoModelForCausalLM
-    if recipe.model.task == "image-text-to-text":
-        from transformers import AutoModelForImageTextToText as auto
     if recipe.model.task == "sequence-classification":
         auto = AutoModelForSequenceClassification
         config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
+    elif recipe.model.task == catalog.VISION_TASK:
+        auto = AutoModelForImageTextToText
     attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
 
     def build(attn: str):
