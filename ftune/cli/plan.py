@@ -106,7 +106,9 @@ def _plan(args: argparse.Namespace) -> int:
                        gpu_memory=gpu_memory, device=device)
     except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
         raise loaded.error(err.problems) from None
-    data = count_data(recipe, plan.world_size, plan.tokenizer_path, plan.trainer["num_train_epochs"])
+    from ftune.plan.parallelism import data_parallel
+
+    data = count_data(recipe, data_parallel(recipe, plan.world_size), plan.tokenizer_path, plan.trainer["num_train_epochs"])
     if args.format == "json":
         out = {
             "recipe": loaded.file,
@@ -162,6 +164,9 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
         classes = ", ".join(f"{c} x{n}" for c, n in est.fsdp.unit_classes.items())
         layout += (f"\n             FSDP {dist.fsdp.sharding_strategy}: {est.fsdp.units} units ({classes}); "
                    f"shard {fmt_bytes(est.fsdp.shard_bytes_per_rank)} per rank over {est.fsdp.shard_ranks} ranks")
+    if (par := plan.parallelism) is not None and par.total > 1:
+        layout += (f"\n             dp_replicate {par.dp_replicate} x dp_shard {par.dp_shard} x tp {par.tp} x cp {par.cp}:"
+                   f" {par.dp} data-parallel rank(s)")
     console.print(f"[bold]distributed[/]  {layout}")
 
     table = Table(title="memory per device (peak)", title_justify="left", show_edge=False)
@@ -182,6 +187,9 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
         word = "[green]fits[/]" if est.fits else "[red bold]does not fit[/]"
         console.print(f"[bold]verdict[/]      {word}: {fmt_bytes(est.total_bytes)} of "
                       f"{fmt_bytes(est.device_memory)} ({100 * est.total_bytes / est.device_memory:.0f}%)")
+    if est.longest_seq is not None:
+        console.print(f"[bold]longest row[/]  {est.longest_seq:,} tokens fit (per_device_batch_size "
+                      f"{plan.recipe.train.per_device_batch_size}; activations grow linearly with the row)")
     console.print("[bold]largest[/]      " + "; ".join(est.largest))
     for s in est.suggestions:
         console.print(f"  suggestion: {s}")

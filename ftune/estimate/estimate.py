@@ -20,12 +20,14 @@ from ftune.estimate.memory import (
     MemoryItem,
     ParamFact,
     fmt_bytes,
+    galore_low_rank,
     layer_split,
     optimizer_spec,
     parse_bytes,  # noqa: F401  (re-exported for the CLI)
     per_device,
     weight_bytes,
 )
+from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
 from ftune.estimate.vision import VisionFacts, base_parts, with_images
 from ftune.modeling import linear_layer_names
@@ -74,6 +76,7 @@ class Estimate:
     """Mixture-of-experts models: total and active parameters, FLOPs per token, the adapter by model part."""
     vision: VisionFacts | None = None
     """Vision-language models: parameters per part, total and trainable; what an image costs."""
+    longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
 
     @property
     def trainable_percent(self) -> float:
@@ -214,8 +217,9 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
         classes[cls] = classes.get(cls, 0) + 1
     classes[f"root ({type(model).__name__})"] = 1
     ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
-    if fsdp.sharding_strategy == "no_shard":
-        ranks = 1
+    ranks = 1 if fsdp.sharding_strategy == "no_shard" else ranks
+    par = recipe.distributed.parallelism  # accelerate's FSDP2 shards over the dp_shard x cp mesh (replicas: HSDP)
+    ranks = par.dp_shard * par.cp if par is not None else ranks
     return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), max([b for _, b in units], default=0),
                       root)
 
@@ -341,6 +345,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
     facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
+    memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -349,6 +354,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
+    longest = None if usable is None or attn == "eager" else longest_row(
+        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes)
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
@@ -361,17 +368,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe, vision=facts_vision,
+        moe=facts_moe, vision=facts_vision, longest_seq=longest,
     )
-
-
-def _low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
-    """GaLore's rank (transformers' default 128) and target modules, from train.optimizer_args."""
-    args = train.optimizer_args or {}
-    if not train.optimizer.startswith("galore_") or "target_modules" not in args:
-        return None
-    targets = args["target_modules"]
-    return int(args.get("rank", 128)), targets if isinstance(targets, str) else tuple(targets)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
@@ -382,7 +380,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   reference_copy=train.objective if reference_copy(recipe) else None,
                   double_quant=bool(recipe.quantization and recipe.quantization.double_quant),
-                  low_rank=_low_rank(train))
+                  low_rank=galore_low_rank(train))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
@@ -397,4 +395,5 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
                       offload_optimizer=bool(ds and ds.offload_optimizer),
                       offload_params=bool(ds and ds.offload_params),
                       master_weights=train.mixed_precision != "no")
-    return Layout(**common, strategy=dist.strategy, shard_ranks=world_size)
+    tp = dist.parallelism is not None and dist.parallelism.tp > 1  # accelerate keeps a tp model out of DDP
+    return Layout(**common, strategy="none" if tp else dist.strategy, shard_ranks=world_size)

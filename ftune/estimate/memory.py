@@ -207,6 +207,14 @@ def galore_targets(params: list[ParamFact], targets: tuple[str, ...] | str) -> s
     return out
 
 
+def galore_low_rank(train) -> tuple[int, tuple[str, ...] | str] | None:
+    """GaLore's rank (transformers' default 128) and target modules, from train.optimizer_args."""
+    args = train.optimizer_args or {}
+    if not train.optimizer.startswith("galore_") or "target_modules" not in args:
+        return None
+    return int(args.get("rank", 128)), (t if isinstance(t := args["target_modules"], str) else tuple(t))
+
+
 def galore_state_bytes(params: list[ParamFact], rank: int, targets: tuple[str, ...] | str, eight_bit: bool) -> int:
     """GaLore keeps its Adam moments on the projected gradient: a projected m x n matrix holds r x max(m, n) per
     moment, plus its r x min(m, n) projector; other trainable tensors keep full-size moments."""

@@ -53,6 +53,9 @@ class DataPlan(BaseModel):
     """The data cache root (absolute): `data.cache_dir`, else $FTUNE_CACHE, else ~/.cache/ftune/data."""
     step_samples: int
     """Samples one optimizer step consumes (the Plan's effective batch size), for the data report."""
+    pad_to_multiple_of: int | None = None
+    """Batches padded to a multiple of this width: 2 x cp under context parallelism (each row is cut into that
+    many load-balanced chunks)."""
     max_images: int | None = None
     """vision-chat: the most images a row may carry (`data.images.max_per_sample`, else the family's limit)."""
 
@@ -68,8 +71,10 @@ def cache_root(cache_dir: str | None) -> Path:
 def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
     """The data stage's decisions for `recipe` when one optimizer step consumes `step_samples` samples."""
     packs = bool(recipe.data.packing) and collator(recipe) != "padding"
+    layout = recipe.distributed.parallelism
     return DataPlan(collator=collator(recipe), packing=packs, cache=str(cache_root(recipe.data.cache_dir)),
-                    step_samples=step_samples, max_images=max_images(recipe))
+                    step_samples=step_samples, pad_to_multiple_of=2 * layout.cp if layout and layout.cp > 1 else None,
+                    max_images=max_images(recipe))
 
 
 def max_images(recipe: Recipe) -> int | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from ftune import __version__, adapter
 from ftune.data.check import check_fields
 from ftune.errors import Problem
-from ftune.plan import accelerate, batching, cluster, ddp, environment, gguf, preference, preflight, quantization, rl
+from ftune.plan import (accelerate, batching, cluster, ddp, environment, gguf, parallelism, preference, preflight,
+                        quantization, rl)
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -129,6 +130,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                                                                                     recipe_dir))
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
+    problems += parallelism.problems(recipe, device, world_size)
     problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
@@ -161,7 +163,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                | preference.config_kwargs(recipe) | rl.config_kwargs(recipe)
                | ddp.find_unused(recipe, world_size, experts, notes))
     load = model_load(recipe, adapter=adapter_dir)
-    effective_batch = train.per_device_batch_size * train.gradient_accumulation_steps * world_size
+    layout = parallelism.decide(recipe)
+    notes += parallelism.notes(layout, world_size)
+    effective_batch = (train.per_device_batch_size * train.gradient_accumulation_steps
+                       * parallelism.data_parallel(recipe, world_size))
     if gguf_source is not None:
         load = load.model_copy(update={"gguf": gguf_source})
         notes.append(gguf.note(gguf_source, recipe.model.path))
@@ -177,6 +182,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         world_size=world_size,
         mixed_precision=mp,
         effective_batch_size=effective_batch,
+        parallelism=layout,
         tokenizer_path=tokenizer_source(written),
         model_load=load,
         data=batching.data_plan(recipe, step_samples=effective_batch),

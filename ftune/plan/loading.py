@@ -16,16 +16,24 @@ def model_load(recipe: Recipe, quantization=None, path: str | None = None, adapt
     m = recipe.model
     q = recipe.quantization if quantization is None else quantization
     kwargs: dict[str, Any] = {"dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
+    layout = recipe.distributed.parallelism
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
+    elif layout is not None and layout.cp > 1:
+        kwargs["attn_implementation"] = "sdpa"  # context parallelism splits sequences through SDPA only
     init = "pretrained" if path is not None else m.init
     if init == "pretrained":
         if m.revision is not None and path is None:
             kwargs["revision"] = m.revision
         if q is not None:
             kwargs["quantization_config"] = bnb_config(q)
+    sharded = None
+    if layout is not None and path is None:  # `ftune eval` (a path) loads final/ whole
+        from ftune.plan.parallelism import decide
+
+        sharded = decide(recipe).load_kwargs()
     return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs,
-                     config=router_config(recipe), adapter=adapter)
+                     config=router_config(recipe), adapter=adapter, distributed=sharded)
 
 
 def router_config(recipe: Recipe) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ftune.plan.batching import Collator, DataPlan
 from ftune.plan.cluster import ClusterEnv
 from ftune.plan.gguf import GgufSource
+from ftune.plan.parallelism import Parallel
 from ftune.plan.threads import CpuThreads
 from ftune.recipe.schema import Recipe
 from ftune.rundir import RunDir
@@ -49,6 +50,10 @@ class ModelLoad(BaseModel):
     adapter: str | None = None
     """A saved adapter folder (`model.path` pointed at it) that the peft stage loads trainable and trains on,
     instead of adding a fresh adapter; `path` is then the base it was trained on (`ftune.plan.adapter`)."""
+    distributed: dict[str, int] | None = None
+    """Tensor parallelism: `from_pretrained(..., distributed_config=DistributedConfig(**distributed))` splits the
+    weights by the model's tp_plan (`tp_size`) and FSDP2-shards them (`fsdp_size`) as they load
+    (`ftune.plan.parallelism`)."""
     gguf: GgufSource | None = None
     """The GGUF file `model.path` named (`ftune.plan.gguf`); `path` is then its dequantized copy in the cache, which
     `ftune run` writes before launch when it is not there yet."""
@@ -74,7 +79,9 @@ class Plan(BaseModel):
     mixed_precision: Literal["no", "fp16", "bf16"]
     """The one autocast precision: the accelerate config and `trainer` (bf16/fp16) both carry it."""
     effective_batch_size: int
-    """per_device_batch_size x gradient_accumulation_steps x world_size."""
+    """per_device_batch_size x gradient_accumulation_steps x data-parallel ranks (world_size / (tp x cp))."""
+    parallelism: Parallel | None = None
+    """`distributed.parallelism` as decided (`ftune.plan.parallelism`): the worker's DistributedConfig / ParallelismConfig."""
     tokenizer_path: str
     """Where the tokenizer is loaded from: `model.tokenizer`, else `model.path`."""
     model_load: ModelLoad

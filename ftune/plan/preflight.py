@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
-from ftune.plan import quantization
+from ftune.plan import parallelism, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.schema import FsdpSection, Recipe
 
@@ -91,7 +91,7 @@ def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
             return [Problem.at("model.path", err.message, err.hint)]
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
-    found += completion_position_problems(recipe, model)
+    found += completion_position_problems(recipe, model) + parallelism.model_problems(recipe, model.config)
     return found + quantization.check_model_config(recipe, model, device)
 
 

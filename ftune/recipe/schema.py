@@ -318,6 +318,20 @@ class DeepSpeedSection(Section):
     """Path to a DeepSpeed JSON config, used as is (relative to the recipe)."""
 
 
+class ParallelismSection(Section):
+    """N-D parallelism (accelerate's ParallelismConfig): how the world's processes split the work. The four
+    sizes multiply to the world size (num_processes x num_machines); docs/distributed.md#n-d-parallelism."""
+
+    dp_replicate: int = Field(1, ge=1)
+    """Data-parallel replicas (each a whole copy, or an FSDP group with dp_shard: HSDP)."""
+    dp_shard: int = Field(1, ge=1)
+    """Ranks that shard the parameters, gradients and optimizer state (FSDP2)."""
+    tp: int = Field(1, ge=1)
+    """Tensor parallelism: each layer's matrices split over this many ranks (the model's tp_plan)."""
+    cp: int = Field(1, ge=1)
+    """Context parallelism: each sequence split over this many ranks (SDPA ring attention; CUDA only)."""
+
+
 class DistributedSection(Section):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
     """How processes share the work."""
@@ -340,6 +354,8 @@ class DistributedSection(Section):
     transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
     accelerate_config: str | None = None
     """An existing accelerate config file to start from; the recipe's explicit keys win."""
+    parallelism: ParallelismSection | None = None
+    """N-D parallelism: data-parallel replicas and shards, tensor and context parallel sizes."""
     expert_parallel_size: int | None = Field(None, ge=1)
     """Mixture-of-experts models: split each layer's experts over this many ranks (expert parallelism). Refused:
     neither accelerate 1.15 nor the Trainer of transformers 5.23 shards fused experts for training (docs/moe.md)."""

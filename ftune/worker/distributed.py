@@ -108,18 +108,48 @@ def set_mixed_precision_policy(accelerator, plan) -> None:
         **{key: None if name is None else getattr(torch, name) for key, name in spec.items()})
 
 
+def apply_cpu_parallelism_shim() -> None:
+    """Let accelerate's ParallelismConfig accept CPU processes (gloo). On CPU accelerate's state is MULTI_CPU,
+    which `ParallelismConfig._validate_accelerator` rejects by name only: the device mesh it builds, the tensor-
+    parallel path (no DDP around a DTensor model) and the rest work on gloo (measured: tp 2 gives the losses of
+    one process). Validated as the multi-GPU type it stands for; idempotent."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DistributedType
+
+    validate = ParallelismConfig._validate_accelerator
+    if getattr(validate, "_ftune_cpu", False):
+        return
+
+    def on_cpu(self, accelerator):
+        state = accelerator.state
+        if state.distributed_type != DistributedType.MULTI_CPU:
+            return validate(self, accelerator)
+        state.distributed_type = DistributedType.MULTI_GPU
+        try:
+            return validate(self, accelerator)
+        finally:
+            state.distributed_type = DistributedType.MULTI_CPU
+
+    on_cpu._ftune_cpu = True
+    ParallelismConfig._validate_accelerator = on_cpu
+
+
 def prepare(plan) -> None:
     """Called by the worker before TrainingArguments/the Trainer exist."""
     d = plan.recipe.distributed
     if d.strategy == "fsdp" and d.fsdp is not None and d.fsdp.version == 1 and plan.recipe.peft.uses_peft_library:
         apply_fsdp1_adapter_names_fix()
-    if plan.recipe.distributed.strategy != "fsdp" or plan.device != "cpu":
+    if plan.device != "cpu":
         return
     import warnings
 
     import torch
 
     if torch.cuda.is_available():
+        return
+    if plan.parallelism is not None and plan.parallelism.total > 1:
+        apply_cpu_parallelism_shim()
+    if plan.recipe.distributed.strategy != "fsdp":
         return
     warnings.filterwarnings("ignore", message=".*Module is put on CPU.*")
     apply_cpu_fsdp_shim()

@@ -78,6 +78,8 @@ def run_stages(plan: Plan) -> dict:
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
 
+    if plan.resume_from is not None:
+        train.stop_at_max_steps(trainer)
     trainer.train(resume_from_checkpoint=plan.resume_from)
     if STOP.requested and STOP.phase != "setup":  # SIGTERM while training: a checkpoint of this step was saved
         step = trainer.state.global_step

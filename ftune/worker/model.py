@@ -26,7 +26,12 @@ def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):
         model = cls.from_config(config, **spec.kwargs)
     else:
         # from_pretrained builds on the meta device and materialises weights as they load.
-        model = cls.from_pretrained(spec.path, config=config, token=token, **spec.kwargs)
+        extra = {}
+        if spec.distributed:  # tensor parallelism: the weights are split over the ranks as they load
+            from transformers.distributed.configuration_utils import DistributedConfig
+
+            extra["distributed_config"] = DistributedConfig(**spec.distributed)
+        model = cls.from_pretrained(spec.path, config=config, token=token, **spec.kwargs, **extra)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     return model

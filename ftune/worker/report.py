@@ -28,9 +28,10 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
         table.add_row("data", f"{len(bundle.train):,} train rows"
                       + (f", {len(bundle.eval):,} eval" if bundle.eval is not None else ""))
     t = plan.trainer  # what runs, as the Plan gives it to the trainer
+    dp = plan.parallelism.dp if plan.parallelism is not None else plan.world_size
+    ranks = f"{dp} process{'es' if dp != 1 else ''}" if dp == plan.world_size else f"{dp} data-parallel rank(s)"
     table.add_row("batch", f"{plan.effective_batch_size} effective = {t['per_device_train_batch_size']} per device "
-                  f"× {t['gradient_accumulation_steps']} accumulation × {plan.world_size} "
-                  f"process{'es' if plan.world_size != 1 else ''}")
+                  f"× {t['gradient_accumulation_steps']} accumulation × {ranks}")
     steps = f"{t['max_steps']} max steps" if t["max_steps"] > 0 else f"{t['num_train_epochs']:g} epochs"
     table.add_row("schedule", f"{steps}, lr {t['learning_rate']:g} ({t['lr_scheduler_type']}), seed {t['seed']}")
     strategy = f" ({r.distributed.strategy})" if r.distributed.strategy != "none" else ""

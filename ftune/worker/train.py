@@ -25,7 +25,12 @@ def _import(path: str):
 def training_arguments(plan, **replace):
     """`config_class(**plan.trainer)` (TrainingArguments or TRL's subclass): the compiled kwargs unchanged
     (`replace` only for `ftune eval`)."""
-    return _import(plan.config_class)(**(plan.trainer | replace))
+    layout = {}
+    if plan.parallelism is not None and plan.parallelism.total > 1 and "parallelism_config" not in replace:
+        from accelerate.parallelism_config import ParallelismConfig
+
+        layout = {"parallelism_config": ParallelismConfig(**plan.parallelism.accelerate_kwargs())}
+    return _import(plan.config_class)(**(plan.trainer | layout | replace))
 
 
 def eval_arguments(plan, output_dir=None):
@@ -97,6 +102,23 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
     )
     trainer.remove_callback(PrinterCallback)  # ftune's own progress bar and metrics.jsonl replace raw dict prints
     return trainer
+
+
+def stop_at_max_steps(trainer) -> None:
+    """Train no step past max_steps when resuming. transformers 5.23 resumes a checkpoint taken at max_steps (a
+    run stopped after its last checkpoint, before final/) into its epoch loop, which trains one more step before
+    it checks max_steps: checkpoint-4 of a 4-step run became a 5-step run. Each epoch now starts only below
+    max_steps, so such a resume loads the checkpoint and goes straight to the save."""
+    run_epoch = trainer._run_epoch
+
+    def run_epoch_below_max(*args, **kwargs):
+        state = trainer.state
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            trainer.control.should_training_stop = True
+            return None
+        return run_epoch(*args, **kwargs)
+
+    trainer._run_epoch = run_epoch_below_max
 
 
 def _early_stopping(plan, args) -> list:

@@ -153,3 +153,30 @@ def test_rerun_resumes_from_the_last_complete_checkpoint_to_the_same_loss(job):
     assert [m["step"] for m in rerun] == list(range(step + 1, STEPS + 1))  # from the checkpoint on, to the end
     reference = losses(job.one)
     assert [m["loss"] for m in rerun] == pytest.approx(reference[step:], rel=LOSS_RTOL)
+
+
+@pytest.mark.extended  # two more worker starts; the PET_* job above covers the same mapping in `make test`
+def test_a_real_torchrun_job_trains_like_one_process(job, tmp_path):
+    """What a torchrun user types, once per node: `torchrun --nnodes 2 --node-rank R --nproc-per-node 1
+    --master-addr A --master-port P -m ftune.cli.main run RECIPE`. torchrun's agent holds MASTER_PORT, ftune's
+    launch takes the next port; the two nodes form a world of 2 and log the one-process run's losses."""
+    steps, out = 6, tmp_path / "torchrun"
+    port = _free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "SLURM_", "OMPI_"))}
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+         "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+         "-m", "ftune.cli.main", "run", str(job.dir.parent / "job.yaml"), f"train.max_steps={steps}",
+         "checkpoint.strategy='no'", f"output.dir={out}"],
+        cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**clean, "OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"}) for rank in (0, 1)]
+    for node in nodes:
+        text = node.communicate(timeout=400)[0]
+        assert node.returncode == 0, text[-3000:]
+    facts = [json.loads(RunDir(out).rank_facts(r).read_text()) for r in (0, 1)]
+    assert [f["world_size"] for f in facts] == [2, 2] and facts[0]["first_batch_sha1"] != facts[1]["first_batch_sha1"]
+    plan = json.loads(RunDir(out).plan.read_text())
+    assert plan["cluster"]["launcher"] == "torchrun"
+    assert plan["cluster"]["sources"]["distributed.num_machines"] == "WORLD_SIZE=2"
+    assert plan["cluster"]["main_process_port"] == port + 1
+    assert losses(out) == pytest.approx(losses(job.one)[:steps], rel=LOSS_RTOL)

@@ -120,3 +120,15 @@ def test_ctrl_c_leaves_a_resumable_run_dir(tmp_path, tiny_model_dir, text_data_f
 
     latest = RunDir(run_dir).latest_complete_checkpoint()
     assert latest is not None and (latest / "adapter_model.safetensors").is_file()
+
+    # Resumed where max_steps says training ends (a run stopped after its last checkpoint): no step past it.
+    # transformers 5.23 trained one more (checkpoint-4 of a 4-step run ended as a 5-step run with checkpoint-5).
+    step = int(latest.name.rsplit("-", 1)[1])
+    before = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    res = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path), f"train.max_steps={step}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (run_dir / "final" / "ftune_complete.json").is_file()
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()[before:]]
+    assert logged and max(logged) == step, logged  # the resumed start logged its end at `step`, no step after it
+    assert not (run_dir / "checkpoints" / f"checkpoint-{step + 1}").exists()

@@ -389,22 +389,29 @@ def test_cpu_fsdp_shim_only_for_fsdp_without_cuda(monkeypatch):
 
     from ftune.worker import distributed as stage
 
-    applied = []
+    applied, mesh = [], []
     monkeypatch.setattr(stage, "apply_cpu_fsdp_shim", lambda: applied.append(True))
+    monkeypatch.setattr(stage, "apply_cpu_parallelism_shim", lambda: mesh.append(True))
 
     class P:
-        def __init__(self, strategy, device):
-            self.recipe, self.device = recipe({"strategy": strategy}), device
+        def __init__(self, strategy, device, parallelism=None):
+            self.recipe, self.device, self.parallelism = recipe({"strategy": strategy}), device, parallelism
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     stage.prepare(P("ddp", "cpu"))
     stage.prepare(P("fsdp", "cuda"))
     assert applied == []
     stage.prepare(P("fsdp", "cpu"))
-    assert applied == [True]
+    assert applied == [True] and mesh == []
+    from ftune.plan.parallelism import Parallel
+
+    stage.prepare(P("ddp", "cpu", Parallel(tp=2)))  # ParallelismConfig accepts CPU processes: only then
+    stage.prepare(P("ddp", "cuda", Parallel(tp=2)))
+    assert mesh == [True] and applied == [True]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     stage.prepare(P("fsdp", "cpu"))
-    assert applied == [True]
+    stage.prepare(P("ddp", "cpu", Parallel(tp=2)))
+    assert applied == [True] and mesh == [True]
 
 
 def test_fsdp_checkpointing_with_an_adapter_saves_full_adapter_checkpoints():

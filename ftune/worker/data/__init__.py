@@ -89,9 +89,9 @@ def build(
             log(line)
         pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
         how = decided.collator
-        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation) if how in (
-            "position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" else \
-            packing.PaddingCollator(pad)
+        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of) \
+            if how in ("position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" \
+            else packing.PaddingCollator(pad, decided.pad_to_multiple_of)
         return DataBundle(train, evals, collate, report, None, how)
     key = make_key(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
@@ -159,7 +159,7 @@ def build(
     elif how == "padding_free":
         collate = packing.PaddingFreeCollator()
     elif how in ("position_ids", "block_mask"):
-        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation)
+        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of)
     else:
-        collate = packing.PaddingCollator(pad)
+        collate = packing.PaddingCollator(pad, decided.pad_to_multiple_of)
     return DataBundle(train, evals, collate, report, report.label_names, how, report.warnings())
