@@ -256,13 +256,14 @@ def test_sigterm_leaves_a_checkpoint_that_a_rerun_resumes_to_the_last_step(work)
     import os
     import signal
 
-    from tests.faults.test_run_faults import _start, _wait_for, _workers_of
+    from tests.faults.test_run_faults import _start_path, _wait_for, _workers_of
 
     folder = work["folder"]
     recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-term")
     recipe["train"].update(max_steps=STEPS_TERM, logging_steps=2)
     recipe["checkpoint"] = {"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"}
-    proc, path = _start(folder, recipe, "grpo-term")
+    path = write_recipe(folder, recipe, "grpo-term.yaml")
+    proc = _start_path(folder, path)
     run_dir = folder / "runs/grpo-term"
     _wait_for(run_dir / "checkpoints/checkpoint-4/ftune_complete.json", proc)
     os.kill(proc.pid, signal.SIGTERM)
