@@ -60,6 +60,23 @@ def infer_label_names(recipe: Recipe, loaded: list[tuple[Source, object]]) -> li
     return None
 
 
+def map_source(ds, fn, src: Source, recipe: Recipe, scratch: Path, seed: int, what: str, **kwargs):
+    """`ds.map(fn, with_indices=True)` for one source: its own cache file in `scratch`, `data.num_proc` processes and
+    a fingerprint from the source and the seed (else datasets pickles the tokenizer to hash the function)."""
+    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
+    return ds.map(fn, with_indices=True, num_proc=recipe.data.num_proc,
+                  cache_file_name=str(scratch / f"enc-{tag}.arrow"), load_from_cache_file=False,
+                  new_fingerprint=f"ftune-{tag}-{seed}", desc=f"ftune: {src.where} ({what})", **kwargs)
+
+
+def truncation_report(src: Source, enc) -> SourceReport:
+    """The report of a source TRL tokenizes itself: every row kept, those cut counted from `_truncated`."""
+    import numpy as np
+
+    truncated = int(np.asarray(enc["_truncated"]).sum())
+    return SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
+
+
 def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, seed: int):
     """Encode one source; returns (dataset with bookkeeping columns, its SourceReport)."""
     import numpy as np
@@ -72,19 +89,8 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         order = order[: src.spec.limit]
     if not (len(order) == len(ds) and (order == np.arange(len(ds))).all()):
         ds = ds.select(order, keep_in_memory=True)
-    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
-    enc = ds.map(
-        encoder(src, ctx, order),
-        batched=True,
-        with_indices=True,
-        remove_columns=ds.column_names,
-        features=features(recipe.model.task),
-        num_proc=recipe.data.num_proc,
-        cache_file_name=str(scratch / f"enc-{tag}.arrow"),
-        load_from_cache_file=False,
-        new_fingerprint=f"ftune-{tag}-{seed}",  # else datasets pickles the tokenizer to hash the function
-        desc=f"ftune: {src.where} ({src.spec.format})",
-    )
+    enc = map_source(ds, encoder(src, ctx, order), src, recipe, scratch, seed, src.spec.format, batched=True,
+                     remove_columns=ds.column_names, features=features(recipe.model.task))
     cols = numpy_columns(enc, BOOKKEEPING)
     keep = cols["_trainable"] > 0
     truncated = int((cols["_len"] > ctx.max_len).sum()) if ctx.max_len else 0

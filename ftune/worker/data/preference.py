@@ -14,7 +14,7 @@ from pathlib import Path
 from ftune.recipe.schema import Recipe
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import check_columns, normalize_messages
-from ftune.worker.data.report import DataReport, SourceReport
+from ftune.worker.data.report import DataReport
 from ftune.data.sources import Source
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated"]
@@ -113,14 +113,12 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
     if src.spec.limit:
         order = order[: src.spec.limit]
     ds = ds.select(order, keep_in_memory=True)
-    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
-    enc = ds.map(encoder(src, tok, template, recipe.data.max_prompt_length, order.tolist()), batched=True,
-                 with_indices=True, remove_columns=ds.column_names, features=features(src.spec.format),
-                 num_proc=recipe.data.num_proc, cache_file_name=str(scratch / f"enc-{tag}.arrow"),
-                 load_from_cache_file=False, new_fingerprint=f"ftune-{tag}-{seed}",
-                 desc=f"ftune: {src.where} ({src.spec.format})")
-    truncated = int(np.asarray(enc["_truncated"]).sum())
-    return enc, SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
+    from ftune.worker.data.pipeline import map_source, truncation_report
+
+    enc = map_source(ds, encoder(src, tok, template, recipe.data.max_prompt_length, order.tolist()), src, recipe,
+                     scratch, seed, src.spec.format, batched=True, remove_columns=ds.column_names,
+                     features=features(src.spec.format))
+    return enc, truncation_report(src, enc)
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,

@@ -14,7 +14,7 @@ from pathlib import Path
 from ftune.recipe.schema import Recipe
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import check_columns, normalize_messages
-from ftune.worker.data.report import DataReport, SourceReport
+from ftune.worker.data.report import DataReport
 from ftune.data.sources import Source
 
 BOOKKEEPING = ["_len", "_truncated"]
@@ -75,12 +75,10 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
         return out
 
     drop = [c for c in (f.prompt, f.answer) if c in ds.column_names and c not in ("prompt", "answer")]
-    tag = src.where.replace("data.", "").replace("[", "-").replace("]", "")
-    enc = ds.map(encode, with_indices=True, remove_columns=drop, num_proc=recipe.data.num_proc,
-                 cache_file_name=str(scratch / f"enc-{tag}.arrow"), load_from_cache_file=False,
-                 new_fingerprint=f"ftune-{tag}-{seed}", desc=f"ftune: {src.where} (prompt)")
-    truncated = int(np.asarray(enc["_truncated"]).sum())
-    return enc, SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
+    from ftune.worker.data.pipeline import map_source, truncation_report
+
+    enc = map_source(ds, encode, src, recipe, scratch, seed, "prompt", remove_columns=drop)
+    return enc, truncation_report(src, enc)
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
