@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ftune.cli.main import main
 from ftune.errors import FtuneError
+from tests.faults._runs import finished_lora_run
 
 LF = Path(__file__).resolve().parents[1] / "data" / "import" / "llama-factory"
 
@@ -26,25 +26,8 @@ def _clean(text: str) -> str:
 @pytest.fixture
 def lora_run(tmp_path):
     """A finished LoRA run dir (plan.json, final/ with its adapter config), no weights: nothing here is loaded."""
-    from ftune.plan.compile import compile_plan
-    from ftune.recipe import load_recipe
-    from ftune.rundir import RunDir, mark_complete
-
     (tmp_path / "model").mkdir()
-    recipe = {"name": "unit", "model": {"path": str(tmp_path / "model")},
-              "data": {"train": [{"path": str(tmp_path / "train.jsonl"), "format": "instruction"}]},
-              "train": {"max_steps": 1}, "output": {"dir": str(tmp_path / "runs" / "unit")}}
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    plan = compile_plan(load_recipe(str(tmp_path / "recipe.yaml")), check_inputs=False)
-    run = RunDir(Path(plan.run_dir))
-    run.root.mkdir(parents=True)
-    run.marker.write_text("{}")
-    run.plan.write_text(plan.model_dump_json())
-    run.final.mkdir()
-    (run.final / "ftune.json").write_text(json.dumps({"method": "lora", "quantization": None}))
-    (run.final / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16}))
-    mark_complete(run.final, {"tensors": 1})
-    return run
+    return finished_lora_run(tmp_path, tmp_path / "model", {"peft_type": "LORA", "r": 8, "lora_alpha": 16})
 
 
 # ------------------------------------------------------------------------------------------------ merge

@@ -10,13 +10,13 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ftune.cli.main import main
 from ftune.tiny import CONFIG
 from ftune.errors import FtuneError
 from ftune.infer.chat import Session
 from ftune.rundir import RunDir, mark_complete
+from tests.faults._runs import finished_lora_run
 
 PEER = Path(__file__).resolve().parents[1] / "data" / "import" / "axolotl" / "qlora.yml"
 RECIPE = """name: mn
@@ -39,9 +39,6 @@ def _snapshot(path: Path) -> object:
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A home, a working directory, a base model, a finished LoRA run on it, a live run, a user's file and folder."""
-    from ftune.plan.compile import compile_plan
-    from ftune.recipe import load_recipe
-
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -51,19 +48,7 @@ def world(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(CONFIG))  # a tiny Llama, no weights: the compiler checks it
     (model / "model.safetensors").write_bytes(b"weights")
-    recipe = {"name": "unit", "model": {"path": str(model)},
-              "data": {"train": [{"path": str(tmp_path / "train.jsonl"), "format": "instruction"}]},
-              "train": {"max_steps": 1}, "output": {"dir": str(tmp_path / "runs" / "unit")}}
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    plan = compile_plan(load_recipe(str(tmp_path / "recipe.yaml")), check_inputs=False)
-    run = RunDir(Path(plan.run_dir))
-    run.root.mkdir(parents=True)
-    run.marker.write_text("{}")
-    run.plan.write_text(plan.model_dump_json())
-    run.final.mkdir()
-    (run.final / "ftune.json").write_text(json.dumps({"method": "lora", "quantization": None}))
-    (run.final / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    mark_complete(run.final, {"tensors": 1})
+    run = finished_lora_run(tmp_path, model, {"peft_type": "LORA"})
     (run.checkpoints / "checkpoint-1").mkdir(parents=True)
     live = RunDir(tmp_path / "runs" / "live")  # its holder: a live process on this host (pid 1) recorded in the lock
     live.root.mkdir()
