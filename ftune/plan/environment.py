@@ -253,29 +253,25 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
     found: list[Problem] = []
     t, m = recipe.train, recipe.model
     if t.kernels == "liger":
-        if device != "cuda":
-            found.append(Problem.at("train.kernels", "Liger kernels are Triton GPU kernels; this run is on CPU",
-                                    "set `train.kernels: none` on CPU"))
-        elif importlib.util.find_spec("liger_kernel") is None:
-            found.append(Problem.at("train.kernels", "train.kernels: liger needs the liger-kernel package, which is "
-                                    "not installed", "pip install 'ftune[kernels]'   (liger-kernel)"))
+        found += _cuda_lever(device, "liger_kernel", "train.kernels",
+                             ("Liger kernels are Triton GPU kernels; this run is on CPU",
+                              "set `train.kernels: none` on CPU"),
+                             ("train.kernels: liger needs the liger-kernel package, which is not installed",
+                              "pip install 'ftune[kernels]'   (liger-kernel)"))
     if m.attn_implementation == "flash_attention_2":
-        if device != "cuda":
-            found.append(Problem.at("model.attn_implementation", "flash_attention_2 runs on CUDA GPUs only; this run "
-                                    "is on CPU", "use `model.attn_implementation: sdpa` on CPU"))
-        elif importlib.util.find_spec("flash_attn") is None:
-            found.append(Problem.at("model.attn_implementation", "flash_attention_2 needs the flash-attn package, "
-                                    "which is not installed", "pip install flash-attn --no-build-isolation   "
-                                    "(or use `model.attn_implementation: sdpa`)"))
+        found += _cuda_lever(device, "flash_attn", "model.attn_implementation",
+                             ("flash_attention_2 runs on CUDA GPUs only; this run is on CPU",
+                              "use `model.attn_implementation: sdpa` on CPU"),
+                             ("flash_attention_2 needs the flash-attn package, which is not installed",
+                              "pip install flash-attn --no-build-isolation   (or use `model.attn_implementation: "
+                              "sdpa`)"))
     rl = t.rl if t.objective in RL_OBJECTIVES else None
     if rl is not None and rl.generation.backend == "vllm":
-        if device != "cuda":
-            found.append(Problem.at("train.rl.generation.backend", "vLLM generates on CUDA GPUs only; this run is "
-                                    "on CPU", "use `train.rl.generation.backend: transformers` on CPU"))
-        elif importlib.util.find_spec("vllm") is None:
-            found.append(Problem.at("train.rl.generation.backend", "backend vllm needs the vllm package, which is "
-                                    "not installed", "pip install vllm   (a build matching this torch), or use "
-                                    "`backend: transformers`"))
+        found += _cuda_lever(device, "vllm", "train.rl.generation.backend",
+                             ("vLLM generates on CUDA GPUs only; this run is on CPU",
+                              "use `train.rl.generation.backend: transformers` on CPU"),
+                             ("backend vllm needs the vllm package, which is not installed",
+                              "pip install vllm   (a build matching this torch), or use `backend: transformers`"))
     if m.attn_implementation == "flex_attention" and device != "cuda":
         found.append(Problem.at("model.attn_implementation", f"flex_attention can't train on {device}: {FLEX_CPU}",
                                 "use `model.attn_implementation: sdpa` on CPU (the same packed-sequence masks)"))
@@ -285,6 +281,17 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
                                 "compiler (cc, gcc, clang) is on PATH", "install gcc, or set "
                                 "`train.compile_backend: aot_eager`"))
     return found
+
+
+def _cuda_lever(device: str, package: str, key: str, on_cpu: tuple[str, str],
+                missing: tuple[str, str]) -> list[Problem]:
+    """A lever that runs on CUDA only and needs `package`: refused at `key` off CUDA (`on_cpu`: message, hint),
+    then where the package is not installed (`missing`)."""
+    if device != "cuda":
+        return [Problem.at(key, *on_cpu)]
+    if importlib.util.find_spec(package) is None:
+        return [Problem.at(key, *missing)]
+    return []
 
 
 def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -> list[Problem]:
