@@ -89,6 +89,10 @@ def side(name: str, data: str, tok_dir: str) -> dict:
             "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
         report = build(recipe, tok, log=lambda _: None).report
         tokens, fill = report.tokens, report.fill
+        cold, cold_cpu = time.perf_counter() - start, time.process_time() - cpu0
+        again = time.perf_counter()
+        assert build(recipe, tok, log=lambda _: None).report.cache_hit
+        warm = time.perf_counter() - again
     else:
         import pyarrow.compute as pc
 
@@ -102,10 +106,12 @@ def side(name: str, data: str, tok_dir: str) -> dict:
 
         out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
         tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
-        fill = None
+        fill = warm = None
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    if warm is not None:  # the cold build alone: the warm rerun is reported on its own
+        wall, cpu = cold, cold_cpu
     shutil.rmtree(work, ignore_errors=True)
-    return {"wall": wall, "cpu": cpu, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"wall": wall, "cpu": cpu, "warm": warm, "load": os.getloadavg()[0], "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             // 1024, "anon_mb": sampler.peak}
 
 
@@ -150,11 +156,16 @@ def measure(sizes: list[int], rounds: int) -> dict:
             row["walls"] = {k: [round(r["wall"], 1) for r in v] for k, v in runs.items()}
             row["cpus"] = {k: [round(r["cpu"], 1) for r in v] for k, v in runs.items()}
             row["rss_ratio"] = round(row["ftune_peak_rss_mb"] / row["plain_peak_rss_mb"], 2)
+            warm = [r["warm"] / r["wall"] for r in runs["ftune"]]
+            row["warm_over_cold"] = round(statistics.median(warm), 4)
+            row["warm_s"] = [round(r["warm"], 2) for r in runs["ftune"]]
+            row["load_1min"] = [round(r["load"], 1) for v in runs.values() for r in v]
             figures[str(n)] = row
             print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
                   f"{row['ratio_range'][1]}), per CPU second {row['cpu_ratio']} ({row['cpu_ratio_range'][0]}-"
                   f"{row['cpu_ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
-                  f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}", flush=True)
+                  f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}, warm/cold "
+                  f"{row['warm_over_cold']}, load {row['load_1min']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return figures
