@@ -12,8 +12,9 @@ Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), an
 (`RssAnon`, sampled every 50 ms), since RSS also counts pages of memory-mapped Arrow files that the kernel can
 drop at will.
 
-Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R]` (default 10000 50000, 3 rounds);
-`make bench` runs the default.
+Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R] [--parallel]` (default 10000 50000,
+3 rounds; `--parallel` runs the two sides of a round at the same time); `make bench` runs the default. The ftune side
+also times a warm rerun (a cache hit) after its cold build: `warm_over_cold`.
 """
 
 from __future__ import annotations
@@ -115,15 +116,27 @@ def side(name: str, data: str, tok_dir: str) -> dict:
             // 1024, "anon_mb": sampler.peak}
 
 
-def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
+def _start_side(name: str, data: Path, tok_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def measure(sizes: list[int], rounds: int) -> dict:
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"a side failed ({proc.returncode}): {err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
+    return _result(_start_side(name, data, tok_dir))
+
+
+def measure(sizes: list[int], rounds: int, parallel: bool = False) -> dict:
+    """`parallel`: both sides of a round run at the same time (each still in its own process), for sizes whose
+    rounds would not fit a session on a loaded machine; the CPU-second ratio is then the steadier figure."""
     from ftune.tiny import train_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-scale-"))
@@ -135,6 +148,11 @@ def measure(sizes: list[int], rounds: int) -> dict:
             write_rows(data, n)
             runs = {"ftune": [], "plain": []}
             for _ in range(rounds):
+                if parallel:
+                    procs = {name: _start_side(name, data, work / "tok") for name in ("ftune", "plain")}
+                    for name, proc in procs.items():
+                        runs[name].append(_result(proc))
+                    continue
                 for name in ("ftune", "plain"):
                     runs[name].append(_run_side(name, data, work / "tok"))
             assert runs["ftune"][0]["tokens"] == runs["plain"][0]["tokens"], "the two sides tokenized differently"
@@ -182,4 +200,4 @@ if __name__ == "__main__":
         args = sys.argv[1:]
         rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
         sizes = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--rounds")]
-        print(json.dumps(measure(sizes or [10_000, 50_000], rounds), indent=1))
+        print(json.dumps(measure(sizes or [10_000, 50_000], rounds, "--parallel" in args), indent=1))
