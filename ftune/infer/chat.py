@@ -96,7 +96,7 @@ class Session:
         from ftune.data.images import ImageProblem, open_image
         from ftune.infer.vision import NEEDS_VLM_HINT
 
-        vision = self.loaded.vision
+        vision = getattr(self.loaded, "vision", None)
         if vision is None:
             raise UsageError("/image needs a vision-language run (model.task: image-text-to-text); this model reads "
                              "text only", hint=NEEDS_VLM_HINT)
@@ -142,9 +142,8 @@ class Session:
         images, pixels = None, None
         try:
             if lo.vision is not None:
-                from ftune.infer.vision import image_prompt
-
                 from ftune.data.images import ImageProblem
+                from ftune.infer.vision import image_prompt
 
                 try:
                     shown = image_prompt(self.conversation(), Path.cwd(), lo.vision.settings)
