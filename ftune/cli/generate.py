@@ -149,13 +149,17 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
+    # the file first (its errors don't depend on the model); image parts are checked once the target says what reads them
+    rows = read_prompts(args.file, parts=True) if args.file is not None else [(None, p) for p in args.prompt or []]
     target = resolve(args.target, allow_model=True)
     from ftune.infer.vision import NEEDS_VLM_HINT, is_vision
 
     vision = is_vision(target)
     if args.image and not vision:
         raise UsageError("--image needs a vision-language run (model.task: image-text-to-text)", hint=NEEDS_VLM_HINT)
-    rows = read_prompts(args.file, parts=vision) if args.file is not None else [(None, p) for p in args.prompt or []]
+    if args.file is not None and not vision:
+        for line, row in rows:
+            _check_prompt_row(row, args.file, line)
     prompts = [row for _, row in rows]
     shown = image_prompts(target, rows, args.image, args.file) if vision else None  # checked before loading
     lo = load_for_generation(target, extra=extra)
