@@ -304,3 +304,30 @@ def test_merge_check_sees_a_projector_that_did_not_reach_the_merged_weights(colo
     err = capsys.readouterr().err
     assert code == 3 and "merge check failed" in err and "on 4 eval rows with 4 images (pixel_values)" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_merge_check_draws_an_image_when_the_runs_data_is_gone(merged_vlm, colour_run, monkeypatch):
+    """Without the run's rows (or images) the check still goes through the vision tower: a drawn image."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from ftune.errors import FtuneError
+    from ftune.infer import merge
+    from ftune.infer.source import resolve
+    from ftune.infer.vision import load_vision
+    from ftune.worker import data
+
+    target = resolve(str(colour_run / "runs" / "r"))
+    proc = load_vision(target).processor
+
+    def gone(*args, **kwargs):
+        raise FtuneError("data.train[0]: the file is gone")
+
+    monkeypatch.setattr(data, "build", gone)
+    [sample], source, images = merge._sample_inputs(target.plan, proc.tokenizer, proc)
+    assert images == 1 and source == ("a drawn image with a fixed question (pixel_values; the run's data or its "
+                                      "images are unavailable)")
+    model = AutoModelForImageTextToText.from_pretrained(str(merged_vlm[0])).eval()
+    [drawn] = merge._logits(model, [sample])
+    [blank] = merge._logits(model, [{**sample, "pixel_values": torch.zeros_like(sample["pixel_values"])}])
+    assert not torch.allclose(drawn, blank)  # the drawn image reaches the logits
