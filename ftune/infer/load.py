@@ -205,6 +205,20 @@ class Loaded:
     are encoded through it, images or not."""
 
 
+def _not_causal(folder: Path) -> FtuneError:
+    """A model folder ftune did not train whose class AutoModelForCausalLM doesn't know (a VLM, an encoder)."""
+    import json
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    return FtuneError(f"{folder} holds a {model_type + ' ' if model_type else ''}model that AutoModelForCausalLM can't load: generate "
+                      "and chat take a causal language model folder, or a run", hint="for a vision-language model, "
+                      "fine-tune it with `model.task: image-text-to-text` and pass the run (its dir, final/ or merged "
+                      "folder): its prompts carry images", location=Location(file=str(folder / "config.json")))
+
+
 def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
     from ftune.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
@@ -227,7 +241,12 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
         kwargs = {"dtype": "auto", **(extra or {})}
         vlm = vision is not None or target.record.get("task") == TASK  # a merged vision-language model
         cls = transformers.AutoModelForImageTextToText if vlm else transformers.AutoModelForCausalLM
-        model = cls.from_pretrained(str(target.model_dir), **kwargs)
+        try:
+            model = cls.from_pretrained(str(target.model_dir), **kwargs)
+        except ValueError as err:
+            if "Unrecognized configuration class" not in str(err):
+                raise
+            raise _not_causal(target.model_dir) from None
         prompt = target.record.get("prompt")
         fmt = PromptFormat.from_dict(prompt) if prompt else model_prompt_format(tok)
         eos = model.generation_config.eos_token_id

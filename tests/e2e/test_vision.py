@@ -208,6 +208,16 @@ def test_generate_file_rows_with_image_parts_batched_and_bad_rows_located(colour
         assert "Traceback" not in err
 
 
+def test_generate_names_a_vision_model_folder_it_was_not_given_the_run_of(vlm_dir, capsys):
+    from ftune.cli.main import main
+
+    capsys.readouterr()
+    assert main(["generate", str(vlm_dir), "--prompt", "hi"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{vlm_dir}/config.json: error: {vlm_dir} holds a llava model that AutoModelForCausalLM can't load" in err
+    assert "model.task: image-text-to-text" in err and "internal error" not in err
+
+
 def test_chat_with_image_attached_through_stdin(colour_run, prompt_rows, capsys, monkeypatch):
     """/image attaches a picture to the next message (said so), a bad path or a second image for a one-image model
     is a clear message and the chat goes on, and /save writes a vision-chat row."""
