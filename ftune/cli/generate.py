@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
-    # the file first (its errors don't depend on the model); image parts are checked once the target says what reads them
+    # the file first (its errors don't depend on the model); image parts are checked once the target says what
+    # reads them
     rows = read_prompts(args.file, parts=True) if args.file is not None else [(None, p) for p in args.prompt or []]
     target = resolve(args.target, allow_model=True)
     from ftune.infer.vision import NEEDS_VLM_HINT, is_vision

@@ -213,8 +213,9 @@ def _not_causal(folder: Path) -> FtuneError:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None
-    return FtuneError(f"{folder} holds a {model_type + ' ' if model_type else ''}model that AutoModelForCausalLM can't load: generate "
-                      "and chat take a causal language model folder, or a run", hint="for a vision-language model, "
+    kind = f"{model_type} model" if model_type else "model"
+    return FtuneError(f"{folder} holds a {kind} that AutoModelForCausalLM can't load: generate and chat take a "
+                      "causal language model folder, or a run", hint="for a vision-language model, "
                       "fine-tune it with `model.task: image-text-to-text` and pass the run (its dir, final/ or merged "
                       "folder): its prompts carry images", location=Location(file=str(folder / "config.json")))
 
