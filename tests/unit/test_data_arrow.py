@@ -52,3 +52,19 @@ def test_write_dataset_dir_reads_back_as_one_dataset(tmp_path):
     assert ds["input_ids"] == [[1, 2], [3], [4, 5, 6]] and ds.features == features
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data-00000.arrow", "data-00001.arrow", "dataset_info.json",
                                                           "state.json"]
+
+
+def test_merge_order_is_a_seeded_random_merge_keeping_each_part_in_order():
+    """The training order of concatenated (already shuffled) sources: every row once, each source front to back,
+    the sources mixed through the whole order (not one after the other), the same for the same seed."""
+    import numpy as np
+
+    from ftune.worker.data.pipeline import merge_order
+
+    order = merge_order([300, 0, 100], seed=5)
+    assert sorted(order.tolist()) == list(range(400)) and order.tolist() == merge_order([300, 0, 100], 5).tolist()
+    assert order.tolist() != merge_order([300, 0, 100], 6).tolist()
+    first, third = order[order < 300], order[order >= 300]
+    assert (np.diff(first) == 1).all() and (np.diff(third) == 1).all()  # each part read front to back
+    assert 15 <= (order[:100] >= 300).sum() <= 35  # a quarter of the rows from the third part, in any stretch
+    assert merge_order([7], seed=1).tolist() == list(range(7))  # one source: its own (shuffled) order
