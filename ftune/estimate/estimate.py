@@ -256,6 +256,11 @@ def estimate(
     `seq_length`: tokens per row for activations; default data.max_seq_length, else the model's maximum.
     """
     config_file, source = resolve_config(recipe)
+    dist = recipe.distributed
+    if dist.strategy == "fsdp" and dist.fsdp is None:  # no section: its defaults are what runs (units, shards)
+        from ftune.recipe.schema import FsdpSection
+
+        recipe = recipe.model_copy(update={"distributed": dist.model_copy(update={"fsdp": FsdpSection()})})
     import warnings
 
     with warnings.catch_warnings():
