@@ -145,7 +145,7 @@ def _main(argv: list[str] | None) -> int:
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
     if "--verbose" in argv:
-        os.environ["FTUNE_VERBOSE"] = "1"  # read by ftune.worker.quiet, here and in the workers
+        os.environ["FTUNE_VERBOSE"] = "1"  # read by ftune.quiet, here and in the workers
     try:
         if command is not None:
             check_requirements(command)

@@ -97,7 +97,7 @@ def default_dtype(plan) -> str:
 def _sample_inputs(plan, tokenizer) -> tuple[list[list[int]], str]:
     """A few eval rows (train rows when there is no eval split) as the run tokenized them; fixed texts when
     the data is gone."""
-    from ftune.worker import data
+    from ftune import dataset as data
 
     try:
         bundle = data.build(plan.recipe, tokenizer, plan.data, log=lambda *a, **k: None)

@@ -15,7 +15,7 @@ def image_prompts(target, prompts: list, images: list[str]):
 
     from ftune.data.images import ImageProblem, open_image
     from ftune.recipe.schema import ImageSettings
-    from ftune.worker.data.vision import pixel_inputs
+    from ftune.dataset.vision import pixel_inputs
 
     recipe = target.plan.recipe if target.plan is not None else None
     if recipe is None or recipe.model.task != "image-text-to-text":
