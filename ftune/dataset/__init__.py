@@ -71,10 +71,11 @@ def build(
     from ftune.dataset import preference, prompt
     from ftune.dataset.pipeline import preprocess
     from ftune.data.sources import content_hash, resolve
+    from ftune.recipe.sources import sources
 
     data = recipe.data
-    train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
-    eval_srcs = [resolve(s, f"data.eval[{i}]") for i, s in enumerate(data.eval)] if isinstance(data.eval, list) else []
+    train_srcs = [resolve(s, where) for where, s in sources(recipe, splits=("train",))]
+    eval_srcs = [resolve(s, where) for where, s in sources(recipe, splits=("eval",))]  # none for a split of train
     vision = processor is not None
     if vision:
         from ftune.dataset import vision as vision_data
