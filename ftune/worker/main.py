@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             run_stages(plan)
-            distributed.close()
+            distributed.close(plan)
         except Terminated:
             raise terminated_error(None, None) from None
         except Exception as err:  # noqa: BLE001 - a full disk, or a peer rank that stopped: user-facing errors
