@@ -31,7 +31,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune import plugins
     from ftune import dataset as data
     from ftune.dataset import tokenizer
-    from ftune.worker import card, facts, report, save, train
+    from ftune.worker import card, facts, profile, report, save, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
     from ftune.worker.moe import router_stats
@@ -79,6 +79,8 @@ def run_stages(plan: Plan) -> dict:
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
+    if profile.enabled():
+        trainer.add_callback(profile.callback(args.process_index))
 
     if plan.resume_from is not None:
         train.stop_at_max_steps(trainer)
