@@ -115,7 +115,7 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
 
 def missing_paths(loaded) -> list[Problem]:
     """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
-    from ftune.recipe.load import looks_local
+    from ftune.recipe.load import looks_local, shown
     from ftune.recipe.sources import sources
 
     r = loaded.recipe
@@ -137,8 +137,8 @@ def missing_paths(loaded) -> list[Problem]:
         if target.exists() or (not is_config and not looks_local(value)):
             continue
         base = "the recipe file" if is_config else "the working directory"
-        problems.append(loaded.located(Problem.at(
-            path, f"{value!r} does not exist", f"the path is relative to {base}; --check-paths checks local paths")))
+        problems.append(shown(loaded.located(Problem.at(
+            path, f"{value!r} does not exist", f"the path is relative to {base}; --check-paths checks local paths"))))
     return problems
 
 
@@ -164,8 +164,9 @@ def field_problems(loaded) -> list[Problem]:
     """--check-paths: the compiler's own check of the data files (`ftune.data.check`: fields, formats, roles in
     their first rows), so `validate --check-paths` refuses the data `plan` and `run` refuse."""
     from ftune.data.check import check_fields, preference_balance
+    from ftune.recipe.load import shown
 
-    return [loaded.located(p) for p in check_fields(loaded.recipe) + preference_balance(loaded.recipe)]
+    return [shown(loaded.located(p)) for p in check_fields(loaded.recipe) + preference_balance(loaded.recipe)]
 
 
 def _github(value: str, prop: bool = False) -> str:

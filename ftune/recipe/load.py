@@ -60,11 +60,10 @@ class Positions:
         return (self.marks[p].value if exact and anchor == "value" else self.marks[p].key), p
 
     def locate(self, path: str | KeyPath, anchor: str = "key") -> Location:
-        """Where a problem at `path` points, the file as messages show it: the key (anchor `key`), its value
-        (`value`, when written) or the mapping holding it (`parent`); for a key not written, the nearest enclosing
-        key written; else the recipe file; an override's Location(origin="override")."""
-        where, _ = self._find(path, anchor)
-        return Location(display(where.file), where.line, where.column) if where.file else where
+        """Where a problem at `path` points: the key (anchor `key`), its value (`value`, when written) or the mapping
+        holding it (`parent`); for a key not written, the nearest enclosing key written; else the recipe file at
+        1:1; an override's Location(origin="override"). Files are absolute (`shown` makes them relative)."""
+        return self._find(path, anchor)[0]
 
     def located(self, problem: Problem) -> Problem:
         """`problem` located, its message quoting the override that set the key (`(override 'train.seed=3')`)."""
@@ -73,8 +72,16 @@ class Positions:
         if where.origin == "override":
             arg = self.overrides.get(p) or next((a for q, a in self.overrides.items() if q == p[: len(q)]), "")
             suffix = f" (override '{shown_override(arg)}')" if arg else ""
-        shown = Location(display(where.file), where.line, where.column) if where.file else where
-        return replace(problem, message=problem.message + suffix, location=shown)
+        return replace(problem, message=problem.message + suffix, location=where)
+
+
+def shown(problem: Problem) -> Problem:
+    """`problem` with its file as the loader's errors and `validate` name it: relative to the working directory when
+    below it."""
+    loc = problem.location
+    if not (loc.file and os.path.isabs(loc.file)):
+        return problem
+    return replace(problem, location=Location(display(loc.file), loc.line, loc.column, loc.origin))
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ class LoadedRecipe:
 
     def error(self, problems: list[Problem]) -> RecipeError:
         """Problems found by any check, each located at the key the user wrote, as one error."""
-        return RecipeError([self.located(p) for p in problems], file=display(self.file))
+        return RecipeError([self.located(p) for p in problems], file=self.file)
 
     def resolved_yaml(self) -> str:
         """The full resolved recipe as YAML, keys in schema order, secrets masked."""
@@ -274,10 +281,4 @@ def _sorted(ctx: LoadContext) -> list[Problem]:
         loc = p.location
         return (loc.file is None, order.get(loc.file or "", len(order)), loc.line or 0, loc.column or 0)
 
-    shown = [
-        Problem(p.message, p.path, p.hint, Location(display(p.location.file), p.location.line, p.location.column), p.severity)
-        if p.location.file and os.path.isabs(p.location.file)
-        else p
-        for p in ctx.problems
-    ]
-    return sorted(dict.fromkeys(shown), key=key)
+    return sorted(dict.fromkeys(shown(p) for p in ctx.problems), key=key)
