@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-from ftune.cli.plan_data import DataCount, _row_text, _tokenizer, count_data, split_rows  # noqa: F401 (tests)
+from ftune.estimate.data import DataCount, count_data
 
 
 # ------------------------------------------------------------------------------------------- output

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftune.recipe.schema import Recipe
-from ftune.worker.data import DataReport
-from ftune.worker.data import build as stage
+from ftune.dataset import DataReport
+from ftune.dataset import build as stage
 from tests.data_stage import build, decided
 from ftune.plan.batching import collator
-from ftune.worker.data.packing import PackedCollator, PaddingFreeCollator, first_fit_decreasing
+from ftune.dataset.packing import PackedCollator, PaddingFreeCollator, first_fit_decreasing
 
 
 def make_recipe(path, source: dict | None = None, **data) -> Recipe:
@@ -309,7 +309,7 @@ def test_packing_in_shards_keeps_every_sample_and_the_fill(tmp_path):
     import datasets
     import numpy as np
 
-    from ftune.worker.data.packing import pack
+    from ftune.dataset.packing import pack
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 60, size=3000)
