@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
-from ftune.worker.data import packing
-from ftune.worker.data.arrow import numpy_columns
+from ftune.dataset import packing
+from ftune.dataset.arrow import numpy_columns
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import (
     ANOMALIES,
@@ -23,7 +23,7 @@ from ftune.data.formats import (
     encoder,
     required_fields,
 )
-from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.dataset.report import DataReport, SourceReport, length_stats
 from ftune.data.sources import Source, load
 from ftune.generation.stops import count_unstopped, stop_ids
 

@@ -75,7 +75,7 @@ def pack(ds, capacity: int):
     """
     import datasets
 
-    from ftune.worker.data.arrow import rows
+    from ftune.dataset.arrow import rows
 
     table, tokens = _pack_table(rows(ds, ["input_ids", "labels"]), capacity)
     return datasets.Dataset(table), (tokens / (table.num_rows * capacity) if table.num_rows else 0.0)
@@ -86,17 +86,18 @@ def pack_to_disk(ds, capacity: int, folder, lengths, seed: int | None = None,
     """Pack `ds` (input_ids, labels; `lengths`: its samples' token counts) shard by shard into `folder`, a folder
     `datasets.load_from_disk` reads; returns (packed rows, fill).
 
-    Each shard of about `shard_tokens` tokens is read with one Arrow `take`, packed, its rows shuffled when `seed`
-    is given (the samples of a shard are already a random subset when `ds` is shuffled, so the rows of the whole
-    set are in random order), and appended to the open Arrow file. Nothing is read back: no file is memory-mapped
-    and touched again, so memory stays flat in the number of rows (a global shuffle of the packed rows read every
-    shard back at random, and its pages counted in the process's memory until the end)."""
+    Each shard of about `shard_tokens` tokens is gathered batch by batch (`ftune.dataset.arrow`), packed, its rows
+    shuffled when `seed` is given (the samples of a shard are already a random subset when `ds` is shuffled, so the
+    rows of the whole set are in random order), and appended to the open Arrow file. Nothing is read back, so memory
+    stays flat in the number of rows (a global shuffle of the packed rows read every shard back at random, and its
+    pages stayed counted in the process's memory until the end). `ds` in the order `pipeline.merge_order` gives
+    reads contiguous stretches of the encoded files."""
     import pickle
 
     import numpy as np
     import pyarrow as pa
 
-    from ftune.worker.data.arrow import rows, write_dataset_dir
+    from ftune.dataset.arrow import rows, write_dataset_dir
 
     rng = np.random.default_rng(seed) if seed is not None else None
     folder.mkdir(parents=True, exist_ok=True)
@@ -195,18 +196,10 @@ class PaddingCollator:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict]) -> dict:
-        import torch
-
         width = _width(features, self.pad_to_multiple_of)
-        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.long)
-        for r, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[r, :n] = torch.as_tensor(f["input_ids"])
-            labels[r, :n] = torch.as_tensor(f["labels"])
-            mask[r, :n] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        return {"input_ids": padded([f["input_ids"] for f in features], width, self.pad_token_id),
+                "labels": padded([f["labels"] for f in features], width, IGNORE),
+                "attention_mask": padded([[1] * len(f["input_ids"]) for f in features], width, 0)}
 
 
 @dataclass
@@ -227,15 +220,11 @@ class PackedCollator:
         import torch
 
         width = _width(features, self.pad_to_multiple_of)
-        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
-        pos = torch.arange(width, dtype=torch.long).repeat(len(features), 1)
-        for r, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[r, :n] = torch.as_tensor(f["input_ids"])
-            labels[r, :n] = torch.as_tensor(f["labels"])
-            pos[r, :n] = torch.as_tensor(f["position_ids"])
-            pos[r, n:] = torch.arange(width - n)
+        ids = padded([f["input_ids"] for f in features], width, self.pad_token_id)
+        labels = padded([f["labels"] for f in features], width, IGNORE)
+        # the padding at a row's end is a segment of its own: positions restart at 0 there
+        pos = torch.tensor([[*f["position_ids"], *range(width - len(f["input_ids"]))] for f in features],
+                           dtype=torch.long)
         batch = {"input_ids": ids, "labels": labels, "position_ids": pos}
         if self.mode == "block_mask":
             batch["attention_mask"] = self.block_mask(pos)
@@ -288,14 +277,20 @@ class ClassificationCollator:
         import torch
 
         width = _width(features, None)
-        ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.long)
-        for r, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[r, :n] = torch.as_tensor(f["input_ids"])
-            mask[r, :n] = 1
+        ids = padded([f["input_ids"] for f in features], width, self.pad_token_id)
+        mask = padded([[1] * len(f["input_ids"]) for f in features], width, 0)
         labels = torch.tensor([int(f["labels"]) for f in features], dtype=torch.long)
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def padded(rows: list, width: int, fill: int):
+    """[len(rows), width] int64 tensor of `rows` (lists, tuples or arrays of ints), each right-padded with `fill`.
+
+    One tensor built from padded Python lists: half the CPU of filling a preallocated tensor row by row (a
+    tensor per row, then a slice copy), measured on the bench's batches (docs/performance.md)."""
+    import torch
+
+    return torch.tensor([[*row, *[fill] * (width - len(row))] for row in rows], dtype=torch.long)
 
 
 def _width(features: list[dict], multiple: int | None) -> int:
