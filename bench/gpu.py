@@ -18,6 +18,9 @@ one `ftune run` (or plain script) may take before it is recorded as timed out (d
 The packing variant uses flash_attention_2 where the flash_attn package imports, else sdpa (packed rows with
 position_ids), and says which.
 
+`FTUNE_BENCH_PROFILE=DIR`: both sides of the lora/full rows profile steps 6-8 with torch.profiler (ftune's worker
+and the plain script load the same callback, ftune/worker/profile.py) into DIR/<variant>-{ftune,plain}/.
+
 `FTUNE_BENCH_SMOKE=1`: a tiny config, a few steps, on whatever device there is (variants that need CUDA are
 skipped, MFU is not computed): checks this script end to end on a CPU machine. Its figures mean nothing.
 """
@@ -137,7 +140,10 @@ PLAIN = textwrap.dedent('''
                              learning_rate=cfg["lr"], logging_steps=5, save_strategy="no", report_to="none",
                              seed=cfg["seed"], data_seed=cfg["seed"], disable_tqdm=True, optim="adamw_torch_fused",
                              bf16=cuda, use_cpu=not cuda, gradient_checkpointing=True)
-    metrics = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate).train().metrics
+    from ftune.worker.profile import callback  # FTUNE_PROFILE=DIR: the same step profiler as ftune's worker
+    profiler = callback()
+    metrics = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate,
+                      callbacks=[profiler] if profiler else None).train().metrics
     mean_row = sum(len(x) for x in ds["input_ids"]) / len(ds)
     print(json.dumps({"tokens_per_s": seen[0] / metrics["train_runtime"],
                       "steps_per_s": metrics["train_steps_per_second"],
@@ -146,7 +152,15 @@ PLAIN = textwrap.dedent('''
 ''')
 
 
-def plain(folder: Path, model_dir: Path, data: Path, sections: dict) -> dict:
+def _env(side: str, variant: str) -> dict:
+    """The environment of one side's run: FTUNE_BENCH_PROFILE=DIR profiles steps 6-8 into DIR/<variant>-<side>."""
+    env = dict(os.environ)
+    if os.environ.get("FTUNE_BENCH_PROFILE"):
+        env["FTUNE_PROFILE"] = str(Path(os.environ["FTUNE_BENCH_PROFILE"]) / f"{variant}-{side}")
+    return env
+
+
+def plain(folder: Path, model_dir: Path, data: Path, sections: dict, variant: str) -> dict:
     """The hand-written Trainer script on the same model, rows, batch and settings: its tokens/s and peak."""
     script = folder / "plain.py"
     script.write_text(PLAIN)
@@ -155,7 +169,7 @@ def plain(folder: Path, model_dir: Path, data: Path, sections: dict) -> dict:
            "steps": STEPS, "lr": LR, "seed": 42, "lora": peft if peft["method"] == "lora" else None}
     try:
         out = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True,
-                             timeout=TIMEOUT)
+                             timeout=TIMEOUT, env=_env("plain", variant))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {TIMEOUT} s"}
     if out.returncode != 0:
@@ -212,7 +226,7 @@ def main() -> dict:
         t0 = time.perf_counter()
         try:
             run = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path)], capture_output=True,
-                                 text=True, timeout=TIMEOUT)
+                                 text=True, timeout=TIMEOUT, env=_env("ftune", variant))
         except subprocess.TimeoutExpired:
             results["variants"][variant] = {"error": f"timed out after {TIMEOUT} s"}
             continue
@@ -233,7 +247,7 @@ def main() -> dict:
             "wall_s": round(time.perf_counter() - t0, 1),
         }
         if variant in ("lora", "full"):  # the defaults against the hand-written script (the same settings)
-            base = plain(folder, model_dir, data, sections)
+            base = plain(folder, model_dir, data, sections, variant)
             row["plain"] = base
             records = [json.loads(x) for x in (folder / variant / "metrics.jsonl").read_text().splitlines() if x]
             steps = next((r["train_steps_per_second"] for r in reversed(records) if "train_steps_per_second" in r),

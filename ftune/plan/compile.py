@@ -170,7 +170,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     if gguf_source is not None:
         load = load.model_copy(update={"gguf": gguf_source})
         notes.append(gguf.note(gguf_source, recipe.model.path))
-    threads = cpu_threads(train.threads, num_processes) if device == "cpu" else None
+    # this machine's cores, on CPU and CUDA alike (a GPU step's host work, cuDNN's plan for each new shape
+    # included, ran single-threaded under accelerate's default of 1); a plan for other machines (`gpus`) leaves it
+    # to the run there
+    threads = cpu_threads(train.threads, num_processes) if gpus is None else None
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -209,7 +212,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
 
 
 def _worker_env(threads: CpuThreads | None, run: RunDir) -> dict[str, str]:
-    """Environment the workers get: the TensorBoard folder and, on CPU, the threads per process and OpenMP's wait
-    policy (`ftune.plan.threads`; accelerate keeps an OMP_NUM_THREADS that is set)."""
+    """Environment the workers get: the TensorBoard folder, the threads per process and OpenMP's wait policy
+    (`ftune.plan.threads`; accelerate keeps an OMP_NUM_THREADS that is set)."""
     env = {"TENSORBOARD_LOGGING_DIR": str(run.tensorboard)}
     return env | (threads.env() if threads is not None else {})

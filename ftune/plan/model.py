@@ -116,7 +116,8 @@ class Plan(BaseModel):
     """eval.generate's metrics (`ftune.plan.evaluation`): the recipe's, else those that fit its data; None without
     eval.generate."""
     cpu_threads: CpuThreads | None = None
-    """CPU runs: compute threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`); None on CUDA."""
+    """CPU threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`), on CPU and CUDA; None in a
+    plan compiled for other machines (`gpus=`): the run there decides."""
     launch: LaunchSpec
     cluster: ClusterEnv | None = None
     """The job's shape as the launcher's environment gave it (torchrun, Kubeflow PET_*, MPI, Slurm), with the

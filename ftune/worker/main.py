@@ -29,7 +29,7 @@ def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
     from ftune import plugins
-    from ftune.worker import card, data, facts, report, save, tokenizer, train
+    from ftune.worker import card, data, facts, profile, report, save, tokenizer, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
     from ftune.worker.moe import router_stats
@@ -77,6 +77,8 @@ def run_stages(plan: Plan) -> dict:
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
+    if profile.enabled():
+        trainer.add_callback(profile.callback(args.process_index))
 
     if plan.resume_from is not None:
         train.stop_at_max_steps(trainer)

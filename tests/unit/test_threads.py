@@ -56,3 +56,26 @@ def test_recorded_in_the_plan_and_the_worker_env(tmp_path, monkeypatch):
     plan = compile_plan(load_recipe(recipe, ["train.threads=1"]), check_inputs=False)
     assert (plan.cpu_threads.threads, plan.cpu_threads.reason) == (1, "train.threads")
     assert "OMP_WAIT_POLICY" not in plan.launch.env
+
+
+def test_cuda_runs_get_the_cores_too(tmp_path, monkeypatch):
+    """On CUDA accelerate's default is 1 thread per process, which made an H200 LoRA run 0.58-0.68x a plain script
+    (docs/performance.md): the plan decides there as on CPU; a plan for other machines (`gpus=`) leaves it to them."""
+    from ftune.plan import accelerate, threads
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+    from tests.unit.test_plan_compile import _recipe
+
+    recipe = _recipe(tmp_path)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(threads, "physical_cores", lambda: 16)
+    real = accelerate.resolve_num_processes
+    monkeypatch.setattr(accelerate, "resolve_num_processes", lambda dist, gpus: (1, "cuda") if gpus is None
+                        else real(dist, gpus))
+    plan = compile_plan(load_recipe(recipe), check_inputs=False)
+    assert plan.device == "cuda"
+    assert plan.cpu_threads == CpuThreads(threads=16, wait_policy="passive", reason="16 physical cores / 1 process")
+    assert plan.launch.env["OMP_NUM_THREADS"] == "16"
+    other = compile_plan(load_recipe(recipe), check_inputs=False, gpus=8)
+    assert other.cpu_threads is None and "OMP_NUM_THREADS" not in other.launch.env
