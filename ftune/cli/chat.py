@@ -1,7 +1,8 @@
 """`ftune chat RUN_DIR_OR_MODEL`: a multi-turn chat in the terminal that streams the answer as it is decoded.
 
-Commands: /reset, /system TEXT, /set temperature=0.7 (top_p, max_new_tokens, seed), /save FILE (appends the
-conversation as a `format: chat` jsonl row a recipe can train on), /help, /quit. Reads stdin, so a script can
+Commands: /reset, /system TEXT, /set temperature=0.7 (top_p, max_new_tokens, seed), /image PATH (a
+vision-language run: shows the image with the next message), /save FILE (appends the conversation as a
+`format: chat` jsonl row a recipe can train on; `vision-chat` with images), /help, /quit. Reads stdin, so a script can
 drive it: `printf 'hi\\n/save c.jsonl\\n' | ftune chat runs/x`.
 """
 
@@ -36,10 +37,12 @@ def run(args: argparse.Namespace) -> int:
     lo = load_for_generation(target, extra=extra)
     session = Session(lo, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                       seed=args.seed, system=args.system, inputs=(target.model_dir,),
+                      max_images=target.plan.data.max_images if lo.vision is not None else None,
                       on_note=lambda note: console.print(f"[dim]{escape(note)}[/dim]"))
     stdin = sys.stdin  # None when the process started with stdin closed: no input, the chat ends at once
     tty = stdin is not None and not stdin.closed and stdin.isatty()
-    console.print(f"[bold]chat[/bold] with {escape(lo.description)} ({lo.fmt.format} prompts)")
+    images = ", images with /image PATH" if lo.vision is not None else ""
+    console.print(f"[bold]chat[/bold] with {escape(lo.description)} ({lo.fmt.format} prompts{images})")
     if lo.fmt.format != "chat":
         console.print("[yellow]note[/yellow]: the run trained on single-turn prompts; each message is answered alone")
     console.print(f"[dim]{escape(HELP)}[/dim]")

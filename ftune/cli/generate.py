@@ -4,6 +4,8 @@ prompt format (instruction template or chat template) and stop tokens (EOS and e
 Works on a run's final/ (an adapter, over a freshly quantized base for QLoRA, or a full model), a merged
 folder, or any HF model folder. `--device-map auto` loads a model too big for one device with accelerate's
 big-model inference (meta-device init, then load-and-dispatch; `--max-memory` caps each device).
+A vision-language run's prompts carry images: `--image PATH` (shown with every prompt), or `--file` rows whose
+messages hold image parts as its vision-chat data did (`ftune.infer.vision`).
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ def dispatch(args: argparse.Namespace) -> dict:
     return dispatch_kwargs(args.device_map, caps or None, args.offload_dir)
 
 
-def _check_prompt_row(row: dict, path: str, n: int) -> None:
-    """Text where text is expected (a list would be stringified into the prompt), messages as {role, content}."""
+def _check_prompt_row(row: dict, path: str, n: int, parts: bool = False) -> None:
+    """Text where text is expected (a list would be stringified into the prompt), messages as {role, content}.
+    `parts`: a vision-language run's rows, whose message content may be a list of text and image parts (read by
+    `ftune.infer.vision`, which names the field of a bad part)."""
     from ftune.typed import not_text
 
     where = Location(file=path, line=n)
@@ -78,12 +82,17 @@ def _check_prompt_row(row: dict, path: str, n: int) -> None:
         for k, m in enumerate(messages, 1):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
                 raise UsageError(f"message {k} needs `role` (text) and `content`", location=where)
+            if parts and isinstance(m["content"], list):
+                continue
             if (wrong := not_text(m["content"])) is not None:
-                raise UsageError(f"message {k}'s `content` holds {wrong[0]}, not text", hint=wrong[1],
+                hint = wrong[1] if parts else (f"{wrong[1]}; image parts need a vision-language run (model.task: "
+                                               "image-text-to-text)")
+                raise UsageError(f"message {k}'s `content` holds {wrong[0]}, not text", hint=hint,
                                  location=where)
 
 
-def read_prompts(path: str) -> list:
+def read_prompts(path: str, parts: bool = False) -> list[tuple[int, dict]]:
+    """(line, row) of each prompt in a jsonl file; `parts`: message content may hold image parts."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{path}: no such file", hint="--file takes a jsonl file, one prompt object per line")
@@ -100,11 +109,33 @@ def read_prompts(path: str) -> list:
         if not isinstance(row, dict) or not {"prompt", "instruction", "messages"} & set(row):
             raise UsageError("a prompt row needs `prompt`, `instruction` or `messages`",
                              location=Location(file=path, line=n))
-        _check_prompt_row(row, path, n)
-        prompts.append(row)
+        _check_prompt_row(row, path, n, parts)
+        prompts.append((n, row))
     if not prompts:
         raise UsageError(f"{path} holds no prompts")
     return prompts
+
+
+def image_prompts(target, rows: list[tuple[int | None, object]], images: list[str], file: str | None) -> list:
+    """A vision-language run's prompts (`ftune.infer.vision.ImagePrompt`), their images checked: a row's bad image
+    part is a usage error at the row and field (`row 2 of rows.jsonl, field messages[0].content[1].image`), as the
+    data stage names it; `images` (--image) are shown with every prompt."""
+    from ftune.data.images import ImageProblem
+    from ftune.infer.vision import as_messages, check_images, image_prompt, settings_of
+
+    settings, limit = settings_of(target)
+    shown = check_images(images, settings)
+    base = Path(file).resolve().parent if file is not None else Path.cwd()
+    out = []
+    for k, (line, row) in enumerate(rows, 1):
+        try:
+            out.append(image_prompt(as_messages(row, shown), base, settings, limit))
+        except ImageProblem as err:
+            if file is None:
+                raise UsageError(f"--prompt {k}: {err.message}", hint=err.hint) from None
+            raise UsageError(f"row {k} of {file}, field {err.field}: {err.message}", hint=err.hint,
+                             location=Location(file=file, line=line)) from None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,14 +149,25 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     extra = dispatch(args)
-    prompts = read_prompts(args.file) if args.file is not None else list(args.prompt or [])
+    # the file first (its errors don't depend on the model); image parts are checked once the target says what
+    # reads them
+    rows = read_prompts(args.file, parts=True) if args.file is not None else [(None, p) for p in args.prompt or []]
     target = resolve(args.target, allow_model=True)
+    from ftune.infer.vision import NEEDS_VLM_HINT, is_vision
+
+    vision = is_vision(target)
+    if args.image and not vision:
+        raise UsageError("--image needs a vision-language run (model.task: image-text-to-text)", hint=NEEDS_VLM_HINT)
+    if args.file is not None and not vision:
+        for line, row in rows:
+            _check_prompt_row(row, args.file, line)
+    prompts = [row for _, row in rows]
+    shown = image_prompts(target, rows, args.image, args.file) if vision else None  # checked before loading
     lo = load_for_generation(target, extra=extra)
     images, pixels = None, None
-    if args.image:
-        from ftune.infer.vision import image_prompts
-
-        encoded, images, pixels = image_prompts(target, prompts, args.image)
+    if shown is not None:
+        encoded = [lo.vision.encode(p) for p in shown]
+        images, pixels = [p.images for p in shown], lo.vision.pixels
     else:
         encoded = [encode_prompt(lo.fmt, lo.tokenizer, p) for p in prompts]
     max_new, note = clamp_new_tokens(lo.model, max(len(e) for e in encoded), args.max_new_tokens)
@@ -135,14 +177,13 @@ def run(args: argparse.Namespace) -> int:
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
                            images=images, pixels=pixels)
     if args.format == "json":
-        rows = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),
-                 "finish_reason": "stop" if c.stopped else "length"} for p, c in zip(prompts, completions)]
+        results = [{"prompt": p, "completion": c.text, "tokens": len(c.ids),
+                    "finish_reason": "stop" if c.stopped else "length"} for p, c in zip(prompts, completions)]
         print(json.dumps({"model": lo.description, "prompt_format": lo.fmt.format, "stop_token_ids": lo.stop_ids,
-                          "results": rows}, indent=2, ensure_ascii=False))
+                          "results": results}, indent=2, ensure_ascii=False))
         return 0
     for p, c in zip(prompts, completions):
         if len(prompts) > 1:
-            shown = p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)
-            print(f"### {shown}")
+            print(f"### {p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)}")
         print(c.text)
     return 0

@@ -61,5 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if result.experts_checked:
         print(f"  experts     {result.experts_checked} experts compared one by one (every token routed to each)")
     print(f"  files       {', '.join(result.files)}")
-    print(f"  load it     AutoModelForCausalLM.from_pretrained({result.out!r})  (no peft needed)")
+    if target.plan.recipe.model.task == "image-text-to-text":
+        print(f"  load it     AutoModelForImageTextToText.from_pretrained({result.out!r}) and "
+              f"AutoProcessor.from_pretrained({result.out!r})  (no peft needed)")
+    else:
+        print(f"  load it     AutoModelForCausalLM.from_pretrained({result.out!r})  (no peft needed)")
     return 0

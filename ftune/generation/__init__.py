@@ -37,11 +37,13 @@ class PromptFormat:
 
 
 def prompt_format(recipe, tokenizer) -> PromptFormat:
-    """The prompt format of a run: its first chat or instruction training source, else plain text."""
+    """The prompt format of a run: its first chat (or vision-chat) or instruction training source, else plain
+    text. A vision-chat run's prompts are encoded by `ftune.infer.vision` (with their images); its format here
+    names the template for the stop tokens and a merged folder's record."""
     from ftune.data.chat_rows import chat_template_of
 
     for src in recipe.data.train:
-        if src.format == "chat":
+        if src.format in ("chat", "vision-chat"):  # vision-chat: the template its processor (tokenizer) carries
             return PromptFormat("chat", chat_template_of(recipe, tokenizer))
         if src.format == "instruction":
             return PromptFormat("instruction", src.template)

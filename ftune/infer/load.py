@@ -200,14 +200,35 @@ class Loaded:
     fmt: object  # PromptFormat
     stop_ids: list[int]
     description: str
+    vision: object | None = None
+    """A vision-language run's `ftune.infer.vision.Vision` (processor, chat template, image settings): its prompts
+    are encoded through it, images or not."""
+
+
+def _not_causal(folder: Path) -> FtuneError:
+    """A model folder ftune did not train whose class AutoModelForCausalLM doesn't know (a VLM, an encoder)."""
+    import json
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    kind = f"{model_type} model" if model_type else "model"
+    return FtuneError(f"{folder} holds a {kind} that AutoModelForCausalLM can't load: generate and chat take a "
+                      "causal language model folder, or a run", hint="for a vision-language model, "
+                      "fine-tune it with `model.task: image-text-to-text` and pass the run (its dir, final/ or merged "
+                      "folder): its prompts carry images", location=Location(file=str(folder / "config.json")))
 
 
 def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
     from ftune.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
 
+    from ftune.infer.vision import TASK, is_vision, load_vision
+
     quiet_libraries()
-    tok = load_tokenizer(target)
+    vision = load_vision(target) if is_vision(target) else None
+    tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)
     if target.plan is not None and not target.is_merged:
         model = load_trained(target.plan, target.model_dir, tok, extra=extra)
         fmt = prompt_format(target.plan.recipe, tok)
@@ -219,7 +240,14 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
         import transformers
 
         kwargs = {"dtype": "auto", **(extra or {})}
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(target.model_dir), **kwargs)
+        vlm = vision is not None or target.record.get("task") == TASK  # a merged vision-language model
+        cls = transformers.AutoModelForImageTextToText if vlm else transformers.AutoModelForCausalLM
+        try:
+            model = cls.from_pretrained(str(target.model_dir), **kwargs)
+        except ValueError as err:
+            if "Unrecognized configuration class" not in str(err):
+                raise
+            raise _not_causal(target.model_dir) from None
         prompt = target.record.get("prompt")
         fmt = PromptFormat.from_dict(prompt) if prompt else model_prompt_format(tok)
         eos = model.generation_config.eos_token_id
@@ -231,4 +259,4 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
 
         counts = Counter(str(d) for d in placement.values())
         description += " (modules on " + ", ".join(f"{d}: {n}" for d, n in sorted(counts.items())) + ")"
-    return Loaded(model.eval(), tok, fmt, stop_token_ids(tok, fmt, extra_stops), description)
+    return Loaded(model.eval(), tok, fmt, stop_token_ids(tok, fmt, extra_stops), description, vision)

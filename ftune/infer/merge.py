@@ -5,7 +5,9 @@ dequantized 4-bit weights); full and freeze runs are re-saved (re-sharded). Meth
 with no weights to fold into (prefix tuning, LLaMA-Adapter) are refused. The folder is written as a hidden
 `.NAME.partial-PID` sibling, reloaded with plain transformers and compared with the unmerged model on a few
 eval samples, marked complete, and only then renamed: a killed or failed merge leaves nothing that looks
-finished.
+finished. A vision-language run merges into the whole image-text-to-text model (vision tower and projector
+included), saved with its processor, and is checked on eval rows with their images (pixel inputs), so a
+projector or vision-tower change that did not reach the merged weights fails the check.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class MergeResult:
     samples: int
     sample_source: str
     files: list[str]
+    images: int = 0
+    """Vision-language models: images in the check's inputs (their pixel inputs go through the vision tower and
+    projector of both models, so a projector or vision LoRA that did not reach the merged weights fails it)."""
     experts_checked: int = 0
     """MoE models: experts whose merged output was compared with the adapter's, one by one (every expert of
     every layer), so a delta dropped from one expert fails the merge even when no sample token reaches it."""
@@ -94,21 +99,88 @@ def default_dtype(plan) -> str:
     return dtype if dtype in DTYPES else "bfloat16"
 
 
-def _sample_inputs(plan, tokenizer) -> tuple[list[list[int]], str]:
-    """A few eval rows (train rows when there is no eval split) as the run tokenized them; fixed texts when
-    the data is gone."""
+def _sample_inputs(plan, tokenizer, processor=None) -> tuple[list[dict], str, int]:
+    """A few eval rows (train rows when there is no eval split) as the run tokenized them, as model inputs
+    (`input_ids`, and a vision-language run's pixel inputs); fixed texts (with a drawn image) when the data is gone.
+    Also: where they came from, and the number of images they show."""
     from ftune.worker import data
 
+    if processor is not None:
+        return _image_samples(plan, processor)
+    fixed = [{"input_ids": _ids(tokenizer(t)["input_ids"][:SAMPLE_TOKENS])} for t in FALLBACK_TEXTS]
     try:
         bundle = data.build(plan.recipe, tokenizer, plan.data, log=lambda *a, **k: None)
     except (FtuneError, OSError):
-        return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (data unavailable)"
-    rows, where = (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")
+        return fixed, "fixed texts (data unavailable)", 0
+    rows, where = _rows(bundle)
     picked = [_row_ids(rows[i], tokenizer)[:SAMPLE_TOKENS] for i in range(min(SAMPLES, len(rows)))]
-    picked = [ids for ids in picked if ids]
+    picked = [{"input_ids": _ids(ids)} for ids in picked if ids]
     if not picked:
-        return [tokenizer(t)["input_ids"][:SAMPLE_TOKENS] for t in FALLBACK_TEXTS], "fixed texts (no text in the rows)"
-    return picked, f"{len(picked)} {where} rows"
+        return fixed, "fixed texts (no text in the rows)", 0
+    return picked, f"{len(picked)} {where} rows", 0
+
+
+def _rows(bundle):
+    return (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")
+
+
+def _ids(ids: list[int]):
+    import torch
+
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def _image_samples(plan, processor) -> tuple[list[dict], str, int]:
+    """A vision-language run's check inputs: its eval (or train) rows with their images, as the run's collator
+    builds them (placeholders expanded, pixel inputs from the processor; a row is cut after SAMPLE_TOKENS tokens
+    but never inside its image tokens); rows with images first. A drawn image with a fixed question when the data
+    is gone, so the check always runs through the vision tower."""
+    from ftune.worker import data
+    from ftune.worker.data.vision import image_token_ids, pixel_inputs
+
+    settings = plan.recipe.data.images
+    try:
+        bundle = data.build(plan.recipe, processor.tokenizer, plan.data, log=lambda *a, **k: None,
+                            processor=processor)
+        rows, where = _rows(bundle)
+    except (FtuneError, OSError):
+        rows, where = [], None
+    image_ids = image_token_ids(processor)
+    order = sorted(range(len(rows)), key=lambda i: not rows[i]["images"])[:SAMPLES] if len(rows) else []
+    samples, images = [], 0
+    for i in order:
+        ids, paths = list(rows[i]["input_ids"]), list(rows[i]["images"] or [])
+        last = max((k for k, t in enumerate(ids) if t in image_ids), default=-1)
+        ids = _ids(ids[: max(SAMPLE_TOKENS, last + 1)])
+        samples.append({"input_ids": ids, **pixel_inputs(processor, [paths], settings, ids)})
+        images += len(paths)
+    if images:
+        return samples, f"{len(samples)} {where} rows with {images} images ({_pixel_keys(samples)})", images
+    samples = [_drawn_sample(plan, processor)]
+    why = "the run's data or its images are unavailable" if where is None else f"no image in the {where} rows"
+    return samples, f"a drawn image with a fixed question ({_pixel_keys(samples)}; {why})", 1
+
+
+def _pixel_keys(samples: list[dict]) -> str:
+    """The image inputs the check feeds the models, e.g. `pixel_values`."""
+    return ", ".join(sorted({k for s in samples for k in s if k != "input_ids"}))
+
+
+def _drawn_sample(plan, processor) -> dict:
+    """One prompt with a drawn image (a colour gradient at the run's smallest image size, so it resizes as data
+    would): the check's input when the run's rows are gone."""
+    from PIL import Image
+
+    from ftune.worker.data.vision import template_of
+
+    side = max(28, int(plan.recipe.data.images.min_pixels ** 0.5))
+    image = Image.new("RGB", (side, side))
+    image.putdata([(255 * x // side, 255 * y // side, 128) for y in range(side) for x in range(side)])
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the image?"}]}]
+    text = processor.apply_chat_template(messages, chat_template=template_of(plan.recipe, processor), tokenize=False,
+                                         add_generation_prompt=True)
+    enc = processor(text=[text], images=[[image]], add_special_tokens=False, return_tensors="pt")
+    return {k: v for k, v in enc.items() if k != "attention_mask" and hasattr(v, "dtype")}
 
 
 TEXT_COLUMNS = ("prompt", "chosen", "completion", "answer")
@@ -122,12 +194,12 @@ def _row_ids(row: dict, tokenizer) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-def _logits(model, samples: list[list[int]]) -> list:
+def _logits(model, samples: list[dict]) -> list:
     import torch
 
     device = model.get_input_embeddings().weight.device
     with torch.no_grad():
-        return [model(input_ids=torch.tensor([s], device=device)).logits.float().cpu() for s in samples]
+        return [model(**{k: v.to(device) for k, v in s.items()}).logits.float().cpu() for s in samples]
 
 
 def _max_diff(reference: list, found: list) -> tuple[float, float]:
@@ -221,17 +293,21 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
 
     quiet_libraries()
     tmp.mkdir(parents=True)
-    tok = load_tokenizer(target)
+    from ftune.infer.vision import is_vision, load_vision
+
+    vision = load_vision(target) if is_vision(target) else None  # the processor travels with the merged model
+    tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)
     fmt = prompt_format(plan.recipe, tok)
     quant = target.record.get("quantization") or (plan.recipe.quantization.model_dump() if plan.recipe.quantization
                                                    else None)
     base = f"unquantized {dtype}" + (f" (the run trained on a {quant['bits']}-bit base; the adapter is folded into "
                                      "full-precision weights, not dequantized ones)" if quant else "")
     record = {"merged_from": str(target.model_dir), "method": plan.recipe.peft.method,
-              "base_model": plan.recipe.model.path, "dtype": dtype, "base": base, "prompt": fmt.to_dict()}
+              "base_model": plan.recipe.model.path, "dtype": dtype, "base": base, "prompt": fmt.to_dict(),
+              "task": plan.recipe.model.task}
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")  # first: a partial folder says what it is
 
-    samples, sample_source = _sample_inputs(plan, tok)
+    samples, sample_source, images = _sample_inputs(plan, tok, vision.processor if vision is not None else None)
     if action == "merge":
         from peft import PeftModel
 
@@ -251,10 +327,14 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
         model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
         model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(tmp), max_shard_size=shard_size, safe_serialization=True)
-    template = as_chat_template(fmt)
-    if template is not None:
-        tok.chat_template = template
-    tok.save_pretrained(str(tmp))
+    if vision is not None:  # the image processor, tokenizer and the run's chat template, as AutoProcessor reads them
+        vision.processor.chat_template = vision.template
+        vision.processor.save_pretrained(str(tmp))
+    else:
+        template = as_chat_template(fmt)
+        if template is not None:
+            tok.chat_template = template
+        tok.save_pretrained(str(tmp))
     del model
 
     leftovers = sorted(n for n in saved_tensors(tmp) if "lora_" in n or ".base_layer." in n)
@@ -273,7 +353,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
             hint="nothing was written; try --dtype float32, and report this with the run dir")
     files = sorted(p.name for p in tmp.iterdir())
     result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
-                         len(samples), sample_source, files, checked)
+                         len(samples), sample_source, files, images=images, experts_checked=checked)
     mark_complete(tmp, asdict(result))
     outputs.publish_folder(tmp, out)  # an existing out is a finished merge (check_out), replaced only now
     return result

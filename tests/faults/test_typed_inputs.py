@@ -55,16 +55,19 @@ def test_validate_check_paths_refuses_them_before_launch(tmp_path, fmt, rows, fi
     assert path.startswith("data.train[0].fields.") and f"holds {holds}, not text" in message and hint in found_hint
 
 
-def test_generate_file_refuses_a_list_prompt_at_its_line(tmp_path, capsys):
+def test_generate_file_refuses_a_list_prompt_at_its_line(tmp_path, capsys, tiny_model_dir):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": [101, 2023]}) + "\n"
                        + json.dumps({"messages": IMAGE_CHAT}) + "\n")
     assert main(["generate", str(tmp_path), "--file", str(prompts)]) == 2
     err = capsys.readouterr().err
     assert f"{prompts}:2:1: error: `prompt` holds a list of token ids, not text" in err and "pretokenized" in err
-    prompts.write_text(json.dumps({"messages": IMAGE_CHAT}) + "\n")
-    assert main(["generate", str(tmp_path), "--file", str(prompts)]) == 2
-    assert "message 1's `content` holds image (or other media) parts" in capsys.readouterr().err
+    # image parts are read by a vision-language run (tests/e2e/test_vision.py); a text model's rows refuse them
+    prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"messages": IMAGE_CHAT}) + "\n")
+    assert main(["generate", str(tiny_model_dir), "--file", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert f"{prompts}:2:1: error: message 1's `content` holds image (or other media) parts" in err
+    assert "image parts need a vision-language run" in err
 
 
 def test_numbers_stay_text_and_text_parts_get_their_own_hint():

@@ -141,10 +141,37 @@ def test_chat_commands_change_the_session(tmp_path):
 @pytest.mark.parametrize(("line", "message"), [("/set temp=1", "/set takes key=value"),
                                                ("/set top_p=2", "out of range"),
                                                ("/set seed=x", "is not a int"),
-                                               ("/save", "needs a file name"), ("/bogus", "unknown command /bogus")])
+                                               ("/save", "needs a file name"), ("/bogus", "unknown command /bogus"),
+                                               ("/image cat.png", "/image needs a vision-language run")])
 def test_bad_chat_commands_are_usage_errors(line, message):
     with pytest.raises(UsageError, match=message):
         _session().command(line)
+
+
+def test_prompt_rows_become_vision_chat_messages_with_the_command_line_images_first():
+    from ftune.infer.vision import as_messages
+
+    assert as_messages("what colour", ["/a.png"]) == [
+        {"role": "user", "content": [{"type": "image", "image": "/a.png"}, {"type": "text", "text": "what colour"}]}]
+    assert as_messages({"instruction": "name it", "input": "x"}) == [{"role": "user", "content": "name it\n\nx"}]
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                        {"role": "user", "content": [{"type": "image", "image": "b.png"}, {"type": "text", "text": "and?"}]}]}
+    out = as_messages(row, ["/a.png"])
+    assert out[:2] == row["messages"][:2] and out[2]["content"] == [
+        {"type": "image", "image": "/a.png"}, {"type": "image", "image": "b.png"}, {"type": "text", "text": "and?"}]
+    assert row["messages"][2]["content"][0] == {"type": "image", "image": "b.png"}  # the row itself is left as it was
+
+
+def test_image_parts_in_a_prompt_file_need_a_vision_language_run(tmp_path):
+    from ftune.cli.generate import read_prompts
+
+    rows = tmp_path / "rows.jsonl"
+    row = {"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "x"}]}]}
+    rows.write_text(json.dumps({"prompt": "plain"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(UsageError, match="message 1's `content` holds") as err:
+        read_prompts(str(rows))
+    assert err.value.location.line == 2 and "image parts need a vision-language run" in err.value.hint
+    assert read_prompts(str(rows), parts=True) == [(1, {"prompt": "plain"}), (2, row)]
 
 
 # ------------------------------------------------------------------------------ prompts and stop tokens
