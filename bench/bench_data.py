@@ -86,8 +86,8 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
 
     from ftune.recipe.schema import DataSource
     from ftune.data.formats import Context, encoder
-    from ftune.worker.data.packing import pack
-    from ftune.worker.data.pipeline import BOOKKEEPING, features
+    from ftune.dataset.packing import pack
+    from ftune.dataset.pipeline import BOOKKEEPING, features
     from ftune.data.sources import Source
 
     ds = datasets.Dataset.from_dict({"text": texts})
@@ -115,7 +115,7 @@ def main() -> dict:
 
     from ftune.plan.batching import data_plan
     from ftune.tiny import build_tiny_llama, train_tokenizer
-    from ftune.worker.data import build as stage
+    from ftune.dataset import build as stage
 
     def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
         return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)

@@ -5,7 +5,7 @@ figures are medians with the range over rounds:
 
 - plain: `load_dataset("json")`, `apply_chat_template` per row, one batched tokenizer call, `datasets.map`
   with batches of 1000 (what a practitioner writes; no labels, no packing).
-- ftune: `ftune.worker.data.build` of a recipe with that file as `format: chat`, cold cache, `max_seq_length`
+- ftune: `ftune.dataset.build` of a recipe with that file as `format: chat`, cold cache, `max_seq_length`
   128, packing on: render, mask the prompts, pack, shuffle, write the cache entry.
 
 Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), and the peak of anonymous memory
@@ -72,7 +72,7 @@ def side(name: str, data: str, tok_dir: str) -> dict:
 
     from ftune.recipe.schema import Recipe
     from ftune.plan.batching import data_plan
-    from ftune.worker.data import build as stage
+    from ftune.dataset import build as stage
 
     def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
         return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)

@@ -1,16 +1,26 @@
 """GRPO: ftune vs a plain TRL GRPOTrainer script doing the same work, in interleaved rounds.
 
 Same work on both sides: the bench's tiny Llama (4 layers, hidden 128, random weights), the same prompt rows, LoRA
-r=8 on q/v, the same GRPOConfig settings (4 prompts x 4 completions a step, up to 32 tokens each, temperature 1,
+r=8 on q/v, the same GRPOConfig settings (4 prompts x 4 completions a step, up to 16 tokens each, temperature 1,
 beta 0, dapo loss, group scaling, fused AdamW at a constant 1e-3, seed 0, a log every step) and one reward: 1 when
 the completion contains "the" (ftune's built-in `contains`; a two-line function in the plain script). The random
-model rarely says its eos, so nearly every completion runs to 32 tokens on both sides and the work per step is
+model rarely says its eos, so nearly every completion runs to 16 tokens on both sides and the work per step is
 equal; ftune's guards, which stop a run whose completions are all clipped or whose rewards are all equal, are set
 out of reach (`guard_logs`), as the plain script has none.
 
 Figure: generated tokens per second of training (the sum over steps of TRL's `completions/mean_length` x 16
 completions, over `train_runtime`), per round, ftune ÷ plain as median and min–max (goal >= 0.95). ftune's own
-split of the step time (generation vs the rest, summary.json) is reported beside it.
+split of the step time (generation vs the rest, summary.json) is reported beside it. Rounds alternate which side
+runs first.
+
+One compute thread on both sides (`OMP_NUM_THREADS=1` in both environments). With 2 threads the plain script ran
+about 53 s a step on the loaded 2-core machine and ftune far less: ftune sets `OMP_WAIT_POLICY=PASSIVE` for more
+than one thread (docs/performance.md, "CPU threads"), the plain script got OpenMP's spinning wait, whose threads
+stall each other at every barrier of the ~2,000 small ops a step's generation runs when the cores are taken. That
+compared OpenMP settings, not the trainers; at one thread a step takes about 0.3-0.6 s there.
+
+The plain script sets `bf16=False, activation_checkpointing=False`, as ftune's Plan does for this float32 recipe
+(TRL's configs default to bf16 autocast and activation checkpointing), so both sides do the same arithmetic.
 """
 
 from __future__ import annotations
@@ -28,12 +38,12 @@ from pathlib import Path
 
 import yaml
 
-STEPS = 30
-ROUNDS = 5
+STEPS = int(os.environ.get("FTUNE_BENCH_GRPO_STEPS", 16))
+ROUNDS = int(os.environ.get("FTUNE_BENCH_GRPO_ROUNDS", 5))
 BATCH = 16  # completions per step
 GENERATIONS = 4
-COMPLETION = 32
-THREADS = "2"
+COMPLETION = 16
+THREADS = "1"  # both sides (see the module doc)
 
 PLAIN = textwrap.dedent('''
     import json, sys
@@ -54,7 +64,8 @@ PLAIN = textwrap.dedent('''
                       learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                       optim="adamw_torch_fused", max_grad_norm=1.0, logging_steps=1, logging_first_step=True,
                       save_strategy="no", report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
-                      remove_unused_columns=False, log_completions=False)
+                      remove_unused_columns=False, log_completions=False,
+                      bf16=False, activation_checkpointing=False)  # TRL's defaults are bf16 and checkpointing
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
     trainer = GRPOTrainer(model=model, reward_funcs=contains, args=args, train_dataset=ds, processing_class=tok,
                           peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
@@ -100,7 +111,8 @@ def main() -> dict:
     model_dir, data = assets(folder)
     script = folder / "plain.py"
     script.write_text(PLAIN)
-    env = dict(os.environ, OMP_NUM_THREADS=THREADS)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update(OMP_NUM_THREADS=THREADS, TOKENIZERS_PARALLELISM="false")
 
     def plain() -> float:
         out = subprocess.run([sys.executable, str(script), str(model_dir), str(data), str(folder / "plain"),
@@ -123,17 +135,24 @@ def main() -> dict:
         return tokens / runtime, json.loads((run / "summary.json").read_text()), wall
 
     ratios, rows = [], []
-    for i in range(ROUNDS):  # interleaved: each ratio compares runs made seconds apart
-        p = plain()
-        f, summary, wall = ftune(i)
+    for i in range(ROUNDS):  # interleaved: each ratio compares runs made seconds apart; alternate who goes first
+        if i % 2 == 0:
+            p = plain()
+            f, summary, wall = ftune(i)
+        else:
+            f, summary, wall = ftune(i)
+            p = plain()
         ratios.append(f / p)
         share = summary["generation_seconds"] / (summary["generation_seconds"] + summary["training_seconds"])
-        rows.append({"plain_tokens_per_s": round(p, 1), "ftune_tokens_per_s": round(f, 1),
+        rows.append({"first": "plain" if i % 2 == 0 else "ftune", "ratio": round(f / p, 3),
+                     "plain_tokens_per_s": round(p, 1), "ftune_tokens_per_s": round(f, 1),
                      "ftune_generation_share": round(share, 3), "ftune_wall_s": round(wall, 1)})
         print(f"  round {i + 1}: {rows[-1]}", flush=True)
 
     shutil.rmtree(folder, ignore_errors=True)
-    result = {"steps": STEPS, "rounds": rows, "ftune_over_plain": spread(ratios)}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    result = {"steps": STEPS, "completion_tokens": COMPLETION, "threads": int(THREADS), "rounds": rows,
+              "ftune_over_plain": spread(ratios), "load_average_at_end": round(load, 1)}
     r = result["ftune_over_plain"]
     print(f"grpo: ftune/plain generated tokens/s median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}; "
           f"goal >= 0.95) over {ROUNDS} interleaved rounds")

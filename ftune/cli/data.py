@@ -118,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
 
     for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
         print(warning, file=sys.stderr)
-    from ftune.worker.quiet import quiet_libraries
+    from ftune.quiet import quiet_libraries
 
     quiet_libraries()  # datasets' map bars: ftune prints its own lines
-    from ftune.worker import tokenizer
-    from ftune.worker.data import build
+    from ftune.dataset import tokenizer
+    from ftune.dataset import build
 
     processor = tokenizer.load_processor(plan)  # a vision-language model's: its tokenizer renders the rows
     tok = processor.tokenizer if processor is not None else tokenizer.load(plan.tokenizer_path, recipe,

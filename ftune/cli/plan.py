@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-from ftune.cli.plan_data import DataCount, _row_text, _tokenizer, count_data, split_rows  # noqa: F401 (tests)
+from ftune.estimate.data import DataCount, count_data
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -162,7 +162,10 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     layout = f"{dist.strategy}, {plan.world_size} process(es) on {dist.num_machines} machine(s), {est.device}"
     if est.fsdp is not None:
         classes = ", ".join(f"{c} x{n}" for c, n in est.fsdp.unit_classes.items())
-        layout += (f"\n             FSDP {dist.fsdp.sharding_strategy}: {est.fsdp.units} units ({classes}); "
+        from ftune.recipe.schema import FsdpSection
+
+        sharding = (dist.fsdp or FsdpSection()).sharding_strategy  # no section: its defaults run
+        layout += (f"\n             FSDP {sharding}: {est.fsdp.units} units ({classes}); "
                    f"shard {fmt_bytes(est.fsdp.shard_bytes_per_rank)} per rank over {est.fsdp.shard_ranks} ranks")
     if (par := plan.parallelism) is not None and par.total > 1:
         layout += (f"\n             dp_replicate {par.dp_replicate} x dp_shard {par.dp_shard} x tp {par.tp} x cp {par.cp}:"

@@ -15,21 +15,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --dry-run: `json` prints the plan as JSON only (the launch command is in it)")
 
 
-def _check_preference_data(loaded) -> None:
-    """Degenerate preference data (identical pairs, one-sided KTO labels): refused before launch, or warned."""
-    import re
-
-    from ftune.errors import Problem
-    from ftune.data.check import preference_balance
-
-    found = preference_balance(loaded.recipe)
-    errors = [Problem.at(re.sub(r"\[(\d+)\]", r".\1", p), m, h) for p, m, h, sev in found if sev == "error"]
-    if errors:
-        raise loaded.error(errors)
-    for path, message, hint, _ in found:
-        print(f"warning: {path}: {message}\n    hint: {hint}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -48,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
         from ftune.plan.gguf import materialize
 
         warnings += materialize(plan, loaded, log=console.print)
-    _check_preference_data(loaded)
     if args.dry_run and args.format == "json":
         print(plan.model_dump_json(indent=2))  # pure JSON on stdout; warnings go to stderr
     for w in warnings:

@@ -115,7 +115,7 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
 
 def missing_paths(loaded) -> list[Problem]:
     """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
-    from ftune.recipe.load import display, looks_local
+    from ftune.recipe.load import looks_local, shown
     from ftune.recipe.sources import sources
 
     r = loaded.recipe
@@ -136,13 +136,9 @@ def missing_paths(loaded) -> list[Problem]:
         is_config = path.startswith("distributed.")
         if target.exists() or (not is_config and not looks_local(value)):
             continue
-        where = loaded.locate(path)
-        if where.file:
-            where = Location(display(where.file), where.line, where.column)
         base = "the recipe file" if is_config else "the working directory"
-        problems.append(
-            Problem(f"{value!r} does not exist", path, f"the path is relative to {base}; --check-paths checks local paths", where)
-        )
+        problems.append(shown(loaded.located(Problem.at(
+            path, f"{value!r} does not exist", f"the path is relative to {base}; --check-paths checks local paths"))))
     return problems
 
 
@@ -168,18 +164,9 @@ def field_problems(loaded) -> list[Problem]:
     """--check-paths: the compiler's own check of the data files (`ftune.data.check`: fields, formats, roles in
     their first rows), so `validate --check-paths` refuses the data `plan` and `run` refuse."""
     from ftune.data.check import check_fields, preference_balance
-    from ftune.recipe.load import display
+    from ftune.recipe.load import shown
 
-    found = list(check_fields(loaded.recipe))
-    found += [Problem(message, path, hint, severity=severity)
-              for path, message, hint, severity in preference_balance(loaded.recipe)]
-    problems = []
-    for p in loaded.error(found).problems:
-        where = p.location
-        if where.file:
-            where = Location(display(where.file), where.line, where.column)
-        problems.append(Problem(p.message, p.path, p.hint, where, p.severity))
-    return problems
+    return [shown(loaded.located(p)) for p in check_fields(loaded.recipe) + preference_balance(loaded.recipe)]
 
 
 def _github(value: str, prop: bool = False) -> str:

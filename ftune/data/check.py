@@ -4,7 +4,7 @@ Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`, `ftune data`) and b
 so all of them refuse the same data. Light on purpose: it reads the first rows with the standard library
 (pyarrow for Parquet), never `datasets` or a tokenizer. A file that does not exist is not reported here: the
 compiler's input check (`ftune.plan.environment.inputs`) says so, once. `preference_balance` (degenerate
-preference pairs) still runs from `ftune run` and `validate --check-paths` only.
+preference pairs) runs beside `check_fields` in the same two places.
 """
 
 from __future__ import annotations
@@ -159,15 +159,15 @@ def _row_list(numbers: list[int], limit: int = 8) -> str:
     return shown + (f", ... ({len(numbers) - limit} more)" if len(numbers) > limit else "")
 
 
-def preference_balance(recipe: Recipe) -> list[tuple[str, str, str | None, str]]:
-    """(path in recipe, message, hint, severity) for degenerate preference data in each local train source:
-    pairs whose chosen equals rejected, and KTO labels that are all desirable or all undesirable. Read with the
-    light reader before launch, so a run that can't learn anything is refused instead of training a flat loss."""
-    found: list[tuple[str, str, str | None, str]] = []
-    for i, spec in enumerate(recipe.data.train):
+def preference_balance(recipe: Recipe) -> list[Problem]:
+    """Degenerate preference data in each local train source, as problems at its key: pairs whose chosen equals
+    rejected (a warning below the refusal share), and KTO labels that are all desirable or all undesirable. Read
+    with the light reader before launch, so a run that can't learn anything is refused instead of training a flat
+    loss."""
+    found: list[Problem] = []
+    for where, spec in sources(recipe, splits=("train",)):
         if spec.format not in ("preference", "unpaired-preference"):
             continue
-        where = f"data.train[{i}]"
         try:
             src = resolve(spec, where)
             peeked = peek(src, BALANCE_ROWS) if src.local else None
@@ -182,12 +182,12 @@ def preference_balance(recipe: Recipe) -> list[tuple[str, str, str | None, str]]
                 continue
             share = len(same) / len(rows)
             severity = "error" if share > IDENTICAL_REFUSE else "warning"
-            found.append((f"{where}.path", f"{len(same)} of {len(rows)} rows of {spec.path} ({share:.0%}) have "
+            found.append(Problem(f"{len(same)} of {len(rows)} rows of {spec.path} ({share:.0%}) have "
                           f"`{f.chosen}` equal to `{f.rejected}` (rows {_row_list(same)}): such a pair teaches no "
-                          "preference (its loss stays at log 2 = 0.693)",
+                          "preference (its loss stays at log 2 = 0.693)", f"{where}.path",
                           "remove those rows or fix how the pairs were built"
                           + (f"; more than {IDENTICAL_REFUSE:.0%} of them refuses the run" if severity == "warning"
-                             else ""), severity))
+                             else ""), severity=severity))
         else:
             labels = [row.get(f.label) for row in rows]
             desirable = [n for n, v in enumerate(labels, 1) if v is True]
@@ -195,9 +195,9 @@ def preference_balance(recipe: Recipe) -> list[tuple[str, str, str | None, str]]
             if desirable and undesirable:
                 continue
             side = "desirable (true)" if desirable else "undesirable (false)"
-            found.append((f"{where}.fields.label", f"all {len(desirable) + len(undesirable)} labelled rows of "
+            found.append(Problem(f"all {len(desirable) + len(undesirable)} labelled rows of "
                           f"{spec.path} are {side}: KTO learns from the contrast between desirable and undesirable "
-                          "completions, so one-sided labels train nothing (a flat loss)",
+                          "completions, so one-sided labels train nothing (a flat loss)", f"{where}.fields.label",
                           "add rows with the other label (`{f.label}: true` and `false`), or use `train.objective: "
-                          "sft` on the desirable rows".replace("{f.label}", f.label), "error"))
+                          "sft` on the desirable rows".replace("{f.label}", f.label)))
     return found

@@ -19,10 +19,11 @@ from pathlib import Path
 from ftune.rundir import RunDir
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
-STAGES = ("pretrain", "arithmetic-lora")
-RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora")}
-QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75, "smollm2-house": 12}
-LABELS = {"pretrain": "A", "arithmetic-lora": "B", "smollm2-house": "C"}
+STAGES = ("pretrain", "arithmetic-lora", "arithmetic-grpo")
+RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora"),
+            "arithmetic-grpo": Path("runs/demo-arithmetic-grpo")}
+QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75, "arithmetic-grpo": 20, "smollm2-house": 12}
+LABELS = {"pretrain": "A", "arithmetic-lora": "B", "arithmetic-grpo": "B2", "smollm2-house": "C"}
 """`--quick` (or FTUNE_DEMO_QUICK=1): fewer optimizer steps, for the e2e test."""
 MIN_LOSS_DROP = 0.30
 MIN_ACCURACY_GAIN = 0.30
@@ -63,19 +64,23 @@ def run_stage(stage: str, workdir: Path, quick: bool, console) -> float:
 
 
 def measure(workdir: Path) -> dict:
-    """The figures: stage A's loss curve, stage B's eval loss and accuracy before and after."""
+    """The figures: stage A's loss curve, stage B's eval loss and accuracy before and after, stage B2's reward
+    curve and held-out accuracy after (its before is stage B's after)."""
     from transformers import AutoTokenizer
 
     from ftune.demo import assets, evaluate
 
     pre, lora = RunDir(workdir / RUN_DIRS["pretrain"]), RunDir(workdir / RUN_DIRS["arithmetic-lora"])
+    grpo = RunDir(workdir / RUN_DIRS["arithmetic-grpo"])
     a_metrics = evaluate.read_metrics(pre)
     b_metrics = evaluate.read_metrics(lora)
     rows = assets.read_task_rows(assets.Assets(workdir / assets.ASSETS).task_eval)
     tokenizer = AutoTokenizer.from_pretrained(str(pre.final))
     before = evaluate.score(evaluate.load_causal_lm(pre.final), tokenizer, rows)
     after = evaluate.score(evaluate.load_causal_lm(pre.final, lora.final), tokenizer, rows)
+    rl = evaluate.score(evaluate.load_causal_lm(pre.final, grpo.final), tokenizer, rows)
     b_eval = evaluate.series(b_metrics, "eval_loss")
+    rewards = evaluate.series(evaluate.read_metrics(grpo), "reward")
     return {
         "pretrain": {
             "first_train_loss": evaluate.series(a_metrics, "loss")[0][1],
@@ -91,6 +96,14 @@ def measure(workdir: Path) -> dict:
             "accuracy_after": after.accuracy,
             "samples_before": before.samples,
             "samples_after": after.samples,
+        },
+        "rl": {
+            "reward": rewards,
+            "reward_first": rewards[0][1],
+            "reward_last": rewards[-1][1],
+            "accuracy_before": after.accuracy,
+            "accuracy_after": rl.accuracy,
+            "samples_after": rl.samples,
         },
     }
 
@@ -109,10 +122,20 @@ def report(figures: dict, timings: dict, console) -> bool:
                   f"{b['eval_loss_before']:.3f}", f"{b['eval_loss_after']:.3f}", f"{-b['loss_drop']:+.0%}")
     table.add_row("", "accuracy (greedy generation)", f"{b['accuracy_before']:.0%}", f"{b['accuracy_after']:.0%}",
                   f"{b['accuracy_after'] - b['accuracy_before']:+.0%}")
+    rl = figures["rl"]
+    table.add_row("B2 GRPO on B's adapter", "mean reward (numeric, first -> last log)",
+                  f"{rl['reward_first']:.2f}", f"{rl['reward_last']:.2f}",
+                  f"{rl['reward_last'] - rl['reward_first']:+.2f}")
+    table.add_row("", "held-out accuracy (after B -> after B2)", f"{rl['accuracy_before']:.0%}",
+                  f"{rl['accuracy_after']:.0%}", f"{rl['accuracy_after'] - rl['accuracy_before']:+.0%}")
     console.print(table)
-    for (prompt, want, got_before), (_, _, got_after) in zip(b["samples_before"], b["samples_after"]):
+    for (prompt, want, got_before), (_, _, got_after), (_, _, got_rl) in zip(
+            b["samples_before"], b["samples_after"], rl["samples_after"]):
         mark = "[green]✓[/green]" if got_after == want else "[red]✗[/red]"
-        console.print(f"  {prompt!r:22} expected {want:>3}   before {got_before!r:10} after {got_after!r:6} {mark}")
+        console.print(f"  {prompt!r:22} expected {want:>3}   before {got_before!r:10} after {got_after!r:6} {mark}"
+                      f"   after RL {got_rl!r:6}")
+    console.print("stage B2 reward curve (step: mean numeric reward of the answers sampled since the last log): "
+                  + "  ".join(f"{step}: {value:.2f}" for step, value in rl["reward"]))
     logged = b["logged_eval_loss"][-1][1] if b["logged_eval_loss"] else float("nan")
     console.print(f"[dim]stage B eval_loss logged by the run: {logged:.4f}; recomputed from final/: "
                   f"{b['eval_loss_after']:.4f}[/dim]")

@@ -47,6 +47,11 @@ class Assets:
     def task_eval(self) -> Path:
         return self.root / "arithmetic.eval.jsonl"
 
+    @property
+    def task_prompts(self) -> Path:
+        """The RL stage's data: stage B's training questions as `format: prompt` rows (the held-out ones never)."""
+        return self.root / "arithmetic.prompts.jsonl"
+
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -71,6 +76,7 @@ def build(workdir: Path, seed: int = 0) -> Assets:
     train_rows, eval_rows = tasks.task_rows()
     write_jsonl(assets.task_train, [r.as_json() for r in train_rows])
     write_jsonl(assets.task_eval, [r.as_json() for r in eval_rows])
+    write_jsonl(assets.task_prompts, [{"prompt": r.prompt, "answer": r.answer} for r in train_rows])
 
     # The tokenizer sees the task's prompts too, so `compute`, `+`, `=` are whole tokens like the numbers.
     texts = corpus + [r.prompt + r.output for r in train_rows + eval_rows]

@@ -21,7 +21,7 @@ END = "<!-- /demo-figures -->"
 
 
 def markdown(summary: dict) -> str:
-    """The block: stage C's before/after table on held-out questions, then stages A-B, timings and date."""
+    """The block: stage C's before/after table on held-out questions, then stages B and B2, timings and date."""
     real, b = summary.get("real") or {}, summary["lora"]
     t = summary["timings_s"]
     lines = []
@@ -36,6 +36,13 @@ def markdown(summary: dict) -> str:
     lines.append(f"Stage B, LoRA on the tiny from-scratch Llama: eval loss {b['eval_loss_before']:.2f} → "
                  f"{b['eval_loss_after']:.2f}, greedy accuracy on {b['eval_questions']} held-out questions "
                  f"{b['accuracy_before']:.0%} → {b['accuracy_after']:.0%}.")
+    if "rl" in summary:
+        rl = summary["rl"]
+        curve = ", ".join(f"{value:.2f}" for _, value in rl["reward"])
+        lines.append(f"Stage B2, GRPO with the `numeric` reward on stage B's adapter ({rl['reward'][-1][0]} steps of 8 "
+                     f"training questions x 8 sampled answers): mean reward {rl['reward_first']:.2f} → "
+                     f"{rl['reward_last']:.2f} (per log: {curve}), held-out greedy accuracy "
+                     f"{rl['accuracy_before']:.0%} → {rl['accuracy_after']:.0%}.")
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total")
     lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}; the model already converted) on "
                  f"{summary.get('machine', 'an unrecorded machine')}; measured {summary.get('date', 'undated')}.")

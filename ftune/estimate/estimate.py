@@ -9,6 +9,7 @@ bitsandbytes would store it. Parameter counts are then peft's own; memory comes 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from ftune.estimate.suggest import suggest
 from ftune.estimate.vision import VisionFacts, base_parts, with_images
 from ftune.modeling import linear_layer_names
 from ftune.plan.preference import reference_copy
-from ftune.recipe.schema import Recipe
+from ftune.recipe.schema import FsdpSection, Recipe
 
 
 @dataclass(frozen=True)
@@ -256,8 +257,8 @@ def estimate(
     `seq_length`: tokens per row for activations; default data.max_seq_length, else the model's maximum.
     """
     config_file, source = resolve_config(recipe)
-    import warnings
-
+    if (dist := recipe.distributed).strategy == "fsdp" and dist.fsdp is None:  # no section: its defaults run
+        recipe = recipe.model_copy(update={"distributed": dist.model_copy(update={"fsdp": FsdpSection()})})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _estimate(recipe, config_file, source, world_size, num_processes, gpu_memory, device, seq_length)

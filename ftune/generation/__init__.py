@@ -133,7 +133,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, stop_ids: list[i
 
     Sampling is seeded (`seed`), so a seeded run repeats itself; greedy decoding needs no seed.
     A vision-language model: `images[i]` are prompt i's image files and `pixels(paths, ids)` the model's image
-    inputs for a batch (`ftune.worker.data.vision.pixel_inputs` bound to the processor and data.images).
+    inputs for a batch (`ftune.dataset.vision.pixel_inputs` bound to the processor and data.images).
     """
     import torch
     from transformers import GenerationConfig, set_seed

@@ -23,16 +23,27 @@ def convert(info: GgufInfo, log=print) -> Path:
         return dest
     log(f"model.path {info.file.name}: dequantizing the GGUF ({info.architecture}, {info.tensors} tensors) into "
         f"{dest} (once; keyed by its sha256)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         _write(info, tmp)
         (tmp / MARKER).write_text(json.dumps({"gguf": str(info.file), "sha256": info.sha256,
                                               "architecture": info.architecture, "name": info.name}, indent=2))
-        if is_converted(dest):  # another process finished first: keep its folder
+
+    return _published(dest, fill, done=is_converted)
+
+
+def _published(dest: Path, fill, done) -> Path:
+    """`dest` filled by `fill(folder)` under a temporary sibling name and renamed into place last (same filesystem:
+    atomic), so a failure or Ctrl-C caches nothing. When `done(dest)` another process finished first: its folder is
+    kept; a folder that isn't done is a leftover, never a cache entry."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    try:
+        fill(tmp)
+        if done(dest):
             shutil.rmtree(tmp)
         else:
-            shutil.rmtree(dest, ignore_errors=True)  # a folder without the marker is a leftover, never a cache entry
+            shutil.rmtree(dest, ignore_errors=True)
             tmp.rename(dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -83,16 +94,7 @@ def metadata_config(info: GgufInfo) -> Path:
     if (dest / "config.json").is_file():
         return dest
     config = config_from_metadata(_header.read(info.file), info.architecture)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
-    try:
-        config.save_pretrained(tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    return _published(dest, config.save_pretrained, done=lambda d: (d / "config.json").is_file())
 
 
 def ensure(source: dict, log=print) -> Path:

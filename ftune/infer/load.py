@@ -142,7 +142,7 @@ def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> Ft
 def load_tokenizer(target: Target):
     """The tokenizer saved with the model (final/ and merged folders hold one), with a pad token."""
     if target.plan is not None:
-        from ftune.worker.tokenizer import load
+        from ftune.dataset.tokenizer import load
 
         return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"))
     from transformers import AutoTokenizer

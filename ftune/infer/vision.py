@@ -129,15 +129,15 @@ class Vision:
 
     def pixels(self, paths: list[list[str]], ids) -> dict:
         """The model's image inputs for a batch whose prompts show `paths` (the collator's function)."""
-        from ftune.worker.data.vision import pixel_inputs
+        from ftune.dataset.vision import pixel_inputs
 
         return pixel_inputs(self.processor, paths, self.settings, ids)
 
 
 def load_vision(target) -> Vision:
     """The processor saved with the model (final/ or a merged folder), the run's chat template and data.images."""
-    from ftune.worker.data.vision import template_of
-    from ftune.worker.tokenizer import load_processor_at
+    from ftune.dataset.vision import template_of
+    from ftune.dataset.tokenizer import load_processor_at
 
     recipe = target.plan.recipe
     try:

@@ -48,11 +48,30 @@ IMAGE_LIMITS: dict[str, int] = {"llava": 1, "paligemma": 1}
 """Images per sample a family was trained with, where it has a limit (LLaVA-1.5, PaliGemma: one image per
 prompt); `data.images.max_per_sample` overrides it."""
 
+NEEDS_TORCHVISION: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "smolvlm",
+                                               "llava_onevision", "mistral3"})
+"""Families whose processor transformers 5.23 can't build without torchvision: it takes a video processor (Qwen-VL,
+SmolVLM, LLaVA-OneVision), which needs torchvision even for images alone, or is torchvision-only (Pixtral, for
+Mistral 3). Their image processors have a PIL backend, but AutoProcessor builds the video processor regardless.
+Checked against transformers by tests/unit/test_vision_parts.py."""
+
 # a model_type not in the table: any family's prefixes (projector first), so a new family still splits sensibly
 _ANY = Layout(
     vision=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.vision})),
     projector=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.projector})),
 )
+
+
+def local_model_type(path: str) -> str | None:
+    """`model_type` of the config.json in the folder `path`; None for a hub id or an unreadable config."""
+    import json
+    from pathlib import Path
+
+    config = Path(path).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def is_vision_language(model_type: str | None) -> bool:

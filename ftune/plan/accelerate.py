@@ -57,8 +57,11 @@ def resolve_num_processes(distributed, gpus: int | None = None) -> tuple[int, st
     return int(n), device
 
 
-def _fsdp_config(fsdp, device: str, notes: list[str], adapter: bool = False) -> dict[str, Any]:
-    """accelerate's `fsdp_config` block (fsdp_-prefixed keys, as `accelerate config` writes them)."""
+def _fsdp_config(fsdp, device: str, notes: list[str], adapter: bool = False,
+                 wrap_classes: list[str] | None = None) -> dict[str, Any]:
+    """accelerate's `fsdp_config` block (fsdp_-prefixed keys, as `accelerate config` writes them). `wrap_classes`:
+    the layer classes the compiler found for the transformer policy (`ftune.plan.preflight.wrap_classes`) when the
+    recipe names none."""
     state_dict_type = fsdp.state_dict_type
     if adapter and fsdp.activation_checkpointing and state_dict_type == "sharded":
         # measured (peft 0.21): a sharded adapter checkpoint selects tensors by module name, which
@@ -74,8 +77,8 @@ def _fsdp_config(fsdp, device: str, notes: list[str], adapter: bool = False) -> 
         "fsdp_cpu_ram_efficient_loading": fsdp.cpu_ram_efficient_loading,
         "fsdp_activation_checkpointing": fsdp.activation_checkpointing,
     }
-    if fsdp.auto_wrap_policy == "transformer" and fsdp.transformer_layer_cls:
-        cfg["fsdp_transformer_layer_cls_to_wrap"] = ",".join(fsdp.transformer_layer_cls)
+    if fsdp.auto_wrap_policy == "transformer" and (classes := fsdp.transformer_layer_cls or wrap_classes):
+        cfg["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
     if fsdp.auto_wrap_policy == "size":
         cfg["fsdp_min_num_params"] = fsdp.min_num_params
     sync = fsdp.sync_module_states if fsdp.sync_module_states is not None else fsdp.cpu_ram_efficient_loading
@@ -119,8 +122,9 @@ def _json_stage(path: Path) -> int | None:
 
 
 def generate(recipe, *, device: str, num_processes: int, recipe_dir: Path,
-             mixed_precision: str) -> tuple[dict, list[str]]:
-    """The config the recipe alone describes (before merging a team file)."""
+             mixed_precision: str, wrap_classes: list[str] | None = None) -> tuple[dict, list[str]]:
+    """The config the recipe describes (before merging a team file), with the FSDP wrap classes the compiler found
+    on the model when the recipe names none."""
     d = recipe.distributed
     notes: list[str] = []
     multi_node = d.num_machines > 1
@@ -149,7 +153,8 @@ def generate(recipe, *, device: str, num_processes: int, recipe_dir: Path,
     if d.strategy == "fsdp":
         from ftune.recipe.schema import FsdpSection
 
-        cfg["fsdp_config"] = _fsdp_config(d.fsdp or FsdpSection(), device, notes, recipe.peft.uses_peft_library)
+        cfg["fsdp_config"] = _fsdp_config(d.fsdp or FsdpSection(), device, notes, recipe.peft.uses_peft_library,
+                                          wrap_classes)
         if device == "cpu":
             notes.append("fsdp on CPU: gloo process group with ftune's CPU FSDP shim (tests and laptops)")
     if d.strategy == "deepspeed":
@@ -224,12 +229,13 @@ def _pick(key: str, ours: Any, team: dict, recipe, sub: str | None, notes: list[
 
 
 def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
-          mixed_precision: str) -> tuple[dict, list[str]]:
+          mixed_precision: str, wrap_classes: list[str] | None = None) -> tuple[dict, list[str]]:
     """The accelerate config (written as <run>/accelerate.yaml) and notes explaining decisions.
 
-    The compiler has checked this machine first (`ftune.plan.environment`), located in the recipe."""
+    The compiler has checked this machine first (`ftune.plan.environment`), located in the recipe, and found the
+    FSDP wrap classes on the meta model (`wrap_classes`; None when it wasn't built)."""
     cfg, notes = generate(recipe, device=device, num_processes=num_processes, recipe_dir=Path(recipe_dir),
-                          mixed_precision=mixed_precision)
+                          mixed_precision=mixed_precision, wrap_classes=wrap_classes)
     if recipe.distributed.accelerate_config:
         team = _read_team_file((Path(recipe_dir) / recipe.distributed.accelerate_config).resolve())
         cfg = merge(team, cfg, recipe, notes)

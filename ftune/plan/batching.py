@@ -79,17 +79,10 @@ def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
 
 def max_images(recipe: Recipe) -> int | None:
     """`data.images.max_per_sample`, else the model family's limit (read from a local config.json), else None."""
-    import json
-
-    from ftune.models.vision import IMAGE_LIMITS
+    from ftune.models.vision import IMAGE_LIMITS, local_model_type
 
     if recipe.model.task != "image-text-to-text":
         return None
     if recipe.data.images.max_per_sample is not None:
         return recipe.data.images.max_per_sample
-    config = Path(recipe.model.path).expanduser() / "config.json"
-    try:
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-    except (OSError, ValueError):
-        return None
-    return IMAGE_LIMITS.get(model_type)
+    return IMAGE_LIMITS.get(local_model_type(recipe.model.path))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ftune import __version__, adapter
-from ftune.data.check import check_fields
+from ftune.data.check import check_fields, preference_balance
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, cluster, ddp, environment, gguf, parallelism, preference, preflight,
                         quantization, rl)
@@ -132,20 +132,21 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         problems += environment.precision(recipe, device, mp)
     problems += parallelism.problems(recipe, device, world_size)
     problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
+    problems += preference_balance(recipe)  # pairs that teach nothing: refused, or warned below the share
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
-    experts = None
+    experts = wrap = None
     if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
         continued = (written, adapter_dir) if adapter_dir is not None else None
-        found, experts = preflight.inspect(recipe, device, continued)  # the model on the meta device
+        found, experts, wrap = preflight.inspect(recipe, device, continued)  # the model on the meta device
         problems += found
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)
     warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
 
     config, cfg_notes = accelerate.build(recipe, device=device, num_processes=num_processes,
-                                         recipe_dir=recipe_dir, mixed_precision=mp)
+                                         recipe_dir=recipe_dir, mixed_precision=mp, wrap_classes=wrap)
     notes += cfg_notes
     train = recipe.train
     obj = objective(train.objective)

@@ -226,12 +226,30 @@ def packages(recipe: Recipe) -> list[Problem]:
             found.append(Problem.at(f"output.report_to.{i}", f"report_to '{tracker}' needs the {tracker} package, "
                                     "which is not installed", f"pip install {tracker}   (or remove it from "
                                     "output.report_to; metrics.jsonl is always written)"))
-    found += quantization.check_environment(recipe)
+    found += quantization.check_environment(recipe) + torchvision(recipe)
     obj = objective(recipe.train.objective)
     if obj.needs_trl and importlib.util.find_spec(TRL_PACKAGE) is None:
         found.append(Problem.at("train.objective", f"objective '{obj.name}' runs on TRL's {obj.trainer_class}, and "
                                 "trl is not installed", f"{TRL_INSTALL}   (or `train.objective: sft`)"))
     return found
+
+
+TORCHVISION_INSTALL = ("pip install torchvision, the build of your torch (torch 2.13: torchvision 0.28; a CPU torch "
+                       "needs the CPU build, `--index-url https://download.pytorch.org/whl/cpu`)")
+
+
+def torchvision(recipe: Recipe) -> list[Problem]:
+    """A VLM family whose processor transformers builds only with torchvision (`NEEDS_TORCHVISION`: Qwen-VL's
+    takes a video processor even for images), read from the local config.json, on a machine without it."""
+    from ftune.models.vision import NEEDS_TORCHVISION, local_model_type
+
+    if recipe.model.task != "image-text-to-text" or importlib.util.find_spec("torchvision") is not None:
+        return []
+    model_type = local_model_type(recipe.model.path)
+    if model_type not in NEEDS_TORCHVISION:
+        return []
+    return [Problem.at("model.path", f"{model_type}'s processor needs torchvision in transformers 5.23 (it builds "
+                       "a video processor even for images), and torchvision is not installed", TORCHVISION_INSTALL)]
 
 
 FLEX_CPU = ("torch has no FlexAttention backward on CPU, and its compiled CPU forward (torch 2.13) gives wrong "

@@ -24,17 +24,18 @@ def config_is_local(recipe: Recipe) -> bool:
 
 
 def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None
-            ) -> tuple[list[Problem], ExpertsKind | None]:
-    """`problems` on the meta model, and how it holds its experts (the DDP decision, ftune.plan.ddp): one build.
-    `continued`: the recipe as written and the adapter folder, when `recipe` continues an adapter."""
+            ) -> tuple[list[Problem], ExpertsKind | None, list[str] | None]:
+    """`problems` on the meta model, how it holds its experts (the DDP decision, ftune.plan.ddp) and the layer
+    classes FSDP wraps (`wrap_classes`): one build. `continued`: the recipe as written and the adapter folder, when
+    `recipe` continues an adapter."""
     try:
         model = build_meta_model(recipe)
     except FtuneError as err:  # an unreadable config: at the key that names the model
-        return [Problem.at("model.path", err.message, err.hint)], None
+        return [Problem.at("model.path", err.message, err.hint)], None, None
     found = problems(recipe, device, model)
     if continued is not None:
         found += continued_target_problems(continued[0], recipe, continued[1], model)
-    return found, experts_kind(model)
+    return found, experts_kind(model), wrap_classes(recipe, model)
 
 
 def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, model) -> list[Problem]:
@@ -167,6 +168,24 @@ def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
 def target_hint(model) -> str:
     return (f"linear layers in this model: {', '.join(linear_layer_names(model))} "
             "(or use `peft.target_modules=all-linear`)")
+
+
+def wrap_classes(recipe: Recipe, model) -> list[str] | None:
+    """The layer classes FSDP's transformer policy wraps when `distributed.fsdp.transformer_layer_cls` is unset: the
+    classes of the model's `_no_split_modules` that are in it, sorted. None when the recipe names them or FSDP
+    doesn't wrap by class.
+
+    Decided here, not by accelerate: a vision-language model's `_no_split_modules` gathers its towers' (LLaVA's:
+    `CLIPEncoderLayer` and `LlamaDecoderLayer`, but also `CLIPTextEmbeddings`, which a vision-only CLIP lacks) and
+    accelerate 1.15 refuses a class it can't find ("Could not find the transformer layer class"). Naming the present
+    ones in the accelerate config wraps both the vision encoder's and the language decoder's layers."""
+    d = recipe.distributed
+    fsdp = d.fsdp or FsdpSection()
+    if d.strategy != "fsdp" or fsdp.auto_wrap_policy != "transformer" or fsdp.transformer_layer_cls:
+        return None
+    present = {type(m).__name__ for m in model.modules()}
+    classes = sorted(c for c in (getattr(model, "_no_split_modules", None) or []) if c in present)
+    return classes or None
 
 
 def wrap_class_problems(recipe: Recipe, model) -> list[Problem]:

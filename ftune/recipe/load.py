@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,6 +38,53 @@ DEFAULT = Location(origin="default")
 
 
 @dataclass(frozen=True)
+class Positions:
+    """Where each key of a recipe is written (the YAML marks after `extends` and overrides) and which override set
+    it: the one way from a key (`data.train[0].path`, or the dotted `data.train.0.path`) to file:line:column. The
+    loader locates its own problems with it, and `LoadedRecipe` every later check's (validate, plan, run)."""
+
+    file: str
+    """The recipe, absolute: where a problem points when no enclosing key is written."""
+    marks: Mapping[KeyPath, Marks] = field(default_factory=dict)
+    overrides: Mapping[KeyPath, str] = field(default_factory=dict)
+    """Key path → the override (`train.seed=3`) that set it."""
+
+    def _find(self, path: str | KeyPath, anchor: str) -> tuple[Location, KeyPath]:
+        p = key_path(path) if isinstance(path, str) else path
+        p = p[:-1] if anchor == "parent" else p
+        exact = p in self.marks
+        while p and p not in self.marks:
+            p = p[:-1]  # a default or a missing key: the nearest enclosing key written
+        if not p:
+            return Location(self.file, 1, 1), p
+        return (self.marks[p].value if exact and anchor == "value" else self.marks[p].key), p
+
+    def locate(self, path: str | KeyPath, anchor: str = "key") -> Location:
+        """Where a problem at `path` points: the key (anchor `key`), its value (`value`, when written) or the mapping
+        holding it (`parent`); for a key not written, the nearest enclosing key written; else the recipe file at
+        1:1; an override's Location(origin="override"). Files are absolute (`shown` makes them relative)."""
+        return self._find(path, anchor)[0]
+
+    def located(self, problem: Problem) -> Problem:
+        """`problem` located, its message quoting the override that set the key (`(override 'train.seed=3')`)."""
+        where, p = self._find(problem.path, problem.anchor)
+        suffix = ""
+        if where.origin == "override":
+            arg = self.overrides.get(p) or next((a for q, a in self.overrides.items() if q == p[: len(q)]), "")
+            suffix = f" (override '{shown_override(arg)}')" if arg else ""
+        return replace(problem, message=problem.message + suffix, location=where)
+
+
+def shown(problem: Problem) -> Problem:
+    """`problem` with its file as the loader's errors and `validate` name it: relative to the working directory when
+    below it."""
+    loc = problem.location
+    if not (loc.file and os.path.isabs(loc.file)):
+        return problem
+    return replace(problem, location=Location(display(loc.file), loc.line, loc.column, loc.origin))
+
+
+@dataclass(frozen=True)
 class LoadedRecipe:
     """A validated recipe and where each of its values came from."""
 
@@ -53,6 +100,12 @@ class LoadedRecipe:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     """Variables ftune generated for secrets that came without one (an override `model.hub_token=hf_...`,
     a literal): name → real value. `ftune run` sets them in the workers' environment, never on disk."""
+    positions: Positions | None = field(default=None, repr=False)
+    """Where each key is written: `locate` and `error` go through it, as the loader's own problems did."""
+
+    def __post_init__(self) -> None:
+        if self.positions is None:  # built without marks: every key points at the recipe file
+            object.__setattr__(self, "positions", Positions(self.file))
 
     def secret(self, path: str) -> str | None:
         """The real value of the masked field at `path` (in this process: the generated variables too)."""
@@ -61,19 +114,17 @@ class LoadedRecipe:
 
     def locate(self, path: str) -> Location:
         """Where the user set `path` (file position or override); for a default, the nearest enclosing key they
-        wrote; else the recipe file. Every error about a recipe key is located through this. A list index may
-        be written either way: `data.train[0].path` (as problems spell it) or `data.train.0.path`."""
-        probe = ".".join(map(str, key_path(path)))  # origins are keyed data.train.0.path
-        while probe:
-            where = self.origins.get(probe)
-            if where is not None and where != DEFAULT:
-                return where
-            probe = probe.rpartition(".")[0]
-        return Location(self.file)
+        wrote; else the recipe file (`Positions.locate`). A list index may be written either way: `data.train[0]`
+        or `data.train.0`."""
+        return self.positions.locate(path)
+
+    def located(self, problem: Problem) -> Problem:
+        """A problem found by any check, located at the key the user wrote (`Positions.located`)."""
+        return self.positions.located(problem)
 
     def error(self, problems: list[Problem]) -> RecipeError:
         """Problems found by any check, each located at the key the user wrote, as one error."""
-        return RecipeError([replace(p, location=self.locate(p.path)) for p in problems], file=self.file)
+        return RecipeError([self.located(p) for p in problems], file=self.file)
 
     def resolved_yaml(self) -> str:
         """The full resolved recipe as YAML, keys in schema order, secrets masked."""
@@ -91,28 +142,6 @@ def looks_local(value: str) -> bool:
     """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name).
     `ftune validate --check-paths` and `ftune run` both decide with this."""
     return value.startswith(("/", ".", "~")) or value.endswith(_DATA_SUFFIXES) or not _HUB_ID.match(value)
-
-
-# ------------------------------------------------------------------------------------- locating
-def _locate(path: KeyPath, anchor: str, marks: dict[KeyPath, Marks], ctx: LoadContext) -> tuple[Location, str]:
-    """Where to point for a problem at `path`, and a suffix quoting the override that set it."""
-    p = path[:-1] if anchor == "parent" else path
-    exact = p in marks
-    while p and p not in marks:
-        p = p[:-1]
-    if not p:
-        return Location(str(ctx.root), 1, 1), ""
-    where = marks[p].value if exact and anchor == "value" else marks[p].key
-    if where.origin == "override":
-        arg = ctx.override_args.get(p) or next((a for q, a in ctx.override_args.items() if q == p[: len(q)]), "")
-        return where, f" (override '{shown_override(arg)}')" if arg else ""
-    return where, ""
-
-
-def _located(problem: Problem, marks: dict[KeyPath, Marks], ctx: LoadContext) -> Problem:
-    """The loader's own problems (schema, interpolation, secrets, rules), located while the YAML marks are at hand."""
-    where, suffix = _locate(key_path(problem.path), problem.anchor, marks, ctx)
-    return replace(problem, message=problem.message + suffix, location=where)
 
 
 def _related(a: KeyPath, b: KeyPath) -> bool:
@@ -229,11 +258,13 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     issues += [p for p in schema_issues if p.path not in bad and p.path not in reported
                and not (ctx.lost_base and p.anchor == "parent")]  # "missing": the lost base may set it
     issues += _rule_problems(data, issues, (recipe, schema_issues))
-    ctx.problems.extend(_located(p, marks, ctx) for p in issues)
+    positions = Positions(str(file), marks, dict(ctx.override_args))
+    ctx.problems.extend(positions.located(p) for p in issues)
     if ctx.problems or recipe is None:
         ctx.problems = [_scrubbed(p, masked) for p in ctx.problems]
         raise RecipeError(_sorted(ctx), display(file))
-    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), masked.secrets, masked.env)
+    return LoadedRecipe(recipe, str(file), list(ctx.files), _origins(recipe, marks), masked.secrets, masked.env,
+                        positions)
 
 
 def _scrubbed(p: Problem, masked: Masked) -> Problem:
@@ -250,10 +281,4 @@ def _sorted(ctx: LoadContext) -> list[Problem]:
         loc = p.location
         return (loc.file is None, order.get(loc.file or "", len(order)), loc.line or 0, loc.column or 0)
 
-    shown = [
-        Problem(p.message, p.path, p.hint, Location(display(p.location.file), p.location.line, p.location.column), p.severity)
-        if p.location.file and os.path.isabs(p.location.file)
-        else p
-        for p in ctx.problems
-    ]
-    return sorted(dict.fromkeys(shown), key=key)
+    return sorted(dict.fromkeys(shown(p) for p in ctx.problems), key=key)

@@ -155,14 +155,40 @@ def prepare(plan) -> None:
     apply_cpu_fsdp_shim()
 
 
-def close() -> None:
-    """Destroy the process group at the end of a finished run, before the interpreter exits. Left to the exit,
-    gloo's threads can be torn down while still joinable, and a rank that finished its work aborts with
-    "terminate called without an active exception" (exit -6; seen once in 2-process FSDP2 runs), which the
-    launcher reports as a failed run. Local: no collective, so it can't hang on a peer."""
+DEFAULT_TIMEOUT_S = 1800
+"""transformers' `ddp_timeout` when `distributed.timeout` is unset."""
+
+
+def collective_timeout(plan) -> int:
+    """Seconds a collective waits for the other ranks (`distributed.timeout`, else transformers' default)."""
+    return plan.recipe.distributed.timeout or DEFAULT_TIMEOUT_S
+
+
+def close(plan) -> None:
+    """End a finished run's process group in order: every rank meets at a barrier, then destroys the group before
+    the interpreter exits (left to the exit, gloo's threads can be torn down while still joinable). Without the
+    barrier a rank that finished first destroyed its group while a peer still worked (rank 0 saving, writing the
+    card and report); seen in CI as node 1 of the 2-node test aborting at teardown with "terminate called without
+    an active exception" (exit -6) on gloo, which the launcher reports as a failed run. The barrier waits at most
+    `distributed.timeout` (1800 s by default), like every collective of the run; when it fails (a peer gone after
+    finishing), the group is destroyed all the same: this rank's work is complete."""
+    import sys
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_world_size() > 1:
+            if dist.get_backend() == "gloo":  # names a rank that doesn't arrive; nccl has the group's own timeout
+                dist.monitored_barrier(timeout=timedelta(seconds=collective_timeout(plan)))
+            else:
+                dist.barrier()
+    except Exception as err:  # noqa: BLE001 - the run is complete; only the goodbye failed
+        print(f"ftune worker: note: not every rank reached the end of the run together ({str(err).splitlines()[0][:160]})",
+              file=sys.stderr)
+    finally:
         dist.destroy_process_group()
 
 
@@ -228,7 +254,7 @@ def peer_stopped(err: BaseException, plan) -> Exception | None:
         suspects = others if not ips else [r for r in others if _HOSTS and ips[0].startswith("127.")
                                            and _HOSTS[r] == _HOSTS[me]] or others
     named = ", ".join(f"rank {r} on host {_HOSTS[r] if r < len(_HOSTS) else '?'}" for r in suspects)
-    timeout = plan.recipe.distributed.timeout or 1800
+    timeout = collective_timeout(plan)
     timed_out = "timed out" in text or "timeout" in text
     what = (f"{named} did not answer within distributed.timeout ({timeout} s)" if timed_out and len(suspects) == 1
             else f"{named} stopped" if len(suspects) == 1 else f"one of {named} stopped")

@@ -21,7 +21,7 @@ from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
 from ftune.plan.model import Plan
 from ftune.rundir import RunDir, is_complete, write_json_atomic
 from ftune.worker import distributed
-from ftune.worker.quiet import quiet_libraries
+from ftune.quiet import quiet_libraries
 from ftune.worker.stop import STOP, Terminated, terminated_error
 
 
@@ -29,7 +29,9 @@ def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
     from ftune import plugins
-    from ftune.worker import card, data, facts, profile, report, save, tokenizer, train
+    from ftune import dataset as data
+    from ftune.dataset import tokenizer
+    from ftune.worker import card, facts, profile, report, save, train
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.model import load_model
     from ftune.worker.moe import router_stats
@@ -137,7 +139,7 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
 
 def _pixels(plan: Plan, trainer):
     """A vision-language run's image inputs for generation (the collator's processor and image settings)."""
-    from ftune.worker.data.vision import VisionCollator, pixel_inputs
+    from ftune.dataset.vision import VisionCollator, pixel_inputs
 
     collate = trainer.data_collator
     if not isinstance(collate, VisionCollator):
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             run_stages(plan)
-            distributed.close()
+            distributed.close(plan)
         except Terminated:
             raise terminated_error(None, None) from None
         except Exception as err:  # noqa: BLE001 - a full disk, or a peer rank that stopped: user-facing errors

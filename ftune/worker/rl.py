@@ -14,7 +14,7 @@ import time
 from ftune.errors import RunError
 from ftune.plugins import load_object
 from ftune.rewards import REWARD_MODEL, Sample, available
-from ftune.worker.data.prompt import BOOKKEEPING, ROW
+from ftune.dataset.prompt import BOOKKEEPING, ROW
 
 TIMES = ("generation_time", "training_time", "generated_tokens")
 """ftune's per-step timing in metrics.jsonl (means over each logging window, as TRL logs its own): seconds spent

@@ -249,7 +249,9 @@ def _assert_learned(run_dir) -> None:
 def _reloaded_eval_loss(run_dir, **load) -> float:
     """Eval loss of final/ reloaded with `quantize.load_for_eval` on a freshly quantized base, same eval data."""
     from ftune.plan.model import Plan
-    from ftune.worker import data, quantize, tokenizer, train
+    from ftune import dataset as data
+    from ftune.dataset import tokenizer
+    from ftune.worker import quantize, train
 
     plan = Plan.load(run_dir / "plan.json")
     tok = tokenizer.load_tokenizer(plan)

@@ -167,26 +167,35 @@ def test_eval_scores_the_recipes_rewards_on_eval_prompts(rl_runs, work):
 
 @pytest.fixture(scope="module")
 def reward_run(work, tiny_model_dir) -> Path:
-    """`objective: reward` on pairs whose chosen answer is TARGET alone and rejected one of the others, or TARGET
-    among other words (trained on single words only, the model scored `dog sun sun sun` above `sun`, and GRPO
-    learned to say that: reward up, every completion clipped, exact match 0)."""
+    """`objective: reward` on pairs whose chosen answer is TARGET alone and rejected one of the others, TARGET among
+    other words, TARGET repeated, or no answer at all. Trained on single words only, the model scored `dog sun sun
+    sun` above `sun`, and GRPO learned to say that (reward up, every completion clipped); without the answer-less
+    pairs it scored `A:` + eos (an empty completion) above ` sun`, and GRPO learned to say nothing (reward -0.0 ->
+    2.4, held-out exact match 0.0); without the repeated ones, `sun sun sun sun` (2.33) above `sun` (2.23), and 91%
+    of the completions ended clipped: a reward model is hacked where its data is thin."""
     rng = random.Random(4)
     others = [a for a in ANSWERS if a != TARGET]
 
-    def rejected() -> str:
-        words = [rng.choice(others)] if rng.random() < 0.5 else rng.sample([*others, TARGET, TARGET], 3)
-        return " " + " ".join(words)
+    def pair(q: str) -> dict:
+        prompt, r = TEMPLATE.format(instruction=q), rng.random()
+        if r < 0.2:  # no answer: `A:` then eos (the row's prompt stops before the colon, as no field may be empty)
+            return {"prompt": prompt[:-1], "chosen": f": {TARGET}", "rejected": ":"}
+        if r < 0.45:
+            words = [rng.choice(others)]
+        elif r < 0.75:
+            words = rng.sample([*others, TARGET, TARGET], 3)
+        else:  # TARGET said again and again
+            words = [TARGET] * rng.randint(2, 4)
+        return {"prompt": prompt, "chosen": f" {TARGET}", "rejected": " " + " ".join(words)}
 
-    pairs = [{"prompt": TEMPLATE.format(instruction=q), "chosen": f" {TARGET}", "rejected": rejected()}
-             for q in questions(240, seed=4)]
-    data = write_jsonl(work["folder"] / "pairs.jsonl", pairs)
+    data = write_jsonl(work["folder"] / "pairs.jsonl", [pair(q) for q in questions(240, seed=4)])
     recipe = base_recipe(tiny_model_dir, data,
                          model={"path": str(tiny_model_dir), "dtype": "float32", "task": "sequence-classification"},
                          data={"train": [{"path": str(data), "format": "preference"}], "eval": {"split": 0.15}},
                          peft={"method": "full"},
-                         train={"objective": "reward", "max_steps": 20, "learning_rate": 3e-3,
+                         train={"objective": "reward", "max_steps": 60, "learning_rate": 3e-3,
                                 "per_device_batch_size": 16, "seed": 4, "logging_steps": 10},
-                         eval={"strategy": "steps", "steps": 20, "on_start": True}, checkpoint={"strategy": "no"},
+                         eval={"strategy": "steps", "steps": 60, "on_start": True}, checkpoint={"strategy": "no"},
                          output={"dir": "runs/reward", "report_to": ["none"], "loss_curve": False})
     out, _ = run(work["folder"], recipe)
     return out
@@ -194,21 +203,26 @@ def reward_run(work, tiny_model_dir) -> Path:
 
 @pytest.mark.extended
 def test_reward_model_learns_the_rule_and_drives_grpo(reward_run, work):
-    """Held-out pairwise accuracy from chance to >= 0.9, then the model's logit is the reward of a GRPO run."""
+    """Held-out pairwise accuracy from chance to >= 0.9, then the model's logit is the reward of a GRPO run, which
+    learns the rule: mean reward up, held-out greedy exact match from the SFT model's to >= 0.9. With
+    `scale_rewards: none`: the reward model's scores for two wrong answers differ by a few hundredths, and the
+    default group scaling divides each group by its spread, so that noise became full-size advantages and the policy
+    drifted into byte soup (reward -0.80 -> -1.90, 81% clipped; binary rewards don't do this: an all-equal group
+    has no advantage at all)."""
     evals = [r for r in metrics(reward_run) if "eval_accuracy" in r]
     assert evals[0]["step"] == 0 and evals[-1]["eval_accuracy"] >= 0.9, evals  # held-out pairs
     config = json.loads((reward_run / "final" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
 
     recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", "grpo", "runs/grpo-rm",
-                       rewards=[{"name": "reward_model", "path": str(reward_run / "final")}])
+                       rewards=[{"name": "reward_model", "path": str(reward_run / "final")}], scale_rewards="none")
     out, _ = run(work["folder"], recipe)
     logs = [r for r in metrics(out) if "reward" in r]
     curve = [(r["step"], r["rewards/reward_model/mean"], r["clipped_ratio"]) for r in logs]
-    # the reward model's score drives the policy: it rises from about 0 to about 2 (measured: -0.09 -> 1.92 by step
-    # 4). Held-out greedy exact match after this run was 0.0 (sampled completions were ` sun` at step 16): not
-    # asserted, not yet explained (see docs/rl.md)
-    assert logs[-1]["reward"] > logs[0]["reward"] + 1.0, curve
+    # measured: -1.68, -2.03, 0.06, 1.69, 0.44 (none clipped at the end), held-out exact match 0.0 -> 1.0
+    assert logs[-1]["reward"] > logs[0]["reward"] + 1.0 and logs[-1]["clipped_ratio"] < 0.5, curve
+    before, after = exact_match(work["sft"], work["heldout"]), exact_match(out / "final", work["heldout"])
+    assert before <= 0.5 and after >= 0.9, (before, after, curve)
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert set(sample[-1]["rewards"]) == {"reward_model"}
 

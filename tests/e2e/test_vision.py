@@ -325,7 +325,7 @@ def test_merge_check_draws_an_image_when_the_runs_data_is_gone(merged_vlm, colou
     from ftune.infer import merge
     from ftune.infer.source import resolve
     from ftune.infer.vision import load_vision
-    from ftune.worker import data
+    from ftune import dataset as data
 
     target = resolve(str(colour_run / "runs" / "r"))
     proc = load_vision(target).processor

@@ -1,4 +1,5 @@
-"""Degenerate preference data is checked before launch (`ftune run`, `validate --check-paths`): pairs whose chosen
+"""Degenerate preference data is checked before launch (by the compiler: `ftune plan`, `ftune run`; and
+`validate --check-paths`): pairs whose chosen
 equals rejected (refused above half of the rows, warned below, with row numbers) and one-sided KTO labels (refused).
 On main, DPO on identical pairs and KTO on desirable-only rows trained a flat loss and exited 0."""
 
@@ -35,11 +36,14 @@ def test_identical_pairs_refuse_the_run_above_half_and_warn_below(tmp_path, tiny
     assert "r.yaml:" in err and "data.train[0].path: 9 of 10 rows of" in err and "(90%)" in err
     assert "rows 1, 2, 4, 5, 6, 7, 8, 9, ... (1 more)" in err and "log 2 = 0.693" in err
     assert main(["validate", "--check-paths", recipe]) == 1  # the same check in validate
-    capsys.readouterr()
+    assert main(["plan", recipe]) == 1  # and in the compiler: `plan` refuses what `run` refuses
+    err = capsys.readouterr().err
+    assert "r.yaml:7:5: error: data.train[0].path: 9 of 10 rows of" in err, err
+    assert not (tmp_path / "run").exists()
     recipe = _recipe(tmp_path, tiny_model_dir, "dpo", [_pair(i, same=i == 4) for i in range(1, 11)])
     assert main(["run", recipe, "--dry-run"]) == 0
     err = capsys.readouterr().err
-    assert "warning: data.train[0].path: 1 of 10 rows" in err and "(rows 4)" in err
+    assert "r.yaml:7:5: warning: data.train[0].path: 1 of 10 rows" in err and "(rows 4)" in err
 
 
 def test_one_sided_kto_labels_refuse_the_run(tmp_path, tiny_model_dir, capsys):
@@ -48,5 +52,7 @@ def test_one_sided_kto_labels_refuse_the_run(tmp_path, tiny_model_dir, capsys):
     assert main(["run", recipe, "--dry-run"]) == 1
     err = capsys.readouterr().err
     assert "data.train[0].fields.label: all 6 labelled rows of" in err and "are desirable (true)" in err
+    assert main(["plan", recipe]) == 1
+    assert "data.train[0].fields.label: all 6 labelled rows of" in capsys.readouterr().err
     rows[2]["label"] = False
     assert main(["run", _recipe(tmp_path, tiny_model_dir, "kto", rows), "--dry-run"]) == 0

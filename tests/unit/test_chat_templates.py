@@ -10,7 +10,7 @@ from ftune.chat import BUILTIN, builtin, resolve
 from ftune.recipe.schema import Recipe
 from tests.data_stage import build
 from ftune.data.formats import ChatRenderer, render_with_spans
-from ftune.worker.tokenizer import apply_tokens, trained_token_ids
+from ftune.dataset.tokenizer import apply_tokens, trained_token_ids
 
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": "hello"}, {"role": "user", "content": "add 2 and 3"},
@@ -103,7 +103,7 @@ def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_
 
 def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
     from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
-    from ftune.worker.tokenizer import load
+    from ftune.dataset.tokenizer import load
 
     def recipe(**data):
         return Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {

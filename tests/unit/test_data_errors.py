@@ -180,7 +180,7 @@ def test_importing_the_data_stage_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, ftune.worker.data, ftune.data.check; "
+    code = ("import sys, ftune.dataset, ftune.data.check; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'numpy', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -97,7 +97,7 @@ def test_interleave_realises_the_weights_as_probabilities():
     it is the one that runs out), seeded; all_exhausted keeps drawing until every source was seen whole."""
     import datasets
 
-    from ftune.worker.data.pipeline import mix
+    from ftune.dataset.pipeline import mix
 
     a = datasets.Dataset.from_dict({"x": list(range(20_000))})
     b = datasets.Dataset.from_dict({"x": list(range(100_000, 120_000))})
@@ -169,7 +169,7 @@ def test_a_streamed_bad_line_halfway_names_the_file_and_line(tok, tmp_path):
     from ftune.data.errors import DataError
     from ftune.data.formats import Context
     from ftune.data.sources import Source
-    from ftune.worker.data.stream import BATCH, _samples
+    from ftune.dataset.stream import BATCH, _samples
 
     good = tmp_path / "a.jsonl"
     good.write_text("".join(json.dumps({"text": f"the cat sat {i}"}) + "\n" for i in range(30)))

@@ -21,6 +21,8 @@ def test_the_page_quotes_the_summary(page):
 def test_the_summary_is_a_full_learned_run():
     summary = json.loads(figures.SUMMARY.read_text())
     assert summary["learned"] is True and summary["quick"] is False and summary["date"]
+    rl = summary["rl"]  # stage B2 (GRPO) ran its 30 steps from where stage B ended
+    assert rl["reward"][-1][0] == 30 and rl["accuracy_before"] == summary["lora"]["accuracy_after"]
     real = summary["real"]
     assert real["rule_after"] >= 0.9 and real["rule_before"] == 0.0
     assert real["knowledge_after"] >= real["knowledge_before"] == 1.0

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from ftune.cli.main import main
-from ftune.cli.plan import count_data, summarize_names
+from ftune.cli.plan import summarize_names
+from ftune.estimate.data import count_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -245,7 +246,7 @@ def test_chat_tokens_are_counted_through_the_chat_template(tmp_path, tiny_model_
 
     built = build(recipe, AutoTokenizer.from_pretrained(tiny_model_dir), log=lambda _: None).report.tokens
     assert abs(counted.tokens - built) <= 0.1 * built, (counted.tokens, built)
-    from ftune.cli.plan import _row_text, _tokenizer
+    from ftune.estimate.data import _row_text, _tokenizer
 
     plain = sum(len(e.ids) for e in _tokenizer(str(tiny_model_dir)).encode_batch(
         [_row_text(x, recipe.data.train[0]) for x in rows]))

@@ -13,7 +13,7 @@ from ftune.data.images import ImageProblem, open_image, parse_row
 from ftune.data.masking import IGNORE
 from ftune.errors import RecipeError
 from ftune.recipe.schema import DataSource, ImageSettings, Recipe
-from ftune.worker.data.vision import expand_labels
+from ftune.dataset.vision import expand_labels
 
 FIT = ImageSettings()
 
@@ -136,7 +136,7 @@ def _encode(processor, path: Path, max_images=None, max_len=None):
     import numpy as np
 
     from ftune.data.images import read_rows
-    from ftune.worker.data.vision import Settings, encode_source
+    from ftune.dataset.vision import Settings, encode_source
 
     src = _src(path)
     rows = read_rows(src)
@@ -145,7 +145,7 @@ def _encode(processor, path: Path, max_images=None, max_len=None):
 
 
 def test_rows_encode_with_image_tokens_masked_and_the_collator_adds_pixels(processor, tmp_path):
-    from ftune.worker.data.vision import VisionCollator
+    from ftune.dataset.vision import VisionCollator
 
     _png(tmp_path / "a.png")
     _png(tmp_path / "b.png", (56, 40))
@@ -295,7 +295,7 @@ def test_a_second_family_whose_processor_rewrites_the_placeholder_encodes_and_tr
 
     from ftune.methods.lora import Config, inject
     from ftune.tiny import build_tiny_idefics3
-    from ftune.worker.data.vision import VisionCollator
+    from ftune.dataset.vision import VisionCollator
 
     build_tiny_idefics3(tmp_path / "m", AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
     proc = AutoProcessor.from_pretrained(tmp_path / "m")

@@ -81,3 +81,26 @@ def test_an_unknown_family_uses_every_known_layout_and_a_text_model_is_all_langu
     assert part_of("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "new_vlm") == "vision"
     assert part_of("model.multi_modal_projector.linear_1.weight", None) == "projector"
     assert part_of("model.layers.0.self_attn.q_proj.weight", "llama") == "language"
+
+
+def test_the_families_that_need_torchvision_are_those_whose_processor_takes_a_video_processor():
+    """NEEDS_TORCHVISION agrees with transformers: a processor with a video processor (which needs torchvision even
+    for images), or one that is torchvision-only (a dummy class without it)."""
+    import importlib.util
+
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    from ftune.models.vision import NEEDS_TORCHVISION
+
+    has_torchvision = importlib.util.find_spec("torchvision") is not None
+    for model_type in LAYOUTS:
+        cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[model_type])
+        try:
+            needs = "video_processor" in cls.get_attributes()
+        except ImportError as err:  # the dummy of a torchvision-only processor
+            assert "Torchvision" in str(err)
+            needs = True
+        if has_torchvision and model_type == "mistral3":  # Pixtral's is torchvision-only: no dummy to tell by
+            continue
+        assert needs == (model_type in NEEDS_TORCHVISION), model_type

@@ -88,10 +88,11 @@ def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
     if recipe.model.task == "sequence-classification":
         yield Problem.at("eval.generate", f"eval.generate needs a causal-lm model, not model.task '{recipe.model.task}'",
                          "remove `eval.generate`: classification reports accuracy through the eval loss only")
-    formats = {s.format for s in recipe.data.train}
-    defaulted = [i for i, s in enumerate(recipe.data.train) if "format" not in s.model_fields_set]
+    train = list(sources(recipe, splits=("train",)))
+    formats = {s.format for _, s in train}
+    defaulted = [where for where, s in train if "format" not in s.model_fields_set]
     if not formats & {"instruction", "chat", "vision-chat"} and defaulted:  # say so where the format would be written
-        yield Problem.at(f"data.train[{defaulted[0]}]", "this source sets no `format`, so it defaulted to text; "
+        yield Problem.at(defaulted[0], "this source sets no `format`, so it defaulted to text; "
                          "eval.generate scores answers to prompts, which needs instruction or chat data",
                          "set `format: instruction` (alias `alpaca`), `format: chat` or `format: sharegpt` here, "
                          "or remove `eval.generate`")

@@ -19,8 +19,8 @@ from ftune.data.errors import DataError, row_location
 from ftune.data.formats import encode_with_offsets, render_with_spans
 from ftune.data.images import ImageProblem, open_image, parse_row, read_rows
 from ftune.data.masking import IGNORE, labels_from_spans, trainable
-from ftune.worker.data.packing import PaddingCollator
-from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.dataset.packing import PaddingCollator
+from ftune.dataset.report import DataReport, SourceReport, length_stats
 
 BOOKKEEPING = ["_len", "_trainable", "_image_tokens", "_sizes"]
 
@@ -181,7 +181,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     import numpy as np
 
     from ftune.data.sources import load
-    from ftune.worker.data.pipeline import _check_dropped, assemble
+    from ftune.dataset.pipeline import _check_dropped, assemble
 
     data = recipe.data
     settings = Settings(processor, template, data.images, data.max_seq_length, data.train_on, max_images)

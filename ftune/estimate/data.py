@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune.recipe.sources import sources
+
 
 @dataclass(frozen=True)
 class DataCount:
@@ -148,7 +150,7 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
     samples, tokens, approximate = 0, 0, False
     tok = _tokenizer(tokenizer_path)
     render = None
-    for source in data.train:
+    for _, source in sources(recipe, splits=("train",)):
         path = Path(source.path).expanduser()
         if source.type in ("hub", "disk") or not path.is_file():
             return None

@@ -19,9 +19,9 @@ from ftune.errors import Location
 from ftune.recipe.schema import Recipe
 from ftune.data.errors import DataError
 from ftune.data.formats import Context, check_columns, encoder
-from ftune.worker.data.packing import first_fit_decreasing
+from ftune.dataset.packing import first_fit_decreasing
 from ftune.data.masking import IGNORE
-from ftune.worker.data.report import DataReport
+from ftune.dataset.report import DataReport
 from ftune.data.sources import Source
 
 BATCH = 1000

@@ -1,6 +1,7 @@
 """The data stage: recipe + tokenizer -> train/eval datasets, a collator and a report.
 
-`build` is what the worker calls. Rooms here: packing (rows + collators), cache (keyed, atomic), report
+`build` is what the worker calls, and `ftune data` (which shows it and fills the same cache): below both sides,
+with the tokenizer loader (`tokenizer`) and importing neither. Rooms here: packing (rows + collators), cache (keyed, atomic), report
 (numbers), pipeline (the order of steps), preference; the light rooms both sides share (sources, formats,
 masking, errors, and the pre-launch `check`) live in `ftune.data`.
 """
@@ -19,7 +20,7 @@ from ftune.recipe.objectives import preference_data, rl_data
 from ftune.recipe.schema import Recipe
 from ftune.data.chat_rows import chat_template_of
 from ftune.data.errors import DataError
-from ftune.worker.data.report import DataReport
+from ftune.dataset.report import DataReport
 
 __all__ = ["DataBundle", "DataError", "DataReport", "build", "chat_template_of"]
 
@@ -65,24 +66,25 @@ def build(
     vision-language model's (AutoProcessor), for vision-chat rows."""
     from pathlib import Path
 
-    from ftune.worker.data import packing
-    from ftune.worker.data.cache import Cache, make_key, tokenizer_fingerprint
-    from ftune.worker.data import preference, prompt
-    from ftune.worker.data.pipeline import preprocess
+    from ftune.dataset import packing
+    from ftune.dataset.cache import Cache, make_key, tokenizer_fingerprint
+    from ftune.dataset import preference, prompt
+    from ftune.dataset.pipeline import preprocess
     from ftune.data.sources import content_hash, resolve
+    from ftune.recipe.sources import sources
 
     data = recipe.data
-    train_srcs = [resolve(s, f"data.train[{i}]") for i, s in enumerate(data.train)]
-    eval_srcs = [resolve(s, f"data.eval[{i}]") for i, s in enumerate(data.eval)] if isinstance(data.eval, list) else []
+    train_srcs = [resolve(s, where) for where, s in sources(recipe, splits=("train",))]
+    eval_srcs = [resolve(s, where) for where, s in sources(recipe, splits=("eval",))]  # none for a split of train
     vision = processor is not None
     if vision:
-        from ftune.worker.data import vision as vision_data
+        from ftune.dataset import vision as vision_data
 
         template = vision_data.template_of(recipe, processor)
     else:
         template = chat_template_of(recipe, tokenizer)
     if data.streaming:
-        from ftune.worker.data.stream import build_stream
+        from ftune.dataset.stream import build_stream
 
         train, evals, report = build_stream(recipe, tokenizer, template, train_srcs, eval_srcs, decided.packing)
         for line in report.lines():

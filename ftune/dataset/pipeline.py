@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
-from ftune.worker.data import packing
+from ftune.dataset import packing
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import (
     ANOMALIES,
@@ -22,7 +22,7 @@ from ftune.data.formats import (
     encoder,
     required_fields,
 )
-from ftune.worker.data.report import DataReport, SourceReport, length_stats
+from ftune.dataset.report import DataReport, SourceReport, length_stats
 from ftune.data.sources import Source, load
 from ftune.generation.stops import count_unstopped, stop_ids
 

@@ -1,0 +1,126 @@
+"""A vision-language model's layers under FSDP and activation checkpointing (#26), on the tiny LLaVA: the compiler
+names both towers' layer classes for FSDP's wrap policy (accelerate would refuse the model's own
+`_no_split_modules`, which list a CLIP text class the vision-only tower lacks), `ftune plan` shows the units, and
+`train.gradient_checkpointing` checkpoints the vision encoder's layers as well as the language decoder's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_llava
+
+    folder = tmp_path_factory.mktemp("tiny-llava")
+    build_tiny_llava(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+    return folder
+
+
+def _recipe(folder: Path, vlm_dir: Path, **sections) -> Path:
+    from PIL import Image
+
+    Image.new("RGB", (28, 28), (200, 30, 30)).save(folder / "red.png")
+    row = {"messages": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
+                                                     {"type": "text", "text": "what colour"}]},
+                        {"role": "assistant", "content": "red"}]}
+    (folder / "data.jsonl").write_text(json.dumps(row) + "\n")
+    recipe = {"name": "vlm", "model": {"path": str(vlm_dir), "task": "image-text-to-text", "dtype": "float32"},
+              "data": {"train": [{"path": "data.jsonl", "format": "vision-chat"}], "max_seq_length": 32},
+              "peft": {"method": "lora", "target_modules": "all-linear"}, "train": {"max_steps": 1},
+              "output": {"dir": str(folder / "run"), "report_to": ["none"]}} | sections
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def _plan(path: Path):
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+
+    return compile_plan(load_recipe(str(path)), check_inputs=False)
+
+
+def test_fsdp_wraps_the_vision_encoder_and_the_language_decoder_layers(tmp_path, vlm_dir, capsys):
+    from ftune.modeling import build_meta_model
+
+    path = _recipe(tmp_path, vlm_dir, distributed={"strategy": "fsdp", "num_processes": 2})
+    declared = build_meta_model(_plan(path).recipe)._no_split_modules
+    assert "CLIPTextEmbeddings" in declared  # what accelerate would look for, and not find, on its own
+    plan = _plan(path)
+    wrap = "CLIPEncoderLayer,CLIPVisionEmbeddings,LlamaDecoderLayer"  # the declared classes present in the model
+    assert plan.launch.accelerate_config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == wrap
+    assert plan.trainer["fsdp_config"]["transformer_layer_cls_to_wrap"] == wrap.split(",")
+
+    from ftune.cli.main import main
+
+    capsys.readouterr()
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP full_shard: 5 units (CLIPVisionEmbeddings x1, CLIPEncoderLayer x1, LlamaDecoderLayer x2, root" in out
+
+
+def test_the_recipe_s_wrap_classes_win_and_a_text_model_keeps_its_own(tmp_path, vlm_dir, tiny_model_dir):
+    path = _recipe(tmp_path, vlm_dir, distributed={"strategy": "fsdp", "num_processes": 2,
+                                                   "fsdp": {"transformer_layer_cls": ["LlamaDecoderLayer"]}})
+    assert _plan(path).launch.accelerate_config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == \
+        "LlamaDecoderLayer"
+    text = {"name": "t", "model": {"path": str(tiny_model_dir)}, "data": {"train": [{"path": "t.jsonl"}]}, "train": {"max_steps": 1},
+            "distributed": {"strategy": "fsdp", "num_processes": 2}, "output": {"dir": str(tmp_path / "t")}}
+    (tmp_path / "t.jsonl").write_text('{"text": "hello"}\n')
+    (tmp_path / "text.yaml").write_text(yaml.safe_dump(text))
+    fsdp = _plan(tmp_path / "text.yaml").launch.accelerate_config["fsdp_config"]
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    path = _recipe(tmp_path, vlm_dir, distributed={"strategy": "fsdp", "num_processes": 2,
+                                                   "fsdp": {"auto_wrap_policy": "size"}})
+    assert "fsdp_transformer_layer_cls_to_wrap" not in _plan(path).launch.accelerate_config["fsdp_config"]
+
+
+@pytest.mark.parametrize("vision", ["lora", "frozen"])
+def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, vision):
+    """The model the worker builds (load, then peft per `peft.modules`) checkpointed as the Trainer does it with
+    the Plan's kwargs: every layer of both towers is flagged, and a step re-runs the vision encoder's layer in
+    backward when the tower trains (its activations were not kept)."""
+    import torch
+
+    from ftune.worker.model import load_model
+    from ftune.worker.peft import apply_method
+    from ftune.dataset.tokenizer import load_processor
+
+    plan = _plan(_recipe(tmp_path, vlm_dir, train={"max_steps": 1, "gradient_checkpointing": True},
+                         peft={"method": "lora", "target_modules": "all-linear",
+                               "modules": {"vision": vision, "projector": "full", "language": "lora"}}))
+    assert plan.activation_checkpointing == "trainer" and plan.trainer["activation_checkpointing"] is True
+    processor = load_processor(plan)
+    model, _ = apply_method(load_model(plan, processor.tokenizer), plan)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=plan.trainer[
+        "activation_checkpointing_kwargs"])  # what Trainer.train does with these TrainingArguments
+    layers = {name: m for name, m in model.named_modules() if type(m).__name__ in ("CLIPEncoderLayer",
+                                                                                  "LlamaDecoderLayer")}
+    assert sorted(type(m).__name__ for m in layers.values()) == ["CLIPEncoderLayer", "LlamaDecoderLayer",
+                                                                  "LlamaDecoderLayer"]
+    assert all(m.gradient_checkpointing for m in layers.values())
+
+    calls = {name: 0 for name in layers}
+    for name, m in layers.items():  # the MLP inside the layer: the checkpoint wraps the layer's forward, not its hooks
+        m.mlp.register_forward_pre_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    from PIL import Image
+
+    inputs = processor(text=["<image>what colour red"], images=[Image.new("RGB", (28, 28), (200, 30, 30))],
+                       return_tensors="pt")
+    model.train()
+    out = model(**inputs, labels=inputs["input_ids"])
+    out.loss.backward()
+    # every layer ran twice: forward, then recomputed in backward (its activations were not kept). A frozen tower
+    # too: transformers' activation_checkpointing_enable hooks every sub-model's input embeddings to require grad,
+    # the vision patch embeddings included, so backward runs through the frozen tower (docs/vision.md)
+    assert calls == {name: 2 for name in layers}, calls
+    tower = [p for n, p in model.named_parameters() if "vision_tower" in n and p.requires_grad]
+    assert bool(tower) == (vision == "lora") and all(p.grad is not None for p in tower)
+    assert torch.isfinite(out.loss)
