@@ -59,6 +59,8 @@ def notes(recipe: Recipe, world_size: int, continued: bool) -> list[str]:
     out = [f"{recipe.train.objective}: each step samples {prompts} prompt(s) x {rl_setting(recipe, 'num_generations')} "
            f"completions ({completions} in all, up to {rl.max_completion_length} tokens each) with "
            f"{rl.generation.backend}, then scores them with {len(rl.rewards)} reward(s)"]
+    if world_size > 1:
+        out.append(split_note(recipe, world_size))
     beta = rl_setting(recipe, "beta")
     if beta == 0:
         out.append(f"{recipe.train.objective} reference: none (beta 0: no KL term, no reference model in memory)")
@@ -70,3 +72,19 @@ def notes(recipe: Recipe, world_size: int, continued: bool) -> list[str]:
         out.append(f"{recipe.train.objective} reference (beta {beta}): a frozen copy of the model loaded from "
                    "model.path (its weights once more in memory)")
     return out
+
+
+def split_note(recipe: Recipe, world_size: int) -> str:
+    """How the processes share a step's generation batch, and why a run on another process count agrees with this
+    one only in distribution: TRL seeds each process's sampling with `seed + rank` (so no two draw alike), so the
+    same recipe on 1 and on N processes samples different completions. On the same completions the updates are
+    the same (measured: tests/e2e/test_rl.py, DDP and FSDP, equal to 1e-6)."""
+    t = recipe.train
+    groups = rl_setting(recipe, "num_generations")
+    each = t.per_device_batch_size * t.gradient_accumulation_steps
+    whole = (f"{each // groups} whole prompt group(s) each" if each % groups == 0
+             else "groups spanning processes")
+    return (f"{recipe.train.objective} on {world_size} processes: each generates {each} of the step's "
+            f"{each * world_size} completions ({whole}); rewards are gathered from every process before the group "
+            "advantages. Each process samples with its own seed (train.seed + rank), so curves match a run on "
+            "another number of processes statistically, not step for step")

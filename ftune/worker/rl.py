@@ -219,9 +219,30 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         processing_class=tokenizer,
         callbacks=[guard(plan), *callbacks],
     )
+    restore_saved_modules_dtype(trainer.model)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(step_timer(trainer))
     return trainer
+
+
+def restore_saved_modules_dtype(model) -> int:
+    """Put each module trained in full beside an adapter (`peft.modules_to_save`, e.g. lm_head) back in the dtype
+    of the module it copies; returns how many were cast. TRL's GRPO/RLOO trainers cast every trainable parameter
+    of a quantized model to bf16 (QLoRA's adapter dtype, trl 1.16). A LoRA layer casts its input to its own dtype,
+    but such a copy is a plain module that does not: QLoRA + `modules_to_save: [lm_head]` failed its first
+    generation with "expected m1 and m2 to have the same dtype, float != BFloat16" (float32 hidden states)."""
+    from peft.utils import ModulesToSaveWrapper
+
+    cast = 0
+    for module in model.modules():
+        if not isinstance(module, ModulesToSaveWrapper):
+            continue
+        original = next(module.original_module.parameters(), None)
+        for copy in module.modules_to_save.values():
+            if original is not None and any(p.dtype != original.dtype for p in copy.parameters()):
+                copy.to(original.dtype)
+                cast += 1
+    return cast
 
 
 def eval_rewards(plan, model, tokenizer, dataset, *, max_samples: int | None = None, batch_size: int = 8) -> dict:

@@ -171,6 +171,18 @@ def test_plan_writes_trl_defaults_per_objective(tmp_path):
     assert (r["num_generations"], r["beta"]) == (2, 0.05) and "loss_type" not in r
     full = plan(tmp_path, grpo(beta=0.04), peft={"method": "full"})
     assert any("a frozen copy of the model" in n for n in full.notes)
+    assert not any("processes" in n for n in p.notes)  # one process: nothing is split
+
+
+def test_plan_notes_how_processes_split_the_generation_batch(tmp_path):
+    """8 completions a step on 2 processes: 4 each, one whole group of 4 each; with num_generations 8 a group
+    spans both processes (TRL gathers the rewards, so that is allowed)."""
+    two = {"distributed": {"strategy": "ddp", "num_processes": 2}}
+    [note] = [n for n in plan(tmp_path, grpo(), **two).notes if "processes:" in n]
+    assert note.startswith("grpo on 2 processes: each generates 4 of the step's 8 completions (1 whole prompt "
+                           "group(s) each)") and "train.seed + rank" in note
+    [note] = [n for n in plan(tmp_path, grpo(num_generations=8), **two).notes if "processes:" in n]
+    assert "each generates 4 of the step's 8 completions (groups spanning processes)" in note
 
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl not installed")
@@ -411,3 +423,29 @@ def test_ftune_data_shows_rendered_prompts_and_answers(tmp_path, tiny_tokenizer_
     [s] = prompt_samples(tok, b.train, 1)
     assert (s["runs"][0]["text"], s["answer"], s["runs"][0]["trained"]) == ("Q: 0+1\nA:", "1", False)
     assert s["source"].startswith("data.train[0] row 1 of")
+
+
+# ------------------------------------------------------------------------------ QLoRA: the head trained beside
+def test_saved_module_copies_go_back_to_the_dtype_they_copy(tiny_model_dir):
+    """TRL's GRPO/RLOO cast a quantized model's trainable parameters to bf16; the lm_head copy of
+    `modules_to_save` then met float32 hidden states in its first forward (float != BFloat16), which stopped
+    QLoRA + GRPO. The worker casts that copy back to its original's dtype; the LoRA layers keep TRL's bf16."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ftune.worker.rl import restore_saved_modules_dtype
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    for p in model.parameters():  # what TRL does to a quantized model's trainable parameters
+        if p.requires_grad:
+            p.data = p.data.to(torch.bfloat16)
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(RuntimeError, match="dtype"):
+        model(input_ids=ids)
+    assert restore_saved_modules_dtype(model) == 1 and restore_saved_modules_dtype(model) == 0
+    head = model.base_model.model.lm_head.modules_to_save["default"].weight
+    assert head.dtype == torch.float32 and head.requires_grad
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.bfloat16}
+    assert torch.isfinite(model(input_ids=ids).logits).all()
