@@ -12,8 +12,9 @@ Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), an
 (`RssAnon`, sampled every 50 ms), since RSS also counts pages of memory-mapped Arrow files that the kernel can
 drop at will.
 
-Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R]` (default 10000 50000, 3 rounds);
-`make bench` runs the default.
+Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R] [--parallel]` (default 10000 50000,
+3 rounds; `--parallel` runs the two sides of a round at the same time); `make bench` runs the default. The ftune side
+also times a warm rerun (a cache hit) after its cold build: `warm_over_cold`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ def side(name: str, data: str, tok_dir: str) -> dict:
             "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
         report = build(recipe, tok, log=lambda _: None).report
         tokens, fill = report.tokens, report.fill
+        cold, cold_cpu = time.perf_counter() - start, time.process_time() - cpu0
+        again = time.perf_counter()
+        assert build(recipe, tok, log=lambda _: None).report.cache_hit
+        warm = time.perf_counter() - again
     else:
         import pyarrow.compute as pc
 
@@ -102,22 +107,36 @@ def side(name: str, data: str, tok_dir: str) -> dict:
 
         out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
         tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
-        fill = None
+        fill = warm = None
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    if warm is not None:  # the cold build alone: the warm rerun is reported on its own
+        wall, cpu = cold, cold_cpu
     shutil.rmtree(work, ignore_errors=True)
-    return {"wall": wall, "cpu": cpu, "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"wall": wall, "cpu": cpu, "warm": warm, "load": os.getloadavg()[0], "tokens": tokens, "fill": fill, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             // 1024, "anon_mb": sampler.peak}
 
 
-def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
+def _start_side(name: str, data: Path, tok_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def measure(sizes: list[int], rounds: int) -> dict:
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"a side failed ({proc.returncode}): {err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
+    return _result(_start_side(name, data, tok_dir))
+
+
+def measure(sizes: list[int], rounds: int, parallel: bool = False) -> dict:
+    """`parallel`: both sides of a round run at the same time (each still in its own process), for sizes whose
+    rounds would not fit a session on a loaded machine; the CPU-second ratio is then the steadier figure."""
     from ftune.tiny import train_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="ftune-bench-scale-"))
@@ -129,6 +148,11 @@ def measure(sizes: list[int], rounds: int) -> dict:
             write_rows(data, n)
             runs = {"ftune": [], "plain": []}
             for _ in range(rounds):
+                if parallel:
+                    procs = {name: _start_side(name, data, work / "tok") for name in ("ftune", "plain")}
+                    for name, proc in procs.items():
+                        runs[name].append(_result(proc))
+                    continue
                 for name in ("ftune", "plain"):
                     runs[name].append(_run_side(name, data, work / "tok"))
             assert runs["ftune"][0]["tokens"] == runs["plain"][0]["tokens"], "the two sides tokenized differently"
@@ -150,11 +174,16 @@ def measure(sizes: list[int], rounds: int) -> dict:
             row["walls"] = {k: [round(r["wall"], 1) for r in v] for k, v in runs.items()}
             row["cpus"] = {k: [round(r["cpu"], 1) for r in v] for k, v in runs.items()}
             row["rss_ratio"] = round(row["ftune_peak_rss_mb"] / row["plain_peak_rss_mb"], 2)
+            warm = [r["warm"] / r["wall"] for r in runs["ftune"]]
+            row["warm_over_cold"] = round(statistics.median(warm), 4)
+            row["warm_s"] = [round(r["warm"], 2) for r in runs["ftune"]]
+            row["load_1min"] = [round(r["load"], 1) for v in runs.values() for r in v]
             figures[str(n)] = row
             print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
                   f"{row['ratio_range'][1]}), per CPU second {row['cpu_ratio']} ({row['cpu_ratio_range'][0]}-"
                   f"{row['cpu_ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
-                  f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}", flush=True)
+                  f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}, warm/cold "
+                  f"{row['warm_over_cold']}, load {row['load_1min']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return figures
@@ -171,4 +200,4 @@ if __name__ == "__main__":
         args = sys.argv[1:]
         rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
         sizes = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--rounds")]
-        print(json.dumps(measure(sizes or [10_000, 50_000], rounds), indent=1))
+        print(json.dumps(measure(sizes or [10_000, 50_000], rounds, "--parallel" in args), indent=1))

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix;
-# 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask
-FORMAT_VERSION = 5
+# 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask;
+# 6: packed rows written shard by shard into the entry (Arrow files per ~32M tokens), shuffled within their shard
+FORMAT_VERSION = 6
 
 
 def sha(value) -> str:

@@ -62,34 +62,80 @@ shard): memory stays flat in the number of rows. Samples pack within their shard
 filled rows (at 100,000 chat rows the fill is 0.9701 with 4M-token shards, 0.9695 with 1M-token ones; the
 4M-token shards held about 130 MiB more at the peak: docs/performance.md)."""
 
+FILE_TOKENS = 1 << 25
+"""`pack_to_disk` starts a new Arrow file after this many tokens (about 400 MB of int32 columns), as
+`save_to_disk` splits at 500 MB."""
 
-def pack(ds, capacity: int, scratch=None, lengths=None, shard_tokens: int = SHARD_TOKENS):
-    """Pack a tokenized dataset (input_ids, labels) into rows of at most `capacity` tokens.
+
+def pack(ds, capacity: int):
+    """Pack a tokenized dataset (input_ids, labels) into rows of at most `capacity` tokens, in memory.
 
     Returns (packed dataset with input_ids/labels/position_ids, fill ratio = tokens / (rows x capacity)).
-    The gather is done on flat Arrow buffers with numpy, not row by row. With `scratch` (a folder) and the
-    samples' `lengths`, a dataset of more than `shard_tokens` tokens is packed shard by shard, each shard written
-    to an Arrow file under `scratch` and the result read back memory-mapped.
+    The gather is done on flat Arrow buffers with numpy, not row by row.
     """
     import datasets
-    import numpy as np
 
-    bounds = _shards(lengths, shard_tokens) if scratch is not None and lengths is not None else [(0, len(ds))]
-    if len(bounds) == 1:
-        table, tokens = _pack_table(ds.with_format("arrow")[:], capacity)
-        return datasets.Dataset(table), (tokens / (table.num_rows * capacity) if table.num_rows else 0.0)
+    from ftune.dataset.arrow import rows
+
+    table, tokens = _pack_table(rows(ds, ["input_ids", "labels"]), capacity)
+    return datasets.Dataset(table), (tokens / (table.num_rows * capacity) if table.num_rows else 0.0)
+
+
+def pack_to_disk(ds, capacity: int, folder, lengths, seed: int | None = None,
+                 shard_tokens: int = SHARD_TOKENS) -> tuple[int, float]:
+    """Pack `ds` (input_ids, labels; `lengths`: its samples' token counts) shard by shard into `folder`, a folder
+    `datasets.load_from_disk` reads; returns (packed rows, fill).
+
+    Each shard of about `shard_tokens` tokens is gathered batch by batch (`ftune.dataset.arrow`), packed, its rows
+    shuffled when `seed` is given (the samples of a shard are already a random subset when `ds` is shuffled, so the
+    rows of the whole set are in random order), and appended to the open Arrow file. Nothing is read back, so memory
+    stays flat in the number of rows (a global shuffle of the packed rows read every shard back at random, and its
+    pages stayed counted in the process's memory until the end). `ds` in the order `pipeline.merge_order` gives
+    reads contiguous stretches of the encoded files."""
+    import pickle
+
+    import numpy as np
     import pyarrow as pa
 
-    parts, tokens, rows = [], 0, 0
-    for k, (a, b) in enumerate(bounds):
-        table, n = _pack_table(ds.with_format("arrow")[a:b], capacity)
-        tokens, rows = tokens + n, rows + table.num_rows
-        path = str(scratch / f"packed-{k:05d}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+    from ftune.dataset.arrow import rows, write_dataset_dir
+
+    rng = np.random.default_rng(seed) if seed is not None else None
+    folder.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    sink = writer = None
+    file_tokens = tokens = packed_rows = 0
+    try:
+        for a, b in _shards(lengths, shard_tokens):
+            # read through a fresh memory map, closed after the shard: the file pages a shard touches would
+            # otherwise stay counted in the process's memory until the end (all of them, by the last shard)
+            part = pickle.loads(pickle.dumps(ds.select(range(a, b))))
+            table, n = _pack_table(rows(part, ["input_ids", "labels"]), capacity)
+            del part
+            if rng is not None:
+                table = table.take(rng.permutation(table.num_rows))
+            if writer is None or file_tokens >= FILE_TOKENS:
+                if writer is not None:
+                    writer.close()
+                    sink.close()
+                files.append(f"data-{len(files):05d}.arrow")
+                sink = pa.OSFile(str(folder / files[-1]), "wb")
+                writer, file_tokens = pa.ipc.new_stream(sink, table.schema), 0
             writer.write_table(table)
-        del table
-        parts.append(datasets.Dataset.from_file(path))
-    return datasets.concatenate_datasets(parts), (tokens / (rows * capacity) if rows else 0.0)
+            tokens, packed_rows, file_tokens = tokens + n, packed_rows + table.num_rows, file_tokens + n
+            del table
+    finally:
+        if writer is not None:
+            writer.close()
+            sink.close()
+    write_dataset_dir(folder, files, _PACKED_FEATURES())
+    return packed_rows, (tokens / (packed_rows * capacity) if packed_rows else 0.0)
+
+
+def _PACKED_FEATURES():  # noqa: N802 - a constant built lazily (datasets is heavy)
+    import datasets
+
+    ints = datasets.List(datasets.Value("int32"))
+    return datasets.Features({"input_ids": ints, "labels": ints, "position_ids": ints})
 
 
 def _shards(lengths, shard_tokens: int) -> list[tuple[int, int]]:

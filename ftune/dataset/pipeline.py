@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.dataset import packing
+from ftune.dataset.arrow import numpy_columns
 from ftune.data.errors import DataError, row_location
 from ftune.data.formats import (
     ANOMALIES,
@@ -41,13 +42,6 @@ def features(task: str):
                               "_anomalies": datasets.Value("int8")})
 
 
-def numpy_columns(ds, names: list[str]) -> dict:
-    """Flat (integer) columns of a dataset as numpy arrays, read from Arrow directly (datasets' numpy formatter
-    converts chunk by chunk and costs more than the columns' own bytes)."""
-    table = ds.select_columns(names).with_format("arrow")[:]
-    return {c: table.column(c).to_numpy() for c in names}
-
-
 def infer_label_names(recipe: Recipe, loaded: list[tuple[Source, object]]) -> list[str] | None:
     """`model.labels`, else the sorted string labels found in the training sources, else None (integer ids)."""
     if recipe.model.labels:
@@ -71,9 +65,7 @@ def map_source(ds, fn, src: Source, recipe: Recipe, scratch: Path, seed: int, wh
 
 def truncation_report(src: Source, enc) -> SourceReport:
     """The report of a source TRL tokenizes itself: every row kept, those cut counted from `_truncated`."""
-    import numpy as np
-
-    truncated = int(np.asarray(enc["_truncated"]).sum())
+    truncated = int(numpy_columns(enc, ["_truncated"])["_truncated"].sum())
     return SourceReport(src.where, src.spec.path, src.spec.format, len(enc), len(enc), 0, truncated)
 
 
@@ -169,6 +161,23 @@ def mix(parts: list, weights: list[float | None], seed: int, how: str = "concat"
     return datasets.concatenate_datasets(out), counts
 
 
+def merge_order(sizes: list[int], seed: int):
+    """A seeded random merge of concatenated parts of `sizes` rows, each kept in its own order: the indices into the
+    concatenation. Each part is already shuffled (every source is encoded in a seeded random order), so the merge is
+    a uniformly random order of all rows, as a permutation would be; but a range of it reads each part front to
+    back, so packing's shards read contiguous stretches of the encoded files, not pages all over them."""
+    import numpy as np
+
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    np.random.default_rng(seed).shuffle(labels)
+    order = np.empty(len(labels), dtype=np.int64)
+    start = 0
+    for part, size in enumerate(sizes):
+        order[labels == part] = np.arange(start, start + size)
+        start += size
+    return order
+
+
 def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, report: DataReport):
     """Encoded sources -> the train and eval datasets: eval split held out per source, sources mixed by weight,
     shuffled (seeded). `train` holds (source, loaded dataset) pairs; `encode(src, ds, seed) -> (enc, SourceReport)`.
@@ -192,8 +201,11 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
     mixed, taken = mix(train_parts, [s.spec.weight for s, _ in train], seed, data.mix, data.mix_stopping)
     for rep, used in zip(report.sources, taken + [len(p) for p in eval_parts]):
         rep.used = used
-    if data.shuffle:
-        mixed = mixed.select(np.random.default_rng(seed).permutation(len(mixed)), keep_in_memory=True)
+    if data.shuffle and data.mix != "interleave":  # interleaving already draws the (shuffled) sources at random
+        order = merge_order([c for c in taken if c] if any(s.spec.weight is not None for s, _ in train)
+                            else [len(p) for p in train_parts], seed)
+        if not (order == np.arange(len(order))).all():
+            mixed = mixed.select(order, keep_in_memory=True)
     if len(mixed) == 0:
         raise DataError("data.train: no training samples left", hint="check the sources and data.eval.split")
     if isinstance(data.eval, EvalSplit) and not any(len(p) for p in eval_parts):
@@ -240,22 +252,20 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     for k, v in length_stats(cols["_len"]).items():
         setattr(report, k, v)
     train = train.remove_columns(BOOKKEEPING)
-    evals = evals.remove_columns(BOOKKEEPING) if evals is not None else None
 
-    if packs:
-        train, report.fill = packing.pack(train, data.max_seq_length, scratch, lengths)
-        report.packed_rows = len(train)
-        if data.shuffle:
-            train = train.select(np.random.default_rng(seed).permutation(len(train)), keep_in_memory=True)
+    if packs:  # packed straight into the entry's folders, shard by shard
+        report.packed_rows, report.fill = packing.pack_to_disk(train, data.max_seq_length, scratch / "train", lengths,
+                                                               seed if data.shuffle else None)
         if evals is not None:
-            evals, _ = packing.pack(evals, data.max_seq_length)
-            report.eval_packed_rows = len(evals)
-
-    train.save_to_disk(str(scratch / "train"))
-    if evals is not None:
-        evals.save_to_disk(str(scratch / "eval"))
+            eval_lengths = numpy_columns(evals, ["_len"])["_len"]
+            report.eval_packed_rows, _ = packing.pack_to_disk(evals, data.max_seq_length, scratch / "eval",
+                                                              np.minimum(eval_lengths, data.max_seq_length))
+    else:
+        train.save_to_disk(str(scratch / "train"))
+        if evals is not None:
+            evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
     (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("packed-*.arrow"), *scratch.glob("tmp*")]:
+    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
     return report, names
 
@@ -265,15 +275,14 @@ def preprocess_text_rows(recipe: Recipe, train_srcs: list[Source], eval_srcs: li
     """The formats TRL tokenizes itself (preference, prompt): rows encoded by `encode(src, ds, seed)` (text columns
     plus `bookkeeping`: `_len`, `_truncated`, and `_trainable` where the format knows it), assembled like the SFT
     sources, saved into `scratch/train` (and `scratch/eval`) with their report."""
-    import numpy as np
-
     report = DataReport(max_seq_length=recipe.data.max_seq_length)
     train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, report=report,
                             encode=lambda src, ds, seed: encode(src, load(src, scratch), seed))
-    lengths = np.asarray(train["_len"])
+    cols = numpy_columns(train, [c for c in ("_len", "_trainable") if c in bookkeeping])
+    lengths = cols["_len"]
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     # a prompt's completions are generated in training: nothing of it is trained
-    trained = int(np.asarray(train["_trainable"]).sum()) if "_trainable" in bookkeeping else 0
+    trained = int(cols["_trainable"].sum()) if "_trainable" in cols else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), trained
     for k, v in length_stats(lengths).items():
         setattr(report, k, v)

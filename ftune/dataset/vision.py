@@ -181,6 +181,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     import numpy as np
 
     from ftune.data.sources import load
+    from ftune.dataset.arrow import numpy_columns
     from ftune.dataset.pipeline import _check_dropped, assemble
 
     data = recipe.data
@@ -199,8 +200,8 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
             log(f"data: encoding {src.where} (vision-chat, {len(order):,} rows) ...")
         enc, found = encode_source(src, rows, order, settings)
         notes.extend(found)
-        keep = np.asarray(enc["_trainable"]) > 0
-        lens = np.asarray(enc["_len"])
+        cols = numpy_columns(enc, ["_trainable", "_len"])
+        keep, lens = cols["_trainable"] > 0, cols["_len"]
         rep = SourceReport(src.where, src.spec.path, "vision-chat", len(enc), int(keep.sum()), int((~keep).sum()),
                            int((lens > data.max_seq_length).sum()) if data.max_seq_length else 0)
         _check_dropped(src, rep, np.flatnonzero(~keep), order, data.max_dropped_fraction)
@@ -209,7 +210,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
         return enc, rep
 
     train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, encode=encode, report=report)
-    cols = {k: np.asarray(train[k]) for k in ("_len", "_trainable", "_image_tokens")}
+    cols = numpy_columns(train, ["_len", "_trainable", "_image_tokens"])
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), int(cols["_trainable"].sum())

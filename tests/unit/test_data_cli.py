@@ -70,7 +70,7 @@ def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, c
     recipe = write_recipe(tmp_path, tiny_tokenizer_dir, data, model)
     assert main(["data", recipe, "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [(s["label"], s["label_name"]) for s in out["samples"]] == [(1, "positive"), (0, "negative")]
+    assert sorted((s["label"], s["label_name"]) for s in out["samples"]) == [(0, "negative"), (1, "positive")]
 
 
 def test_bad_data_is_a_clear_error_not_a_traceback(tmp_path, tiny_tokenizer_dir, text_data_file, capsys):

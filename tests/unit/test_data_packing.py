@@ -337,28 +337,61 @@ def test_the_hf_trainer_trains_and_evaluates_on_packed_batches(packed, tiny_mode
 
 
 def test_packing_in_shards_keeps_every_sample_and_the_fill(tmp_path):
-    """Packed shard by shard (memory flat in rows), every sample lands whole in exactly one row within capacity,
-    positions restart per sample, and each shard costs at most a few partly filled rows."""
+    """Packed shard by shard into a `load_from_disk` folder (memory flat in rows), every sample lands whole in
+    exactly one row within capacity, positions restart per sample, each shard costs at most a few partly filled rows,
+    and with a seed the rows are shuffled within their shard only (the same seed, the same rows)."""
     import datasets
     import numpy as np
 
-    from ftune.dataset.packing import pack
+    from ftune.dataset import packing
+    from ftune.dataset.packing import pack, pack_to_disk
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 60, size=3000)
     samples = [list(range(1000 * i, 1000 * i + int(n))) for i, n in enumerate(lengths)]
     ds = datasets.Dataset.from_dict({"input_ids": samples, "labels": samples})
     whole, fill_whole = pack(ds, 64)
-    sharded, fill_sharded = pack(ds, 64, tmp_path, lengths, shard_tokens=10_000)
-    assert len(list(tmp_path.glob("packed-*.arrow"))) == -(-int(lengths.sum()) // 10_000)
+    shards = -(-int(lengths.sum()) // 10_000)
+    rows, fill_sharded = pack_to_disk(ds, 64, tmp_path / "a", lengths, shard_tokens=10_000)
+    sharded = datasets.load_from_disk(str(tmp_path / "a"))
+    assert len(sharded) == rows and len(list((tmp_path / "a").glob("*.arrow"))) == 1
+    assert sharded.features == packing._PACKED_FEATURES()
     found = []
     for row in sharded:
         assert len(row["input_ids"]) <= 64
         cuts = [k for k, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
         found += [tuple(row["input_ids"][a:b]) for a, b in zip(cuts, cuts[1:])]
     assert sorted(found) == sorted(map(tuple, samples))
-    shards = len(list(tmp_path.glob("packed-*.arrow")))
     extra_rows = int(lengths.sum()) / (64 * fill_sharded) - len(whole)
     assert 0 <= extra_rows <= 4 * shards  # each shard ends on a few partly filled rows (here 10k-token shards)
-    one, fill_one = pack(ds, 64, tmp_path / "unused", lengths)  # within one shard: the unsharded result
-    assert fill_one == fill_whole and one["input_ids"] == whole["input_ids"]
+    pack_to_disk(ds, 64, tmp_path / "one", lengths)  # within one shard: the in-memory result
+    assert datasets.load_from_disk(str(tmp_path / "one"))["input_ids"] == whole["input_ids"]
+
+    pack_to_disk(ds, 64, tmp_path / "s1", lengths, seed=7, shard_tokens=10_000)
+    pack_to_disk(ds, 64, tmp_path / "s2", lengths, seed=7, shard_tokens=10_000)
+    one, two = (datasets.load_from_disk(str(tmp_path / d))["input_ids"] for d in ("s1", "s2"))
+    assert one == two and one != sharded["input_ids"]
+    assert sorted(map(tuple, one)) == sorted(map(tuple, sharded["input_ids"]))
+    # shuffled within shards only: the shard of each row (from its first sample) comes in the unshuffled order
+    sample_of = {s[0]: k for k, s in enumerate(samples)}
+    stops = [b for _, b in packing._shards(lengths, 10_000)]
+
+    def shards_of(rows):
+        return [int(np.searchsorted(stops, sample_of[r[0]], side="right")) for r in rows]
+
+    assert len(stops) == shards and shards_of(one) == shards_of(sharded["input_ids"]) == sorted(shards_of(one))
+
+
+def test_packing_many_files_one_dataset(tmp_path, monkeypatch):
+    """Past FILE_TOKENS a new Arrow file starts; `load_from_disk` reads the files as one dataset, in order."""
+    import datasets
+
+    from ftune.dataset import packing
+
+    samples = [[i] * 30 for i in range(100)]
+    ds = datasets.Dataset.from_dict({"input_ids": samples, "labels": samples})
+    monkeypatch.setattr(packing, "FILE_TOKENS", 600)
+    rows, fill = packing.pack_to_disk(ds, 64, tmp_path / "p", [30] * 100, shard_tokens=300)
+    assert len(list((tmp_path / "p").glob("*.arrow"))) == 5 and rows == 50 and fill == 60 / 64
+    out = datasets.load_from_disk(str(tmp_path / "p"))
+    assert out["input_ids"] == [[2 * k] * 30 + [2 * k + 1] * 30 for k in range(50)]
