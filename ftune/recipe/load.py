@@ -163,6 +163,8 @@ def _without(data: dict, paths: list[KeyPath]) -> dict:
     list item (`data.train[1].format`) is removed from that item."""
     out = copy.deepcopy(data)
     for path in paths:
+        if not path:  # a problem at the root (an empty key): nothing under it to remove
+            continue
         node = out
         for part in path[:-1]:
             if isinstance(node, dict) and part in node:

@@ -147,7 +147,13 @@ def test_final_reloads_with_the_trained_weights(runner, kind, method, tiny_model
     base = reload(tiny_model_dir, tiny_model_dir, "full").state_dict()
     assert set(got) == set(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=WEIGHT_ATOL, rtol=1e-4, msg=name)
+        # every element within the loose bound (a mis-gathered or mis-split matrix is off by ~4e-2 everywhere), and
+        # all but a few per thousand within the tight one: AdamW divides by sqrt(v), so an element whose gradient is
+        # near zero amplifies the last-bit differences of the reduction order (measured on full fine-tuning: 1 of
+        # 24,576 embedding elements at 4.9e-4, at most 6 of 8,192 MLP elements at up to 4.9e-5, the rest < 7e-6)
+        torch.testing.assert_close(got[name], want[name], atol=TP_WEIGHT_ATOL, rtol=1e-4, msg=name)
+        off = int(((got[name] - want[name]).abs() > WEIGHT_ATOL + 1e-4 * want[name].abs()).sum())
+        assert off <= max(1, want[name].numel() // 1000), (name, off)
     assert any(not torch.equal(got[n], base[n]) for n in base)  # trained, not the base weights
 
 
