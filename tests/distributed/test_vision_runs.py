@@ -19,6 +19,7 @@ import pytest
 from ftune.rundir import RunDir
 
 from tests.e2e._util import ftune, losses, write_recipe
+from tests.vision_data import colour_rows
 
 pytestmark = [pytest.mark.distributed, pytest.mark.extended]
 
@@ -27,7 +28,6 @@ pytestmark = [pytest.mark.distributed, pytest.mark.extended]
 LOSS_RTOL = 1e-4
 WEIGHT_ATOL = 1e-5
 STEPS = 3
-COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +43,7 @@ def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    from PIL import Image
-
-    folder = tmp_path_factory.mktemp("vdata")
-    (folder / "img").mkdir()
-    rows = []
-    for i in range(24):
-        name = sorted(COLOURS)[i % 3]
-        Image.new("RGB", (28, 28), COLOURS[name]).save(folder / "img" / f"{i}.png")
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image", "image": f"img/{i}.png"},
-                                         {"type": "text", "text": "what colour"}]},
-            {"role": "assistant", "content": name}]})
-    path = folder / "data.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return colour_rows(tmp_path_factory.mktemp("vdata"), 24)
 
 
 def _recipe(vlm_dir: Path, data: Path, out: Path, distributed: dict, batch: int) -> dict:

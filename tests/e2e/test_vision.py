@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e._util import ftune, metrics, write_recipe
+from tests.vision_data import COLOURS, colour_rows
 
 pytestmark = pytest.mark.slow
-COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 ROWS = 150
 
 
@@ -30,22 +30,8 @@ def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
 
 
 def _data(folder: Path, blank: bool) -> Path:
-    """ROWS rows, the colours in turn (chance is 1/3 whatever the model guesses): a 28x28 image of the colour (or
-    white), "what colour", the colour's name."""
-    from PIL import Image
-
-    (folder / "img").mkdir()
-    rows = []
-    for i in range(ROWS):
-        name = sorted(COLOURS)[i % 3]
-        Image.new("RGB", (28, 28), (255, 255, 255) if blank else COLOURS[name]).save(folder / "img" / f"{i}.png")
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image", "image": f"img/{i}.png"},
-                                         {"type": "text", "text": "what colour"}]},
-            {"role": "assistant", "content": name}]})
-    path = folder / "data.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    """ROWS rows of the colour task (tests/vision_data.py), or their blanked control."""
+    return colour_rows(folder, ROWS, blank)
 
 
 def _recipe(vlm_dir: Path, data: Path) -> dict:
