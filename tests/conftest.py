@@ -58,6 +58,18 @@ def tiny_tokenizer_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def vlm_dir(tiny_tokenizer_dir) -> Path:
+    """A tiny LLaVA (CLIP vision tower, projector, 2-layer Llama) with its processor, as a local HF folder."""
+    from transformers import AutoTokenizer
+
+    from ftune.tiny import build_tiny_llava
+
+    folder = _SESSION_TMP / "tiny-llava"
+    build_tiny_llava(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_tokenizer_dir) -> Path:
     """A 2-layer Llama (hidden 64, dims multiples of 32) with its tokenizer, as a local HF folder."""
     from transformers import AutoTokenizer

@@ -31,17 +31,6 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
-    from transformers import AutoTokenizer
-
-    from ftune.tiny import build_tiny_llava
-
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    build_tiny_llava(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
-    return folder
-
-
-@pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
     return colour_rows(tmp_path_factory.mktemp("vdata"), 24)
 

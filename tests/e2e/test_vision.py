@@ -18,17 +18,6 @@ pytestmark = pytest.mark.slow
 ROWS = 150
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
-    from transformers import AutoTokenizer
-
-    from ftune.tiny import build_tiny_llava
-
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    build_tiny_llava(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
-    return folder
-
-
 def _data(folder: Path, blank: bool) -> Path:
     """ROWS rows of the colour task (tests/vision_data.py), or their blanked control."""
     return colour_rows(folder, ROWS, blank)

@@ -12,17 +12,6 @@ import pytest
 import yaml
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
-    from transformers import AutoTokenizer
-
-    from ftune.tiny import build_tiny_llava
-
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    build_tiny_llava(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
-    return folder
-
-
 def _recipe(folder: Path, vlm_dir: Path, **sections) -> Path:
     from PIL import Image
 
