@@ -29,7 +29,7 @@ def render_with_spans(render: ChatRenderer, messages: list[dict]) -> tuple[str, 
     full, blocks = tracked
     if render.spans_kind == "tags":  # the template's author says what is trained
         return full, [(s, max(s, _rstrip_end(full, e))) for s, e in blocks if e > s]
-    turns = _turn_blocks(messages, blocks)
+    turns = blocks if len(blocks) == len(messages) else _turn_blocks(messages, blocks)  # (the common case first)
     if turns is None:  # a block per message, per non-system message or per answer: none of these
         return _by_prefixes(render, messages)
     prompt = _generation_prompt(render)
