@@ -25,7 +25,9 @@ DEFAULT_CHAT_TEMPLATE = (
 """ftune's chat template when neither data.chat_template nor the tokenizer gives one."""
 DEFAULT_CHAT_TEMPLATE_SPANS = (
     "{%- for message in messages -%}"
-    "{%- generation -%}{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}{%- endgeneration -%}"
+    "{%- generation -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endgeneration -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
 )
@@ -227,7 +229,8 @@ _OPEN, _CLOSE = "\ue000", "\ue001"
 def _marks_for_tags(sibling: str) -> str:
     """The sibling with `{%- generation -%}` / `{%- endgeneration -%}` written as outputs of the two marks, whitespace
     control alike (the siblings write the tags only in this form: tested)."""
-    return sibling.replace("{%- generation -%}", "{{- '\ue000' -}}").replace("{%- endgeneration -%}", "{{- '\ue001' -}}")
+    opening, closing = "{{- '" + _OPEN + "' -}}", "{{- '" + _CLOSE + "' -}}"
+    return sibling.replace("{%- generation -%}", opening).replace("{%- endgeneration -%}", closing)
 
 
 def _marked(render):

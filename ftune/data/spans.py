@@ -18,16 +18,23 @@ The one-render spans equal the prefix spans on every built-in (tested on random 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ftune.data.chat_rows import ChatRenderer
 
+Render = ChatRenderer | Callable[[list[dict], bool], str]
 
-def render_with_spans(render: ChatRenderer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation rendered, and the character span of every assistant turn (module docstring)."""
-    tracked = render.tracked(messages) if render.spans_kind else None
+
+def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation rendered, and the character span of every assistant turn (module docstring). `render`: a
+    ChatRenderer, or any `render(messages, generation_prompt) -> str` (the vision rows' processor), which renders
+    the prefixes."""
+    kind = getattr(render, "spans_kind", None)
+    tracked = render.tracked(messages) if kind else None
     if tracked is None:
         return _by_prefixes(render, messages)
     full, blocks = tracked
-    if render.spans_kind == "tags":  # the template's author says what is trained
+    if kind == "tags":  # the template's author says what is trained
         return full, [(s, max(s, _rstrip_end(full, e))) for s, e in blocks if e > s]
     turns = blocks if len(blocks) == len(messages) else _turn_blocks(messages, blocks)  # (the common case first)
     if turns is None:  # a block per message, per non-system message or per answer: none of these
@@ -51,7 +58,7 @@ def render_with_spans(render: ChatRenderer, messages: list[dict]) -> tuple[str, 
     return full, spans
 
 
-def _by_prefixes(render: ChatRenderer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """The spans from renders of the prefixes; the conversation through its last message is the full rendering,
     so a single-turn row costs two renders, not three."""
     full = render(messages, False)

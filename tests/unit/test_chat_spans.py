@@ -14,7 +14,8 @@ from ftune.data.chat_rows import DEFAULT_CHAT_TEMPLATE, DEFAULT_CHAT_TEMPLATE_SP
 from ftune.data.spans import _by_prefixes, _turn_blocks, render_with_spans
 
 TEMPLATES = {**{name: builtin(name) for name in BUILTIN}, "default": DEFAULT_CHAT_TEMPLATE}
-TEXTS = ["", " ", "hi", "  padded  ", "two\nlines\n", "héllo wörld 🎉 — ok", "日本語のテキスト", "5", "end.\n\n",
+TEXTS = ["", " ", "hi", "  padded  ", "two\nlines\n", "héllo wörld 🎉 — ok", "日本語のテキスト", "5",
+         "end.\n\n",
          "a {{ brace }} and %}", "\t"]
 
 
@@ -55,6 +56,21 @@ def test_the_sibling_without_its_tags_is_the_shipped_text_byte_for_byte(name):
         assert not GENERATION_TAG.search(shipped) and spans_sibling(name) == tagged.rstrip("\n")
     assert tagged != shipped and "{%- generation -%}" in tagged
     assert strip_generation_tags(tagged) == shipped
+    # only this form, which the renderer turns into its marks (chat_rows._marks_for_tags)
+    opening, closing = tagged.count("{%- generation -%}"), tagged.count("{%- endgeneration -%}")
+    assert len(GENERATION_TAG.findall(tagged)) == opening == closing
+    assert "\ue000" not in tagged and "\ue001" not in tagged
+
+
+def test_an_answer_holding_a_mark_character_renders_the_prefixes(tok):
+    """The marks a sibling's tags render as are private-use characters: a row that holds one is rendered the
+    general way, with the same spans."""
+    render = ChatRenderer(tok, builtin("chatml"))
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a \ue000 b \ue001"}]
+    assert render.tracked(conv) is None
+    full, spans = render_with_spans(render, conv)
+    assert (full, spans) == _by_prefixes(ChatRenderer(tok, builtin("chatml")), conv)
+    assert [full[a:b] for a, b in spans] == ["a \ue000 b \ue001<|im_end|>"]
 
 
 @pytest.mark.parametrize("name", [*BUILTIN, "default"])
