@@ -28,20 +28,30 @@ def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
     files exist."""
     found: list[Problem] = model_files(recipe) + image_processor(recipe)
-    model_path = recipe.model.path
-    folder = Path(model_path).expanduser()
-    if not model_folder:
-        pass
-    elif not folder.exists():
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        if looks_local(model_path) or offline:
-            found.append(Problem.at("model.path", f"model folder not found: {model_path}",
-                                    "point model.path at a local folder holding config.json"
-                                    + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
-    elif not (folder / "config.json").is_file() and not is_adapter(folder):  # ftune.plan.adapter checks adapters
-        found.append(Problem.at("model.path", f"{model_path} has no config.json",
+    folder = Path(recipe.model.path).expanduser()
+    if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
+        # ftune.plan.adapter checks adapters
+        found.append(Problem.at("model.path", f"{recipe.model.path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
+    return found + missing_inputs(recipe, model_folder) + reward_models(recipe)
+
+
+def missing_inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
+    """The local model folder, tokenizer folder and data files the recipe names that don't exist: one wording for
+    the compiler and `validate --check-paths` (which adds `missing_configs`). A name that looks like a hub id is
+    not local (unless the hub is offline)."""
+    found: list[Problem] = []
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    folders = [("model.path", "model", recipe.model.path)] if model_folder else []
+    if recipe.model.tokenizer:
+        folders.append(("model.tokenizer", "tokenizer", recipe.model.tokenizer))
+    for key, what, value in folders:
+        if not Path(value).expanduser().exists() and (looks_local(value) or offline):
+            found.append(Problem.at(key, f"{what} folder not found: {value}",
+                                    f"point {key} at a local folder holding "
+                                    + ("config.json" if what == "model" else "the tokenizer files")
+                                    + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
     for key, src in sources(recipe):
         if src.type == "hub":
             continue
@@ -54,7 +64,17 @@ def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
             found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
                                     "paths are relative to the working directory "
                                     f"({os.getcwd()}); check the spelling or run from the project root"))
-    return found + reward_models(recipe)
+    return found
+
+
+def missing_configs(recipe: Recipe, recipe_dir: Path) -> list[Problem]:
+    """The accelerate and DeepSpeed config files the distributed section names, relative to the recipe file."""
+    d = recipe.distributed
+    named = [("distributed.accelerate_config", "accelerate", d.accelerate_config),
+             ("distributed.deepspeed.config", "DeepSpeed", d.deepspeed.config if d.deepspeed is not None else None)]
+    return [Problem.at(key, f"{what} config not found: {path}", "the path is relative to the recipe file")
+            for key, what, value in named
+            if value is not None and not (path := (recipe_dir / value).resolve()).is_file()]
 
 
 def reward_models(recipe: Recipe) -> list[Problem]:
@@ -324,16 +344,7 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
         elif device == "cpu":
             found.append(Problem.at("distributed.strategy", "DeepSpeed needs GPUs; this machine has none",
                                     "use `distributed.strategy: fsdp` or `ddp` on CPU"))
-        if d.deepspeed is not None and d.deepspeed.config is not None:
-            path = (recipe_dir / d.deepspeed.config).resolve()
-            if not path.is_file():
-                found.append(Problem.at("distributed.deepspeed.config", f"DeepSpeed config not found: {path}",
-                                        "the path is relative to the recipe file"))
-    if d.accelerate_config is not None:
-        path = (recipe_dir / d.accelerate_config).resolve()
-        if not path.is_file():
-            found.append(Problem.at("distributed.accelerate_config", f"accelerate config not found: {path}",
-                                    "the path is relative to the recipe file"))
+    found += missing_configs(recipe, recipe_dir)
     if device == "cuda" and d.strategy != "none":
         from ftune.plan.accelerate import visible_gpus
 
