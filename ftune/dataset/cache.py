@@ -89,7 +89,13 @@ class Cache:
         return path
 
     def commit(self, scratch: Path, key: Key) -> Path:
-        """Move a finished scratch folder into place; if another process won the race, keep theirs."""
+        """Move a finished scratch folder into place; if another process won the race, keep theirs.
+
+        Not `ftune.outputs.publish_folder`, on purpose: that one *replaces* a command's own output (the old
+        folder moved aside, then removed), which here would delete an entry that another rank or run may be
+        reading. A cache entry is first-writer-wins: the rename fails onto an existing entry, and the loser's
+        identical scratch is dropped. The manifest needs no atomic write of its own: the scratch folder is private
+        until the rename, and `verify` checks every file's size against it."""
         files = {p.relative_to(scratch).as_posix(): p.stat().st_size for p in sorted(scratch.rglob("*")) if p.is_file()}
         (scratch / "manifest.json").write_text(
             json.dumps({"key": key.digest, "identity": key.identity, "created": time.time(), "parts": key.parts,
