@@ -113,8 +113,8 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
 
 def missing_paths(loaded) -> list[Problem]:
     """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors, in the
-    compiler's own words (`ftune.plan.environment`: `plan` and `run` refuse them alike)."""
-    from ftune.plan.environment import missing_configs, missing_inputs
+    compiler's own words (`ftune.plan.paths`: `plan` and `run` refuse them alike)."""
+    from ftune.plan.paths import missing_configs, missing_inputs
     from ftune.recipe.load import shown
 
     r = loaded.recipe
