@@ -1,7 +1,7 @@
 """The output policy: where a command may write, what it may replace, and how it writes (atomically).
 
 Every command that writes a user-named output goes through `check_output` (before any work is done) and
-then through `write_text`, `append_line` or `publish_folder`: `ftune merge --out`, `ftune import -o`,
+then through `write_text`, `append_line` or `publish_folder` (`publish_entry` for a shared cache's entries): `ftune merge --out`, `ftune import -o`,
 `ftune launch-script -o`, `ftune chat`'s `/save`, and the run dir's own files (`write_text_atomic`).
 Refused, located at the path (exit 1, exit 5 for a live run dir):
 
@@ -357,3 +357,20 @@ def publish_folder(tmp: Path, out: Path) -> None:
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def publish_entry(tmp: Path, dest: Path, done) -> Path:
+    """Rename a finished `tmp` folder to `dest`, an entry of a shared cache (the data cache, converted GGUF
+    folders): first writer wins. Unlike `publish_folder` an entry is never replaced: when another process
+    published `dest` first (`done(dest)`), theirs is kept (a reader may be using it) and `tmp` removed. A `dest`
+    that is there but not done is a leftover (an entry appears only by this rename) and is cleared first. `tmp`
+    sits beside `dest` (same filesystem: the rename is atomic)."""
+    try:
+        if dest.exists() and not done(dest):
+            shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    except OSError:
+        if not done(dest):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

@@ -6,6 +6,7 @@ reach the run dir through `RunDir`, so no module spells out `"final"` or `"check
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,3 +164,14 @@ class RunDir:
     def has_started(self) -> bool:
         """Whether a run trained anything here (a checkpoint or a metrics line)."""
         return any(self.checkpoints.glob("checkpoint-*")) or self.metrics.exists()
+
+
+def read_metrics(run: RunDir) -> list[dict]:
+    """metrics.jsonl's records, with the values written as null under `nonfinite` restored (nan, inf)."""
+    path = run.metrics
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in records:
+        r.update({k: float(v) for k, v in r.pop("nonfinite", {}).items()})
+    return records

@@ -107,8 +107,10 @@ def _plan(args: argparse.Namespace) -> int:
     except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
         raise loaded.error(err.problems) from None
     from ftune.plan.parallelism import data_parallel
+    from ftune.plan.paths import missing_inputs
 
     data = count_data(recipe, data_parallel(recipe, plan.world_size), plan.tokenizer_path, plan.trainer["num_train_epochs"])
+    missing = missing_inputs(loaded.recipe)  # plan runs without the inputs; it names the ones `run` would refuse
     if args.format == "json":
         out = {
             "recipe": loaded.file,
@@ -120,14 +122,15 @@ def _plan(args: argparse.Namespace) -> int:
             "collator": plan.collator,
             "trainer": plan.trainer,
             "notes": plan.notes + est.notes,
+            "missing": [{"path": p.path, "message": p.message, "hint": p.hint} for p in missing],
         }
         print(json.dumps(out, indent=2))
         return EXIT_OK
-    render(loaded.file, plan, est, data)
+    render(loaded.file, plan, est, data, missing)
     return EXIT_OK
 
 
-def render(file: str, plan, est, data: DataCount | None) -> None:
+def render(file: str, plan, est, data: DataCount | None, missing: list | None = None) -> None:
     """The plan as rich text: parameters, layout, memory table and verdict, data and steps, launch."""
     from rich.console import Console
     from rich.table import Table
@@ -196,8 +199,10 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print("[bold]largest[/]      " + "; ".join(est.largest))
     for s in est.suggestions:
         console.print(f"  suggestion: {s}")
+    missing = missing or []
     if data is None:
-        console.print("[bold]data[/]         not counted (a source is not a local file)")
+        reason = next((p.message for p in missing if p.path.startswith("data.")), "a source is not a local file")
+        console.print(f"[bold]data[/]         not counted ({reason})")
     else:
         approx = "≈" if data.approximate else ""
         tokens = f"{approx}{data.tokens:,} tokens" if data.tokens is not None else "tokens: tokenizer not local"
@@ -222,6 +227,8 @@ def render(file: str, plan, est, data: DataCount | None) -> None:
     console.print(shlex.join(plan.launch.command), markup=False)
     for note in plan.notes + est.notes:
         console.print(f"  note: {note}")
+    for p in missing:  # the compiler's words (`ftune.plan.paths`), as `run` and `validate --check-paths` say them
+        console.print(f"  missing: {p.path}: {p.message} (`ftune run` refuses it)", markup=False)
 
 
 def vision_lines(v) -> list[str]:

@@ -111,35 +111,15 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
     return files, Skipped(list(dict.fromkeys(skipped)), list(dict.fromkeys(named)), list(dict.fromkeys(runs)))
 
 
-
-
 def missing_paths(loaded) -> list[Problem]:
-    """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors."""
-    from ftune.recipe.load import looks_local, shown
-    from ftune.recipe.sources import sources
+    """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors, in the
+    compiler's own words (`ftune.plan.paths`: `plan` and `run` refuse them alike)."""
+    from ftune.plan.paths import missing_configs, missing_inputs
+    from ftune.recipe.load import shown
 
     r = loaded.recipe
-    here = Path(loaded.file).parent
-    checks: list[tuple[str, str, Path]] = [("model.path", r.model.path, Path(r.model.path).expanduser())]
-    if r.model.tokenizer:
-        checks.append(("model.tokenizer", r.model.tokenizer, Path(r.model.tokenizer).expanduser()))
-    for key, s in sources(r):
-        if s.type != "hub":
-            checks.append((f"{key}.path", s.path, Path(s.path).expanduser()))
-    d = r.distributed
-    if d.accelerate_config:
-        checks.append(("distributed.accelerate_config", d.accelerate_config, here / d.accelerate_config))
-    if d.deepspeed and d.deepspeed.config:
-        checks.append(("distributed.deepspeed.config", d.deepspeed.config, here / d.deepspeed.config))
-    problems = []
-    for path, value, target in checks:
-        is_config = path.startswith("distributed.")
-        if target.exists() or (not is_config and not looks_local(value)):
-            continue
-        base = "the recipe file" if is_config else "the working directory"
-        problems.append(shown(loaded.located(Problem.at(
-            path, f"{value!r} does not exist", f"the path is relative to {base}; --check-paths checks local paths"))))
-    return problems
+    found = missing_inputs(r) + missing_configs(r, Path(loaded.file).parent)
+    return [shown(loaded.located(p)) for p in found]
 
 
 def check_file(file: Path, check_paths: bool) -> Report:

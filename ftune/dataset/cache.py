@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune.outputs import publish_entry
+
 # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix;
 # 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask;
 # 6: packed rows written shard by shard into the entry (Arrow files per ~32M tokens), shuffled within their shard;
@@ -90,20 +92,15 @@ class Cache:
         return path
 
     def commit(self, scratch: Path, key: Key) -> Path:
-        """Move a finished scratch folder into place; if another process won the race, keep theirs."""
+        """Move a finished scratch folder into place; if another process won the race, keep theirs
+        (`ftune.outputs.publish_entry`, the one first-writer-wins publish; the manifest, written last in the
+        private scratch folder, is what makes an entry done)."""
         files = {p.relative_to(scratch).as_posix(): p.stat().st_size for p in sorted(scratch.rglob("*")) if p.is_file()}
         (scratch / "manifest.json").write_text(
             json.dumps({"key": key.digest, "identity": key.identity, "created": time.time(), "parts": key.parts,
                         "files": files}, indent=1, default=str)
         )
-        final = self.entry(key)
-        try:
-            os.rename(scratch, final)
-        except OSError:
-            if not (final / "manifest.json").exists():
-                raise
-            shutil.rmtree(scratch, ignore_errors=True)
-        return final
+        return publish_entry(scratch, self.entry(key), done=lambda entry: (entry / "manifest.json").exists())
 
     def verify(self, entry: Path) -> str | None:
         """Why an entry can't be trusted (a file missing, truncated or unreadable), or None when it is whole.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftune.demo.tasks import TaskRow
-from ftune.worker.report import read_metrics  # noqa: F401  (one reader of metrics.jsonl)
+from ftune.rundir import read_metrics  # noqa: F401  (one reader of metrics.jsonl)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from ftune.gguf import _RENAMED, MARKER, GgufInfo, _header, converted_folder, is_converted, metadata_config_folder
+from ftune.outputs import publish_entry
 
 
 def convert(info: GgufInfo, log=print) -> Path:
@@ -40,11 +41,7 @@ def _published(dest: Path, fill, done) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
     try:
         fill(tmp)
-        if done(dest):
-            shutil.rmtree(tmp)
-        else:
-            shutil.rmtree(dest, ignore_errors=True)
-            tmp.rename(dest)
+        publish_entry(tmp, dest, done)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

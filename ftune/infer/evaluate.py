@@ -19,7 +19,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune import generation
     from ftune import dataset as data
     from ftune.dataset import tokenizer
-    from ftune.worker import train
+    from ftune.runtime import train
 
     processor = tokenizer.load_processor(plan)  # a vision-language model's
     tok = processor.tokenizer if processor is not None else tokenizer.load_tokenizer(plan)
@@ -30,7 +30,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     args = train.eval_arguments(plan)
     if rl_data(plan.recipe):
         # online RL has no fixed eval loss: the recipe's rewards on greedy completions of the eval prompts
-        from ftune.worker.rl import eval_rewards
+        from ftune.runtime.rl import eval_rewards
 
         section = generate if generate is not None else plan.recipe.eval.generate
         return eval_rewards(plan, model, tok, bundle.eval, batch_size=args.per_device_eval_batch_size,
@@ -39,7 +39,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     if objective(plan.recipe.train.objective).uses_reference and not adapter.is_adapter(model_dir):
         # a full model's reference is the base the run started from (TRL would copy the trained weights: no rewards);
         # an adapter's is its base with the adapter disabled, as in training
-        from ftune.worker.model import load_model
+        from ftune.runtime.model import load_model
 
         reference = load_model(plan, tok)
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[], ref_model=reference)

@@ -33,7 +33,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
     """
     from ftune.plan.environment import forward_attention
     from ftune.plan.loading import model_load
-    from ftune.worker.model import load_model
+    from ftune.runtime.model import load_model
 
     def with_extra(spec):
         kwargs = {**spec.kwargs, **(extra or {})}
@@ -50,15 +50,15 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
         from peft import PeftModel
 
         from ftune.plan.quantization import upcasts
-        from ftune.worker import quantize
+        from ftune.runtime import quantized
 
         # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
         # k-bit preparation, so eval reproduces the logged loss.
-        section = quantize.recorded_quantization(model_dir) or plan.recipe.quantization
+        section = quantized.recorded_quantization(model_dir) or plan.recipe.quantization
         recipe = plan.recipe.model_copy(update={"quantization": section})
         base = load_model(plan, tokenizer, labels=labels, spec=with_extra(model_load(recipe)))
         if section is not None:
-            base = quantize.prepare_for_eval(base, upcast=upcasts(recipe))
+            base = quantized.prepare_for_eval(base, upcast=upcasts(recipe))
         import warnings
 
         hint = ("merge it first (`ftune merge RUN_DIR`) and generate with the merged folder, or raise --max-memory "

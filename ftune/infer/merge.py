@@ -211,7 +211,7 @@ def _max_diff(reference: list, found: list) -> tuple[float, float]:
 
 def _load_base(plan, tokenizer, dtype: str, path: str | None = None):
     from ftune.plan.loading import model_load
-    from ftune.worker.model import load_model
+    from ftune.runtime.model import load_model
 
     recipe = plan.recipe.model_copy(update={"quantization": None})  # merge into full-precision weights
     spec = model_load(recipe, path=path)
@@ -289,7 +289,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
 
     from ftune.infer.load import load_tokenizer, quiet_libraries
     from ftune.generation import as_chat_template, prompt_format, stop_token_ids
-    from ftune.worker.verify import saved_tensors
+    from ftune.runtime.saved import saved_tensors
 
     quiet_libraries()
     tmp.mkdir(parents=True)

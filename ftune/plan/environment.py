@@ -13,10 +13,9 @@ from pathlib import Path
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
-from ftune.recipe.load import looks_local
+from ftune.plan.paths import missing_configs, missing_inputs
 from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
-from ftune.recipe.sources import sources
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
 
@@ -28,33 +27,13 @@ def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
     files exist."""
     found: list[Problem] = model_files(recipe) + image_processor(recipe)
-    model_path = recipe.model.path
-    folder = Path(model_path).expanduser()
-    if not model_folder:
-        pass
-    elif not folder.exists():
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        if looks_local(model_path) or offline:
-            found.append(Problem.at("model.path", f"model folder not found: {model_path}",
-                                    "point model.path at a local folder holding config.json"
-                                    + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
-    elif not (folder / "config.json").is_file() and not is_adapter(folder):  # ftune.plan.adapter checks adapters
-        found.append(Problem.at("model.path", f"{model_path} has no config.json",
+    folder = Path(recipe.model.path).expanduser()
+    if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
+        # ftune.plan.adapter checks adapters
+        found.append(Problem.at("model.path", f"{recipe.model.path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
-    for key, src in sources(recipe):
-        if src.type == "hub":
-            continue
-        if src.is_glob:
-            if not src.files():
-                found.append(Problem.at(f"{key}.path", f"no file matches {src.path}",
-                                        "paths are relative to the working directory "
-                                        f"({os.getcwd()}); check the pattern"))
-        elif not Path(src.path).expanduser().exists() and (looks_local(src.path) or src.type != "auto"):
-            found.append(Problem.at(f"{key}.path", f"data file not found: {src.path}",
-                                    "paths are relative to the working directory "
-                                    f"({os.getcwd()}); check the spelling or run from the project root"))
-    return found + reward_models(recipe)
+    return found + missing_inputs(recipe, model_folder) + reward_models(recipe)
 
 
 def reward_models(recipe: Recipe) -> list[Problem]:
@@ -324,16 +303,7 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
         elif device == "cpu":
             found.append(Problem.at("distributed.strategy", "DeepSpeed needs GPUs; this machine has none",
                                     "use `distributed.strategy: fsdp` or `ddp` on CPU"))
-        if d.deepspeed is not None and d.deepspeed.config is not None:
-            path = (recipe_dir / d.deepspeed.config).resolve()
-            if not path.is_file():
-                found.append(Problem.at("distributed.deepspeed.config", f"DeepSpeed config not found: {path}",
-                                        "the path is relative to the recipe file"))
-    if d.accelerate_config is not None:
-        path = (recipe_dir / d.accelerate_config).resolve()
-        if not path.is_file():
-            found.append(Problem.at("distributed.accelerate_config", f"accelerate config not found: {path}",
-                                    "the path is relative to the recipe file"))
+    found += missing_configs(recipe, recipe_dir)
     if device == "cuda" and d.strategy != "none":
         from ftune.plan.accelerate import visible_gpus
 

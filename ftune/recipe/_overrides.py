@@ -1,5 +1,6 @@
 """Command-line overrides `key.path=value` and `~key.path`, checked against the schema.
 
+List items are addressed by index, `data.train.0.path` or `data.train[0].path` (as errors spell keys).
 A value is parsed as YAML (`5` → int, `[a, b]` → list, `null` → None; text that isn't YAML stays
 text) and typed later by validation. The key must exist in the schema (the `peft` keys depend on
 `peft.method`); setting another `peft.method` starts that section afresh.
@@ -8,6 +9,7 @@ text) and typed later by validation. The key must exist in the schema (the `peft
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,11 +32,15 @@ class Override:
     delete: bool = False
 
 
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
 def parse_overrides(args: Sequence[str]) -> list[Override]:
     out, bad = [], []
     for arg in args:
         delete = arg.startswith("~")
         key, eq, text = arg[1 if delete else 0 :].partition("=")
+        key = _INDEX.sub(r".\1", key)  # `data.train[0].path`, as errors spell keys, is `data.train.0.path`
         if not key or (delete and eq) or (not delete and not eq) or any(not p for p in key.split(".")):
             bad.append(arg)
             continue

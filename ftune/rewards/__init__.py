@@ -117,7 +117,7 @@ BUILTIN: dict[str, RewardPlugin] = {
     "think_format": RewardPlugin(f"{_B}:think_format", NoArgs),
     "repetition_penalty": RewardPlugin(f"{_B}:repetition_penalty", RepetitionArgs),
     "soft_overlong_punishment": RewardPlugin(f"{_B}:soft_overlong_punishment", OverlongArgs),
-    # a trained sequence classifier: prompt + completion + eos scored in batches on the device (ftune.worker.rl)
+    # a trained sequence classifier: prompt + completion + eos scored in batches on the device (ftune.runtime.rl)
     "reward_model": RewardPlugin("", RewardModelArgs),
 }
 REWARD_MODEL = "reward_model"

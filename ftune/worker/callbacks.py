@@ -107,48 +107,6 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     return callbacks
 
 
-STUCK_LOGS = 3
-"""Training logs in a row with a reward accuracy of exactly 0 (after the first step) that stop a preference run."""
-
-
-def preference_guard(plan):
-    """Stop a preference run on the silent failures users report (NaN eval losses under FSDP/fp16, rewards that
-    never favour the chosen completion) with an error and a suggestion, instead of training on. A non-finite train
-    loss is NumericsGuard's (every run has it, ahead of this callback). Every rank sees the same (gathered) logs, so
-    every rank stops."""
-    from transformers import TrainerCallback
-
-    from ftune.errors import RunError
-
-    objective = plan.recipe.train.objective
-
-    class PreferenceGuard(TrainerCallback):
-        def __init__(self) -> None:
-            self.zero_runs = 0
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            value = logs.get("eval_loss")
-            if isinstance(value, (int, float)) and not math.isfinite(value):
-                raise RunError(
-                    f"{objective}: eval_loss is {value} at step {state.global_step}; the run stopped instead of "
-                    "training on", hint="lower train.learning_rate or train.max_grad_norm; use bf16 rather than "
-                    "fp16 (train.mixed_precision, distributed.fsdp.mixed_precision); check the data for empty "
-                    "completions")
-            acc = logs.get("rewards/accuracies")
-            if acc is None or state.global_step <= 1:  # policy == reference at the first step: accuracy is 0
-                return
-            self.zero_runs = self.zero_runs + 1 if acc == 0.0 else 0
-            if self.zero_runs >= STUCK_LOGS:
-                raise RunError(
-                    f"{objective}: rewards/accuracies has been exactly 0 for {self.zero_runs} logs in a row "
-                    f"(step {state.global_step}): the chosen completion never scores above the rejected one",
-                    hint="check that chosen and rejected are not swapped or identical, that data.max_seq_length "
-                    "and data.max_prompt_length leave the completions, and train.learning_rate")
-
-    return PreferenceGuard()
-
-
 def progress_line(step: int, total: int, logs: dict, tokens_per_second: float, elapsed: float, done: int) -> str:
     """One plain progress line: step/total, loss, lr, tok/s, elapsed and the time left at this pace (`done`: steps
     taken in `elapsed`, fewer than `step` after a resume)."""

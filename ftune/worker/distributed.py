@@ -93,21 +93,6 @@ def apply_fsdp1_adapter_names_fix() -> None:
     _NAMES_FIX_APPLIED = True
 
 
-# ------------------------------------------------------------------------------ FSDP2 mixed precision
-def set_mixed_precision_policy(accelerator, plan) -> None:
-    """Give accelerate's FSDP plugin the Plan's MixedPrecisionPolicy (`plan.fsdp_mixed_precision`). Called as soon
-    as the Trainer has its accelerator, before TRL wraps a reference model or `train()` wraps the policy."""
-    spec = plan.fsdp_mixed_precision
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if spec is None or plugin is None:
-        return
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    plugin.mixed_precision_policy = MixedPrecisionPolicy(
-        **{key: None if name is None else getattr(torch, name) for key, name in spec.items()})
-
-
 def apply_cpu_parallelism_shim() -> None:
     """Let accelerate's ParallelismConfig accept CPU processes (gloo). On CPU accelerate's state is MULTI_CPU,
     which `ParallelismConfig._validate_accelerator` rejects by name only: the device mesh it builds, the tensor-

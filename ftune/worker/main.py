@@ -31,9 +31,10 @@ def run_stages(plan: Plan) -> dict:
     from ftune import plugins
     from ftune import dataset as data
     from ftune.dataset import tokenizer
-    from ftune.worker import card, facts, profile, report, save, train
+    from ftune.runtime import train
+    from ftune.runtime.model import load_model
+    from ftune.worker import card, facts, profile, report, save
     from ftune.worker.callbacks import make_callbacks
-    from ftune.worker.model import load_model
     from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
 
@@ -83,7 +84,7 @@ def run_stages(plan: Plan) -> dict:
         trainer.add_callback(profile.callback(args.process_index))
 
     if plan.resume_from is not None:
-        train.stop_at_max_steps(trainer)
+        stop_at_max_steps(trainer)
     trainer.train(resume_from_checkpoint=plan.resume_from)
     if STOP.requested and STOP.phase != "setup":  # SIGTERM while training: a checkpoint of this step was saved
         step = trainer.state.global_step
@@ -211,3 +212,19 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return EXIT_RUNTIME
 
+
+def stop_at_max_steps(trainer) -> None:
+    """Train no step past max_steps when resuming. transformers 5.23 resumes a checkpoint taken at max_steps (a
+    run stopped after its last checkpoint, before final/) into its epoch loop, which trains one more step before
+    it checks max_steps: checkpoint-4 of a 4-step run became a 5-step run. Each epoch now starts only below
+    max_steps, so such a resume loads the checkpoint and goes straight to the save."""
+    run_epoch = trainer._run_epoch
+
+    def run_epoch_below_max(*args, **kwargs):
+        state = trainer.state
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            trainer.control.should_training_stop = True
+            return None
+        return run_epoch(*args, **kwargs)
+
+    trainer._run_epoch = run_epoch_below_max

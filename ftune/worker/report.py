@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ftune.rundir import RunDir
+from ftune.rundir import RunDir, read_metrics
 
 
 def header(console, plan, counts, bundle, quantization: str | None = None) -> None:
@@ -44,17 +44,6 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     console.print(table)
     for note in plan.notes:
         console.print(f"[dim]note: {note}[/dim]")
-
-
-def read_metrics(run: RunDir) -> list[dict]:
-    """metrics.jsonl's records, with the values written as null under `nonfinite` restored (nan, inf)."""
-    path = run.metrics
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for r in records:
-        r.update({k: float(v) for k, v in r.pop("nonfinite", {}).items()})
-    return records
 
 
 def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: float = 0.0) -> dict:
@@ -96,7 +85,7 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
 
 
 def rl_times(records: list[dict]) -> dict:
-    """Online RL's totals over the run from its per-step means (`ftune.worker.rl.TIMES`, each the mean over its
+    """Online RL's totals over the run from its per-step means (`ftune.runtime.rl.TIMES`, each the mean over its
     logging window): seconds generating, seconds training, completion tokens and their rate over both."""
     totals = {"generation_time": 0.0, "training_time": 0.0, "generated_tokens": 0.0}
     last, seen = 0, False

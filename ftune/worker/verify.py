@@ -8,21 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.errors import RunError
+from ftune.runtime.saved import saved_tensors
 from ftune.worker.finite import nonfinite_saved
 from ftune.worker.names import PROMPT_EMBEDDINGS, adapter_saved_name, as_model_names, clean, without_adapter_name
 from ftune.worker.stop import ADVICE
-
-
-def saved_tensors(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every tensor in the folder's safetensors files (no data read)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
 
 
 def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:

@@ -40,7 +40,7 @@ def test_the_peft_stage_loads_the_adapter_trainable(first, tmp_path, tiny_model_
     weights are the first run's trained ones, trainable, in one adapter (a fresh init would have lora_B = 0)."""
     from ftune.plan.compile import compile_plan
     from ftune.recipe import load_recipe
-    from ftune.worker.model import load_model
+    from ftune.runtime.model import load_model
     from ftune.worker.peft import apply_method
     from ftune.dataset.tokenizer import load_tokenizer
 

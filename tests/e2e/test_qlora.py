@@ -115,7 +115,7 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
     from ftune.estimate.quant import describe
     from ftune.modeling import build_meta_model
     from ftune.plan.quantization import bnb_config
-    from ftune.worker import quantize
+    from ftune.runtime.quantized import guard
 
     recipe = _recipe(tiny_model_dir, {"bits": 4, "compute_dtype": "float32"})
     ref = _lora_grads(_load(tiny_model_dir, recipe))
@@ -132,7 +132,7 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
 
     model.zero_grad(set_to_none=True)
     with pytest.warns(UserWarning, match="unpacked them"):
-        assert quantize.guard(model) == 14
+        assert guard(model) == 14
     assert _packed(model) == []
     repaired = _lora_grads(model)  # gradients flow again; the packing rounded block scales to bf16 (lossy)
     for name, g in repaired.items():
@@ -247,16 +247,16 @@ def _assert_learned(run_dir) -> None:
 
 
 def _reloaded_eval_loss(run_dir, **load) -> float:
-    """Eval loss of final/ reloaded with `quantize.load_for_eval` on a freshly quantized base, same eval data."""
+    """Eval loss of final/ reloaded with `quantized.load_for_eval` on a freshly quantized base, same eval data."""
     from ftune.plan.model import Plan
     from ftune import dataset as data
     from ftune.dataset import tokenizer
-    from ftune.worker import quantize, train
+    from ftune.runtime import quantized, train
 
     plan = Plan.load(run_dir / "plan.json")
     tok = tokenizer.load_tokenizer(plan)
     bundle = data.build(plan.recipe, tok, plan.data, log=lambda *a, **k: None)
-    model = quantize.load_for_eval(run_dir / "final", **load)
+    model = quantized.load_for_eval(run_dir / "final", **load)
     args = train.eval_arguments(plan, run_dir / "reload-eval")
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[])
     return trainer.evaluate(eval_dataset=bundle.eval)["eval_loss"]

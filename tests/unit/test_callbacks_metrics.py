@@ -19,7 +19,7 @@ def _strict(line: str) -> dict:
 def test_nonfinite_values_are_null_and_named(tmp_path):
     from ftune.rundir import RunDir
     from ftune.worker.callbacks import metrics_line
-    from ftune.worker.report import read_metrics
+    from ftune.rundir import read_metrics
 
     lines = [metrics_line({"step": 3, "loss": float("nan"), "grad_norm": float("inf"), "learning_rate": 1e-3}),
              metrics_line({"step": 4, "loss": 1.5})]

@@ -141,7 +141,9 @@ def test_check_paths(tree, capsys):
     assert code == 1
     errors = json.loads(out)["files"][0]["errors"]
     assert [(e["path"], e["line"], e["column"]) for e in errors] == [("model.path", 2, 9), ("data.train[0].path", 5, 7)]
-    assert errors[0]["message"] == "'./models/tiny' does not exist"
+    # the compiler's words (`ftune plan` and `ftune run` refuse the same paths with the same message)
+    assert [e["message"] for e in errors] == ["model folder not found: ./models/tiny",
+                                              "data file not found: data/train.jsonl"]
     (tree / "models" / "tiny").mkdir(parents=True)
     (tree / "data").mkdir()
     (tree / "data" / "train.jsonl").write_text('{"text": "hello"}\n')

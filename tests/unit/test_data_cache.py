@@ -143,3 +143,17 @@ def test_cache_root_and_lost_race(tmp_path, monkeypatch):
     assert cache.commit(b, key) == cache.entry(key)  # another rank won: its entry is kept, ours discarded
     assert (cache.entry(key) / "mine").read_text() == "a"
     assert [p.name for p in (tmp_path / "c").iterdir()] == [key.digest]
+
+
+def test_a_leftover_without_manifest_is_replaced_by_the_next_commit(tmp_path):
+    """An entry folder without manifest.json was never published (entries appear only by the rename): the next
+    commit clears it instead of failing (`ftune.outputs.publish_entry`, shared with the GGUF conversion cache)."""
+    cache = Cache(tmp_path / "c")
+    key = make_key(data_section={}, extra={}, files={"f": "1"}, tokenizer="t", template="x")
+    cache.entry(key).mkdir(parents=True)
+    (cache.entry(key) / "half").write_text("left by hand")
+    scratch = cache.scratch()
+    (scratch / "mine").write_text("a")
+    assert cache.commit(scratch, key) == cache.entry(key)
+    assert sorted(p.name for p in cache.entry(key).iterdir()) == ["manifest.json", "mine"]
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [key.digest]

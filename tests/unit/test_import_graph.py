@@ -15,10 +15,13 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   6 estimate, dataset                                          what a recipe will cost; the data stage (tokenizer,
                                                                tokenized / packed / cached rows: both sides, the
                                                                worker's and `ftune data`'s)
-  7 launch | worker                                            parent side | child side: never each other
-  8 infer                                                      after training: load, merge, eval, chat (over worker)
-  9 cli                                                        the commands
-  10 demo                                                      runs the commands
+  7 runtime                                                    a process holding the model, either side: the model
+                                                               loaded as the Plan says, the trainers built for it,
+                                                               saved tensors read back, a quantized base guarded
+  8 launch | worker                                            parent side | child side (the run): never each other
+  9 infer                                                      after training: load, merge, eval, chat (over runtime)
+  10 cli                                                       the commands
+  11 demo                                                      runs the commands
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ LAYERS = {
     "data": 4,
     "plan": 5, "importers": 5, "generation": 5,
     "estimate": 6, "dataset": 6,
-    "launch": 7, "worker": 7,
-    "infer": 8,
-    "cli": 9,
-    "demo": 10,
+    "runtime": 7,
+    "launch": 8, "worker": 8,
+    "infer": 9,
+    "cli": 10,
+    "demo": 11,
 }
 
 
@@ -107,6 +111,23 @@ def test_generation_is_below_both_sides():
     generation = {m for m in GRAPH if _package(m) == "generation"}
     assert generation == {"ftune.generation", "ftune.generation.stops"}
     assert not {b for m in generation for b in GRAPH[m] if _package(b) in {"worker", "infer", "cli", "launch"}}
+
+
+def test_infer_and_demo_never_import_the_worker():
+    """No exceptions: what `eval`, `merge`, `generate`, `chat` and the demo share with the run (the model, the
+    trainers, saved tensors, the quantized base, metrics.jsonl) lives below both, in `ftune.runtime` and
+    `ftune.rundir`; the worker is the run alone."""
+    bad = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
+                 if _package(a) in {"infer", "demo"} and _package(b) == "worker")
+    assert bad == []
+
+
+def test_the_runtime_is_below_both_sides():
+    """The model-holding room is shared by the run and the commands after training: it imports none of them."""
+    runtime = {m for m in GRAPH if _package(m) == "runtime"}
+    assert {"ftune.runtime.model", "ftune.runtime.train", "ftune.runtime.rl"} <= runtime
+    assert not {f"{m} -> {b}" for m in runtime for b in GRAPH[m]
+                if _package(b) in {"worker", "infer", "cli", "launch"}}
 
 
 def test_no_import_cycles():

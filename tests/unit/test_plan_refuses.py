@@ -74,3 +74,22 @@ def test_a_recipe_the_checks_pass_plans(tmp_path, tiny_model_dir, text_data_file
     assert main(["plan", str(path)]) == 0
     assert main(["run", str(path), "--dry-run"]) == 0
     assert "GPT2Block" not in capsys.readouterr().err
+
+
+def test_a_missing_data_file_has_one_wording(tmp_path, tiny_model_dir, text_data_file, capsys):
+    """`plan` runs without the inputs (it names what is missing and exits 0); `validate --check-paths` and `run`
+    refuse it: all three in the compiler's words (`ftune.plan.paths`), and `run` before it writes anything."""
+    path, text = _write(tmp_path, tiny_model_dir, text_data_file, {})
+    path.write_text(text.replace(str(text_data_file), "missing.jsonl"))
+    words = "data.train[0].path: data file not found: missing.jsonl"
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "not counted (data file not found: missing.jsonl)" in out and f"missing: {words}" in out
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    [missing] = json.loads(capsys.readouterr().out)["missing"]
+    assert (missing["path"], missing["message"]) == ("data.train[0].path", "data file not found: missing.jsonl")
+    assert main(["validate", str(path), "--check-paths"]) == 1
+    assert f"error: {words}" in capsys.readouterr().out  # validate reports on stdout
+    assert main(["run", str(path)]) == 1
+    assert f"error: {words}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

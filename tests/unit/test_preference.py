@@ -126,7 +126,7 @@ def test_full_fine_tuning_reference_is_a_counted_copy(tmp_path):
     ("simpo", PAIRS, {"label_smoothing": 0.1}),
 ])
 def test_trl_config_class_takes_plan_trainer_unchanged(tmp_path, name, data, pref):
-    from ftune.worker.train import training_arguments
+    from ftune.runtime.train import training_arguments
 
     p = plan(tmp_path, {"objective": name, "preference": pref, "per_device_batch_size": 2}, {"train": data})
     args = training_arguments(p)

@@ -43,7 +43,7 @@ def test_worker_sets_the_policy_on_the_fsdp_plugin(tmp_path):
     import torch
     from types import SimpleNamespace
 
-    from ftune.worker.distributed import set_mixed_precision_policy
+    from ftune.runtime.precision import set_mixed_precision_policy
 
     p = plan(tmp_path, {"objective": "dpo", "mixed_precision": "bf16"}, distributed=FSDP2)
     plugin = SimpleNamespace(mixed_precision_policy=None)

@@ -11,7 +11,7 @@ from ftune.errors import RunError
 
 
 def _guard(objective: str = "dpo"):
-    from ftune.worker.callbacks import preference_guard
+    from ftune.runtime.train import preference_guard
 
     return preference_guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective=objective))))
 
@@ -31,7 +31,7 @@ def test_a_nonfinite_eval_loss_stops_the_run(value):
 
 
 def test_accuracy_stuck_at_zero_stops_after_three_logs_not_before():
-    from ftune.worker.callbacks import STUCK_LOGS
+    from ftune.runtime.train import STUCK_LOGS
 
     assert STUCK_LOGS == 3
     guard = _guard()

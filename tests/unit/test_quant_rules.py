@@ -178,8 +178,8 @@ def test_installed_bitsandbytes_passes():
 
 
 def test_importing_quantize_is_light():
-    code = "import sys, ftune.worker.quantize, ftune.plan.quantization; print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', " \
-           "'transformers') if m in sys.modules))"
+    code = "import sys, ftune.worker.quantize, ftune.runtime.quantized, ftune.plan.quantization; " \
+           "print(sorted(m for m in ('torch', 'bitsandbytes', 'peft', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

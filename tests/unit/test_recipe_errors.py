@@ -246,6 +246,16 @@ def test_override_list_index_out_of_range(tmp_path):
     assert "index 3 is out of range" in p.message
 
 
+def test_override_takes_the_key_as_errors_spell_it(tmp_path):
+    """`data.train[0].path`, copied from an error, is `data.train.0.path`: same recipe, same error."""
+    for key in ("data.train[3].path", "data.train.3.path"):
+        (p,) = errors(tmp_path, GOOD, [f"{key}=x"])
+        assert "index 3 is out of range" in p.message and p.path == "data.train[3]"
+    from ftune.recipe._overrides import parse_overrides
+
+    assert parse_overrides(["data.train[0].path=x"])[0].parts == ("data", "train", 0, "path")
+
+
 def test_override_python_tag_refused(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["description=!!python/name:os.system"])
     assert "not allowed" in p.message

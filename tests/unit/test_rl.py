@@ -190,7 +190,7 @@ def test_plan_notes_how_processes_split_the_generation_batch(tmp_path):
                                    {"objective": "rloo", "rl": {"rewards": [{"name": "exact_match"}],
                                                                 "num_iterations": 2, "top_p": 0.9}}])
 def test_trl_config_class_takes_plan_trainer_unchanged(tmp_path, train):
-    from ftune.worker.train import training_arguments
+    from ftune.runtime.train import training_arguments
 
     p = plan(tmp_path, train)
     args = training_arguments(p)
@@ -244,7 +244,7 @@ def test_trl_builtin_rewards_by_name():
 def test_a_reward_that_raises_or_returns_nan_is_named_with_its_row(monkeypatch):
     from ftune.plugins import RewardPlugin
     from ftune.rewards import NoArgs
-    from ftune.worker.rl import reward_function
+    from ftune.runtime.rl import reward_function
 
     spec = SimpleNamespace(name="numeric", args={})
     fn = reward_function(spec, BUILTIN["numeric"])
@@ -281,7 +281,7 @@ def test_plugin_rewards_join_the_registry_and_may_not_shadow_a_builtin(monkeypat
 
 # ------------------------------------------------------------------------------ the guard
 def _guard(**rl):
-    from ftune.worker.rl import guard
+    from ftune.runtime.rl import guard
 
     section = SimpleNamespace(guard_logs=3, max_completion_length=16, **rl)
     return guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective="grpo", rl=section))))
@@ -343,7 +343,7 @@ def test_step_timer_splits_each_step_into_generation_and_the_rest(monkeypatch):
     them and the rest of the step's wall time as TRL's per-step metrics."""
     from collections import defaultdict
 
-    from ftune.worker import rl
+    from ftune.runtime import rl
 
     clock = iter([10.0, 13.5])
     monkeypatch.setattr(rl.time, "perf_counter", lambda: next(clock))
@@ -402,7 +402,7 @@ def test_reward_model_config_has_one_label(tmp_path, tiny_model_dir):
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl not installed")
 def test_reward_config_takes_plan_trainer_unchanged(tmp_path):
-    from ftune.worker.train import training_arguments
+    from ftune.runtime.train import training_arguments
 
     p = plan(tmp_path, {"objective": "reward"}, {"train": PAIRS}, model={"path": "m", "task": "sequence-classification"})
     args = training_arguments(p)
@@ -434,7 +434,7 @@ def test_saved_module_copies_go_back_to_the_dtype_they_copy(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from ftune.worker.rl import restore_saved_modules_dtype
+    from ftune.runtime.rl import restore_saved_modules_dtype
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                            LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))

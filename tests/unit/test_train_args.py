@@ -8,7 +8,7 @@ import yaml
 from ftune.errors import RecipeError
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe
-from ftune.worker.train import classification_metrics, training_arguments
+from ftune.runtime.train import classification_metrics, training_arguments
 
 
 def _plan(tmp_path, gpus: int | None = None, **sections):
@@ -145,7 +145,7 @@ def test_eval_on_start(tmp_path):
 
 
 def test_eval_arguments_of_a_distributed_plan_run_in_one_process(tmp_path):
-    from ftune.worker.train import eval_arguments
+    from ftune.runtime.train import eval_arguments
 
     plan = _plan(tmp_path, distributed={"strategy": "fsdp", "num_processes": 2}, peft={"method": "full"})
     assert plan.trainer["fsdp"] is True and plan.trainer["ddp_backend"] == "gloo"

@@ -78,7 +78,7 @@ def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, visio
     backward when the tower trains (its activations were not kept)."""
     import torch
 
-    from ftune.worker.model import load_model
+    from ftune.runtime.model import load_model
     from ftune.worker.peft import apply_method
     from ftune.dataset.tokenizer import load_processor
 

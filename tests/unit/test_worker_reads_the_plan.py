@@ -1,6 +1,7 @@
-"""The worker carries out the Plan: a static walk of `ftune/worker/` and the data stage it runs (`ftune/dataset/`)
-fails on a read of a recipe key the compiler decides. The worker may read the recipe only for what it describes and the Plan does not restate (the data's
-paths, fields and templates, label names, the method's own section, the seed ...): the allow-list below."""
+"""The worker carries out the Plan: a static walk of `ftune/worker/`, the data stage it runs (`ftune/dataset/`) and
+the model-holding room below it (`ftune/runtime/`: the model, the trainers) fails on a read of a recipe key the
+compiler decides. The worker may read the recipe only for what it describes and the Plan does not restate (the
+data's paths, fields and templates, label names, the method's own section, the seed ...): the allow-list below."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 WORKER = Path(__file__).resolve().parents[2] / "ftune" / "worker"
 DATA_STAGE = WORKER.parent / "dataset"  # the data stage the worker runs (below both sides: `ftune data` runs it too)
+RUNTIME = WORKER.parent / "runtime"  # the model and the trainers the worker builds (below both sides: `ftune eval` too)
 
 # Recipe keys (and everything under them) the worker may read, and why.
 ALLOWED = {
@@ -131,7 +133,7 @@ def test_the_walk_sees_reads_through_aliases():
 
 def test_the_worker_reads_no_decided_recipe_key():
     found = {f"{path.relative_to(WORKER.parent.parent)}: {key}"
-             for path in sorted([*WORKER.rglob("*.py"), *DATA_STAGE.rglob("*.py")])
+             for path in sorted([*WORKER.rglob("*.py"), *DATA_STAGE.rglob("*.py"), *RUNTIME.rglob("*.py")])
              for key in reads(path.read_text()) if not _allowed(key)}
     assert found == set(), "read the Plan's decision instead (or allow-list the key, saying why)"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ftune import __version__
 from ftune.errors import UsageError
 from ftune.launch.jobs.common import dump_yaml, DEFAULT_PORT, Request, check, no_space, secret_variables
+from ftune.recipe.sources import sources
 
 SUBMIT = "sky launch {file}"
 RUNS = "/ftune-runs"
@@ -46,7 +47,7 @@ def task(req: Request) -> dict:
     r = loaded.recipe
     args = [req.recipe, *overrides]
     mounts: dict = {}
-    for src in [*r.data.train, *(r.data.eval if isinstance(r.data.eval, list) else [])]:
+    for _, src in sources(r):
         path = getattr(src, "path", None)
         if src.type != "hub" and path and Path(path).is_absolute():
             mounts[path] = path

@@ -1,5 +1,5 @@
-"""Online RL in the worker (grpo, rloo): the recipe's rewards as TRL reward functions, TRL's trainer, the guards
-and completions.jsonl. TRL generates, computes advantages and the loss; ftune writes none of them.
+"""Online RL (grpo, rloo), in the run and in `ftune eval`: the recipe's rewards as TRL reward functions, TRL's
+trainer, the guards and completions.jsonl. TRL generates, computes advantages and the loss; ftune writes none of them.
 
 Each reward is scored row by row (`ftune.rewards.Sample`), so a reward that raises or returns NaN stops the run
 naming the reward and the row. TRL's logged names are mapped to ftune's (`ALIASES`) in metrics.jsonl.
@@ -163,7 +163,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     the recipe's rewards."""
     from transformers import PrinterCallback
 
-    from ftune.worker.distributed import set_mixed_precision_policy
+    from ftune.runtime.precision import set_mixed_precision_policy
 
     rl = plan.recipe.train.rl
     run = plan.run

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 
 from ftune.errors import FtuneError
 from ftune.plan.evaluation import with_perplexity
@@ -67,7 +68,7 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
 
     r = plan.recipe
     if r.train.objective in RL_OBJECTIVES:
-        from ftune.worker import rl
+        from ftune.runtime import rl
 
         return rl.build_trainer(plan, _import(plan.trainer_class), model, tokenizer, bundle, args, callbacks)
     if r.train.objective != "sft":
@@ -104,23 +105,6 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
     return trainer
 
 
-def stop_at_max_steps(trainer) -> None:
-    """Train no step past max_steps when resuming. transformers 5.23 resumes a checkpoint taken at max_steps (a
-    run stopped after its last checkpoint, before final/) into its epoch loop, which trains one more step before
-    it checks max_steps: checkpoint-4 of a 4-step run became a 5-step run. Each epoch now starts only below
-    max_steps, so such a resume loads the checkpoint and goes straight to the save."""
-    run_epoch = trainer._run_epoch
-
-    def run_epoch_below_max(*args, **kwargs):
-        state = trainer.state
-        if state.max_steps > 0 and state.global_step >= state.max_steps:
-            trainer.control.should_training_stop = True
-            return None
-        return run_epoch(*args, **kwargs)
-
-    trainer._run_epoch = run_epoch_below_max
-
-
 def _early_stopping(plan, args) -> list:
     from transformers import EarlyStoppingCallback
 
@@ -139,8 +123,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, r
     save stage leaves it out of final/). Full fine-tuning: TRL loads a frozen copy."""
     from transformers import PrinterCallback
 
-    from ftune.worker.callbacks import preference_guard
-    from ftune.worker.distributed import set_mixed_precision_policy
+    from ftune.runtime.precision import set_mixed_precision_policy
 
     class PreferenceTrainer(_import(plan.trainer_class)):
         def create_accelerator_and_postprocess(self):
@@ -162,3 +145,45 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, r
         trainer.model.set_adapter("default")
     trainer.remove_callback(PrinterCallback)
     return trainer
+
+
+STUCK_LOGS = 3
+"""Training logs in a row with a reward accuracy of exactly 0 (after the first step) that stop a preference run."""
+
+
+def preference_guard(plan):
+    """Stop a preference run on the silent failures users report (NaN eval losses under FSDP/fp16, rewards that
+    never favour the chosen completion) with an error and a suggestion, instead of training on. A non-finite train
+    loss is NumericsGuard's (every run has it, ahead of this callback). Every rank sees the same (gathered) logs, so
+    every rank stops."""
+    from transformers import TrainerCallback
+
+    from ftune.errors import RunError
+
+    objective = plan.recipe.train.objective
+
+    class PreferenceGuard(TrainerCallback):
+        def __init__(self) -> None:
+            self.zero_runs = 0
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            value = logs.get("eval_loss")
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                raise RunError(
+                    f"{objective}: eval_loss is {value} at step {state.global_step}; the run stopped instead of "
+                    "training on", hint="lower train.learning_rate or train.max_grad_norm; use bf16 rather than "
+                    "fp16 (train.mixed_precision, distributed.fsdp.mixed_precision); check the data for empty "
+                    "completions")
+            acc = logs.get("rewards/accuracies")
+            if acc is None or state.global_step <= 1:  # policy == reference at the first step: accuracy is 0
+                return
+            self.zero_runs = self.zero_runs + 1 if acc == 0.0 else 0
+            if self.zero_runs >= STUCK_LOGS:
+                raise RunError(
+                    f"{objective}: rewards/accuracies has been exactly 0 for {self.zero_runs} logs in a row "
+                    f"(step {state.global_step}): the chosen completion never scores above the rejected one",
+                    hint="check that chosen and rejected are not swapped or identical, that data.max_seq_length "
+                    "and data.max_prompt_length leave the completions, and train.learning_rate")
+
+    return PreferenceGuard()
