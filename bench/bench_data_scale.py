@@ -12,9 +12,12 @@ Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), an
 (`RssAnon`, sampled every 50 ms), since RSS also counts pages of memory-mapped Arrow files that the kernel can
 drop at will.
 
-Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R] [--parallel]` (default 10000 50000,
-3 rounds; `--parallel` runs the two sides of a round at the same time); `make bench` runs the default. The ftune side
-also times a warm rerun (a cache hit) after its cold build: `warm_over_cold`.
+Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R] [--parallel] [--num-proc 1,2]` (default
+10000 50000, 3 rounds; `--parallel` runs the two sides of a round at the same time); `make bench` runs the default.
+The ftune side also times a warm rerun (a cache hit) after its cold build: `warm_over_cold`. `--num-proc 1,2` runs
+the ftune side once per `data.num_proc` setting in each round (interleaved, the plain side after them) and reports
+rows/s and CPU seconds (its worker processes' included) per setting, `num_proc`; the ratios are the first setting's.
+`renders_per_row`: chat-template renders per row for the answer spans (ftune/data/spans.py), on the first 1,000 rows.
 """
 
 from __future__ import annotations
@@ -66,7 +69,13 @@ class _AnonPeak(threading.Thread):
             time.sleep(0.05)
 
 
-def side(name: str, data: str, tok_dir: str) -> dict:
+def _cpu() -> float:
+    """CPU seconds of this process and of its reaped children (`data.num_proc` workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def side(name: str, data: str, tok_dir: str, num_proc: str = "0") -> dict:
     """One side's run in this process: wall seconds, tokens, peak RSS and anonymous MiB."""
     import datasets
     from transformers import AutoTokenizer
@@ -84,13 +93,15 @@ def side(name: str, data: str, tok_dir: str) -> dict:
     work = tempfile.mkdtemp(prefix="ftune-bench-scale-")
     sampler = _AnonPeak()
     sampler.start()
-    start, cpu0 = time.perf_counter(), time.process_time()
+    start, cpu0 = time.perf_counter(), _cpu()
     if name == "ftune":
+        procs = {"num_proc": int(num_proc)} if int(num_proc) else {}
         recipe = Recipe.model_validate({"name": "b", "model": {"path": "unused"}, "data": {
-            "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work}})
+            "train": [{"path": data, "format": "chat"}], "max_seq_length": SEQ, "packing": True, "cache_dir": work,
+            **procs}})
         report = build(recipe, tok, log=lambda _: None).report
         tokens, fill = report.tokens, report.fill
-        cold, cold_cpu = time.perf_counter() - start, time.process_time() - cpu0
+        cold, cold_cpu = time.perf_counter() - start, _cpu() - cpu0
         again = time.perf_counter()
         assert build(recipe, tok, log=lambda _: None).report.cache_hit
         warm = time.perf_counter() - again
@@ -108,7 +119,7 @@ def side(name: str, data: str, tok_dir: str) -> dict:
         out = ds.map(encode, batched=True, batch_size=1000, remove_columns=ds.column_names)
         tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
         fill = warm = None
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    wall, cpu = time.perf_counter() - start, _cpu() - cpu0
     if warm is not None:  # the cold build alone: the warm rerun is reported on its own
         wall, cpu = cold, cold_cpu
     shutil.rmtree(work, ignore_errors=True)
@@ -116,10 +127,10 @@ def side(name: str, data: str, tok_dir: str) -> dict:
             // 1024, "anon_mb": sampler.peak}
 
 
-def _start_side(name: str, data: Path, tok_dir: Path) -> subprocess.Popen:
+def _start_side(name: str, data: Path, tok_dir: Path, num_proc: int = 0) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, __file__, "--side", name, str(data), str(tok_dir)], env=env,
+    return subprocess.Popen([sys.executable, __file__, "--side", name, str(data), str(tok_dir), str(num_proc)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -130,11 +141,27 @@ def _result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _run_side(name: str, data: Path, tok_dir: Path) -> dict:
-    return _result(_start_side(name, data, tok_dir))
+def _run_side(name: str, data: Path, tok_dir: Path, num_proc: int = 0) -> dict:
+    return _result(_start_side(name, data, tok_dir, num_proc))
 
 
-def measure(sizes: list[int], rounds: int, parallel: bool = False) -> dict:
+def renders_per_row(data: Path, tok_dir: Path, rows: int = 1000) -> float:
+    """Chat-template renders a row costs for its answer spans, on the first `rows` rows (ftune's default template,
+    the one this tokenizer gets)."""
+    from transformers import AutoTokenizer
+
+    from ftune.data.chat_rows import DEFAULT_CHAT_TEMPLATE, ChatRenderer
+    from ftune.data.spans import render_with_spans
+
+    render = ChatRenderer(AutoTokenizer.from_pretrained(tok_dir), DEFAULT_CHAT_TEMPLATE)
+    with data.open() as fh:
+        convs = [json.loads(line)["messages"] for _, line in zip(range(rows), fh)]
+    for conv in convs:
+        render_with_spans(render, conv)
+    return round(render.renders / len(convs), 3)
+
+
+def measure(sizes: list[int], rounds: int, parallel: bool = False, num_procs: tuple[int, ...] = ()) -> dict:
     """`parallel`: both sides of a round run at the same time (each still in its own process), for sizes whose
     rounds would not fit a session on a loaded machine; the CPU-second ratio is then the steadier figure."""
     from ftune.tiny import train_tokenizer
@@ -147,14 +174,20 @@ def measure(sizes: list[int], rounds: int, parallel: bool = False) -> dict:
             data = work / f"chat-{n}.jsonl"
             write_rows(data, n)
             runs = {"ftune": [], "plain": []}
+            extra = {k: [] for k in num_procs[1:]}  # the further num_proc settings, ftune side only
             for _ in range(rounds):
                 if parallel:
-                    procs = {name: _start_side(name, data, work / "tok") for name in ("ftune", "plain")}
+                    procs = {name: _start_side(name, data, work / "tok", num_procs[0] if num_procs and
+                                               name == "ftune" else 0) for name in ("ftune", "plain")}
                     for name, proc in procs.items():
                         runs[name].append(_result(proc))
+                    for k in extra:
+                        extra[k].append(_run_side("ftune", data, work / "tok", k))
                     continue
-                for name in ("ftune", "plain"):
-                    runs[name].append(_run_side(name, data, work / "tok"))
+                runs["ftune"].append(_run_side("ftune", data, work / "tok", num_procs[0] if num_procs else 0))
+                for k in extra:
+                    extra[k].append(_run_side("ftune", data, work / "tok", k))
+                runs["plain"].append(_run_side("plain", data, work / "tok"))
             assert runs["ftune"][0]["tokens"] == runs["plain"][0]["tokens"], "the two sides tokenized differently"
             ratios = [p["wall"] / f["wall"] for f, p in zip(runs["ftune"], runs["plain"])]
             row = {
@@ -178,12 +211,22 @@ def measure(sizes: list[int], rounds: int, parallel: bool = False) -> dict:
             row["warm_over_cold"] = round(statistics.median(warm), 4)
             row["warm_s"] = [round(r["warm"], 2) for r in runs["ftune"]]
             row["load_1min"] = [round(r["load"], 1) for v in runs.values() for r in v]
+            row["renders_per_row"] = renders_per_row(data, work / "tok")
+            if num_procs:
+                row["num_proc"] = {str(k): {
+                    "rows_per_s": round(n / statistics.median(r["wall"] for r in v)),
+                    "cpu_s": round(statistics.median(r["cpu"] for r in v), 1),
+                    "walls": [round(r["wall"], 1) for r in v], "cpus": [round(r["cpu"], 1) for r in v]}
+                    for k, v in {num_procs[0]: runs["ftune"], **extra}.items()}
+                assert all(r["tokens"] == row["tokens"] for v in extra.values() for r in v), "num_proc changed tokens"
             figures[str(n)] = row
             print(f"  {n:>8} rows: ftune/plain rows/s {row['rows_per_s_ratio']} ({row['ratio_range'][0]}-"
                   f"{row['ratio_range'][1]}), per CPU second {row['cpu_ratio']} ({row['cpu_ratio_range'][0]}-"
                   f"{row['cpu_ratio_range'][1]}), peak RSS {row['ftune_peak_rss_mb']} vs {row['plain_peak_rss_mb']} MiB, "
                   f"anon {row['ftune_peak_anon_mb']} vs {row['plain_peak_anon_mb']} MiB, fill {row['fill']}, warm/cold "
-                  f"{row['warm_over_cold']}, load {row['load_1min']}", flush=True)
+                  f"{row['warm_over_cold']}, load {row['load_1min']}, renders a row {row['renders_per_row']}"
+                  + "".join(f"; num_proc {k}: {v['rows_per_s']} rows/s, {v['cpu_s']} CPU s"
+                            for k, v in row.get("num_proc", {}).items()), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return figures
@@ -195,9 +238,11 @@ def main() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--side"]:
-        print(json.dumps(side(*sys.argv[2:5])))
+        print(json.dumps(side(*sys.argv[2:6])))
     else:
         args = sys.argv[1:]
         rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
-        sizes = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--rounds")]
-        print(json.dumps(measure(sizes or [10_000, 50_000], rounds, "--parallel" in args), indent=1))
+        num_procs = tuple(int(k) for k in args[args.index("--num-proc") + 1].split(",")) if "--num-proc" in args else ()
+        sizes = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] not in ("--rounds",
+                                                                                                   "--num-proc"))]
+        print(json.dumps(measure(sizes or [10_000, 50_000], rounds, "--parallel" in args, num_procs), indent=1))

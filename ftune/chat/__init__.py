@@ -7,6 +7,7 @@ check the value, the worker's data stage renders with it.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 BUILTIN: tuple[str, ...] = ("llama3", "chatml", "mistral", "gemma", "phi3", "qwen", "alpaca")
@@ -38,6 +39,26 @@ def builtin(name: str) -> str:
         raise KeyError(name)
     text = resources.files(__package__).joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
     return text.rstrip("\n")
+
+
+# `{% generation %}...{% endgeneration %}`: transformers' marks of the text an assistant turn trains on
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_ANY_GENERATION_TAG = re.compile(r"\{%-?\s*(?:end)?generation\s*-?%\}")
+
+
+def spans_sibling(name: str) -> str:
+    """The built-in template `name` with each turn's output wrapped in `{%- generation -%}` tags
+    (templates/NAME.spans.jinja): rendered only to find the answer spans in one render
+    (ftune.data.spans). The shipped text stays tag-free, since it travels into final/, merged folders and GGUF
+    exports, whose Jinja may not know the tag; `strip_generation_tags` of the sibling is the shipped text (tested)."""
+    if name not in BUILTIN:
+        raise KeyError(name)
+    text = resources.files(__package__).joinpath("templates", f"{name}.spans.jinja").read_text(encoding="utf-8")
+    return text.rstrip("\n")
+
+
+def strip_generation_tags(text: str) -> str:
+    return _ANY_GENERATION_TAG.sub("", text)
 
 
 def resolve(value: str | None) -> str | None:

@@ -3,6 +3,7 @@ the anomalies counted in the data report (an assistant first, a user twice, empt
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from ftune.data.errors import chat_fields_hint
@@ -22,6 +23,15 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
 )
 """ftune's chat template when neither data.chat_template nor the tokenizer gives one."""
+DEFAULT_CHAT_TEMPLATE_SPANS = (
+    "{%- for message in messages -%}"
+    "{%- generation -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endgeneration -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+)
+"""DEFAULT_CHAT_TEMPLATE with each turn tagged, for the answer spans in one render (like the built-ins' siblings)."""
 
 
 def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
@@ -129,25 +139,48 @@ class ChatRenderer:
     (argument checks, a deep copy of the messages and of the special-token map on every call): the template is
     compiled once by transformers' own sandboxed compiler and the tokenizer's special tokens are bound once.
     Rendering is most of a chat source's preprocessing time: 5.5x faster per call here (docs/data.md).
-    Falls back to `apply_chat_template` where transformers lacks the compiler."""
+    Falls back to `apply_chat_template` where transformers lacks the compiler.
+
+    `tracked(messages)` renders once with transformers' generation tracker, where the template marks turns with
+    `{% generation %}`: `spans_kind` says which text it renders ("tags": the template's own tags; "sibling": the
+    tagged sibling of a built-in whose text this template is, ftune.chat.spans_sibling; None: no tracked render,
+    ftune.data.spans renders prefixes instead). `renders` counts renders (the tests read it)."""
 
     def __init__(self, tokenizer, template: str) -> None:
         self.tokenizer, self.template = tokenizer, template
-        self._fn = None
+        self.spans_template, self.spans_kind = _spans_template(template)
+        self.renders = 0
+        self._fn = self._tracked = None
 
     def __getstate__(self) -> dict:  # datasets pickles map functions (num_proc > 1); a compiled template does not
-        return {"tokenizer": self.tokenizer, "template": self.template, "_fn": None}
+        return {**self.__dict__, "_fn": None, "_tracked": None}
 
     def __call__(self, messages: list[dict], generation_prompt: bool) -> str:
         if self._fn is None:
-            self._fn = self._compile()
+            self._fn = self._compile(self.template)
+        self.renders += 1
         return self._fn(messages, generation_prompt)
 
-    def _compile(self):
-        tok, template = self.tokenizer, self.template
+    def tracked(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]] | None:
+        """The conversation rendered (no generation prompt) and the character span of each `{% generation %}`
+        block in it, in order; None where this template has no tracked render."""
+        if self._tracked is None:
+            if self.spans_kind == "sibling":
+                self._tracked = _marked(self._compile(_marks_for_tags(self.spans_template)) or False)
+            else:
+                self._tracked = (self.spans_kind and self._compile(self.spans_template, tracked=True)) or False
+        if self._tracked is False:
+            return None
+        self.renders += 1
+        return self._tracked(messages)
+
+    def _compile(self, template: str, tracked: bool = False):
+        tok = self.tokenizer
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
         except ImportError:  # another transformers: the public path, slower
+            if tracked:
+                return None
             return lambda msgs, gen: tok.apply_chat_template(msgs, chat_template=template, tokenize=False,
                                                              add_generation_prompt=gen)
         compiled = _compile_jinja_template(template)
@@ -157,6 +190,9 @@ class ChatRenderer:
         flat_globals = dict(compiled.globals)
         base = {**flat_globals, **special, "tools": None, "documents": None}
         env, root, name, blocks = compiled.environment, compiled.root_render_func, compiled.name, compiled.blocks
+        activate = getattr(env, "activate_tracker", None)
+        if tracked and activate is None:
+            return None
 
         def render(msgs: list[dict], gen: bool) -> str:
             # what `compiled.new_context(vars, shared=True)` builds, with the globals' keys read from a plain dict
@@ -167,4 +203,70 @@ class ChatRenderer:
             except Exception:  # noqa: BLE001 - jinja's own handling, as Template.render does
                 env.handle_exception()
 
-        return render
+        def render_tracked(msgs: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+            # transformers' `_render_with_assistant_indices`, on the bound context: the tracker reads the pieces
+            # rendered so far to place each `{% generation %}` block
+            context = env.context_class(env, {**base, "messages": msgs, "add_generation_prompt": False}, name,
+                                        blocks, globals=flat_globals)
+            pieces: list[str] = []
+            spans: list[tuple[int, int]] = []
+            try:
+                with activate(pieces, spans):
+                    pieces.extend(root(context))
+            except Exception:  # noqa: BLE001
+                env.handle_exception()
+            return "".join(pieces), spans
+
+        return render_tracked if tracked else render
+
+
+# A sibling's tags become these two characters (private use), rendered as text and then cut out: the same one
+# render, at a plain render's cost (transformers' tracker calls a Jinja macro per block and joins the text so far:
+# it made the one render slower than the 3.5 plain ones on ftune's default template).
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def _marks_for_tags(sibling: str) -> str:
+    """The sibling with `{%- generation -%}` / `{%- endgeneration -%}` written as outputs of the two marks, whitespace
+    control alike (the siblings write the tags only in this form: tested)."""
+    opening, closing = "{{- '" + _OPEN + "' -}}", "{{- '" + _CLOSE + "' -}}"
+    return sibling.replace("{%- generation -%}", opening).replace("{%- endgeneration -%}", closing)
+
+
+def _marked(render):
+    """`ChatRenderer.tracked` from a render of the marked sibling; None for a conversation whose text holds a mark."""
+    if not render:
+        return False
+
+    def tracked(msgs: list[dict]) -> tuple[str, list[tuple[int, int]]] | None:
+        for m in msgs:
+            if _OPEN in m["content"] or _CLOSE in m["content"]:
+                return None
+        pieces = render(msgs, False).replace(_CLOSE, _OPEN).split(_OPEN)
+        at = list(accumulate(map(len, pieces)))  # where each mark stood, once the marks are cut
+        return "".join(pieces), list(zip(at[0::2], at[1::2]))
+
+    return tracked
+
+
+def _spans_template(template: str) -> tuple[str | None, str | None]:
+    """The tagged text `ChatRenderer.tracked` renders for `template`, and its kind (see there)."""
+    from ftune.chat import GENERATION_TAG
+
+    if GENERATION_TAG.search(template):
+        return template, "tags"
+    sibling = _siblings().get(template)
+    return (sibling, "sibling") if sibling is not None else (None, None)
+
+
+_SIBLINGS: dict[str, str] = {}
+
+
+def _siblings() -> dict[str, str]:
+    """Shipped template text -> its tagged sibling, for every built-in and ftune's default."""
+    if not _SIBLINGS:
+        from ftune.chat import BUILTIN, builtin, spans_sibling
+
+        _SIBLINGS.update({builtin(n): spans_sibling(n) for n in BUILTIN})
+        _SIBLINGS[DEFAULT_CHAT_TEMPLATE] = DEFAULT_CHAT_TEMPLATE_SPANS
+    return _SIBLINGS

@@ -29,6 +29,7 @@ from ftune.data.masking import (
     truncate,
 )
 from ftune.data.sources import Source
+from ftune.data.spans import render_with_spans  # noqa: F401  (also read from here)
 
 ALPACA_TEMPLATE = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -232,33 +233,6 @@ def _instruction_as_chat(idx, instructions, inputs, outputs, src, ctx, fail):
             user = f"{ins}\n\n{inp}" if inp.strip() else ins
         conversations.append([{"role": "user", "content": user}, {"role": "assistant", "content": out}])
     yield from _render_conversations(idx, conversations, ctx, fail)
-
-
-def render_with_spans(render: ChatRenderer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation rendered, and the character span of every assistant turn.
-
-    A turn's span runs from the end of the prompt rendered up to it (with the generation prompt) to the
-    end of the conversation rendered through it, so end-of-turn tokens are trained too. Templates that
-    rewrite earlier turns (not prefix-stable) fall back to the turn's content. The conversation through its
-    last message is the full rendering, so a single-turn row costs two renders, not three.
-    """
-    full = render(messages, False)
-    spans, cursor, last = [], 0, len(messages) - 1
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = render(messages[:k], True) if k else None
-        through = full if k == last else render(messages[: k + 1], False)
-        if before is not None and full.startswith(before) and full.startswith(through) and len(through) > len(before):
-            start, end = len(before), len(through.rstrip())
-        else:
-            start = full.find(m["content"], cursor)
-            if start < 0:
-                continue
-            end = start + len(m["content"])
-        spans.append((start, max(start, end)))
-        cursor = end
-    return full, spans
 
 
 def _chat(batch, idx, src, ctx, fail, anomalies: list[int]):

@@ -21,8 +21,9 @@ from ftune.outputs import publish_entry
 
 # 2: chat anomaly counts in the report; 3: classification truncation keeps [SEP]; 4: packing in shards, realised mix;
 # 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask;
-# 6: packed rows written shard by shard into the entry (Arrow files per ~32M tokens), shuffled within their shard
-FORMAT_VERSION = 6
+# 6: packed rows written shard by shard into the entry (Arrow files per ~32M tokens), shuffled within their shard;
+# 7: a chat template with its own `{% generation %}` tags trains its tagged text (the built-ins' labels are unchanged)
+FORMAT_VERSION = 7
 
 
 def sha(value) -> str:

@@ -7,7 +7,7 @@ import difflib
 import re
 from collections.abc import Iterator
 
-from ftune.chat import BUILTIN, is_jinja
+from ftune.chat import BUILTIN, is_jinja, strip_generation_tags
 from ftune.errors import Problem
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
@@ -16,7 +16,6 @@ from ftune.recipe.schema import EvalSplit, Recipe
 # One `+`-joined part of datasets' slice syntax: a split name, then optionally [from:to] in rows or percent.
 _SPLIT_PART = re.compile(r"^\s*[\w.-]+\s*(\[\s*(-?\d+\s*%?)?\s*:\s*(-?\d+\s*%?)?\s*\])?\s*$")
 _FILE_TYPES = ("json", "csv", "parquet", "text")
-_GENERATION_TAG = re.compile(r"{%-?\s*(end)?generation\s*-?%}")
 _FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 
@@ -36,7 +35,7 @@ def chat_template_known(recipe: Recipe) -> Iterator[Problem]:
     except ImportError:  # the light install: the worker reports a broken template
         return
     # transformers adds {% generation %} ... {% endgeneration %} (assistant masks) to Jinja; plain Jinja lacks it
-    plain = _GENERATION_TAG.sub("", value)
+    plain = strip_generation_tags(value)
     try:
         jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(plain)
     except jinja2.TemplateSyntaxError as err:

@@ -1,0 +1,110 @@
+"""Answer spans: where each assistant turn's trained text lies in a rendered conversation.
+
+The definition: a turn's span runs from the end of the prompt rendered up to it (with the generation prompt) to
+the end of the conversation rendered through it, trailing whitespace excluded, so end-of-turn tokens are trained
+too. Where that does not hold (the turn opens the conversation, or the template rewrites earlier turns: not
+prefix-stable), the span is the turn's content, found in the rendering.
+
+Two ways to get it:
+
+- One render (`ChatRenderer.tracked`), for templates whose turns are marked with `{% generation %}`: the
+  built-ins and ftune's default through their tagged siblings (each turn's whole output tagged, so the span is the
+  block less the generation prompt at its head), and a user's or the hub's template with tags of its own (the
+  tagged text is the span, trailing whitespace excluded).
+- Renders of the prefixes (`_by_prefixes`), 1 + 2 x (assistant turns) - 1 a row, for every other template.
+
+The one-render spans equal the prefix spans on every built-in (tested on random conversations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ftune.data.chat_rows import ChatRenderer
+
+Render = ChatRenderer | Callable[[list[dict], bool], str]
+
+
+def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation rendered, and the character span of every assistant turn (module docstring). `render`: a
+    ChatRenderer, or any `render(messages, generation_prompt) -> str` (the vision rows' processor), which renders
+    the prefixes."""
+    kind = getattr(render, "spans_kind", None)
+    tracked = render.tracked(messages) if kind else None
+    if tracked is None:
+        return _by_prefixes(render, messages)
+    full, blocks = tracked
+    if kind == "tags":  # the template's author says what is trained
+        return full, [(s, max(s, _rstrip_end(full, e))) for s, e in blocks if e > s]
+    turns = blocks if len(blocks) == len(messages) else _turn_blocks(messages, blocks)  # (the common case first)
+    if turns is None:  # a block per message, per non-system message or per answer: none of these
+        return _by_prefixes(render, messages)
+    prompt = _generation_prompt(render)
+    spans, cursor = [], 0
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        s, e = turns[k]
+        # the prompt rendered up to this turn is full[:s] + prompt; the conversation through it is full[:e]
+        if k and full.startswith(prompt, s) and e > s + len(prompt):
+            start, end = s + len(prompt), _rstrip_end(full, e)
+        else:
+            start = full.find(m["content"], cursor)
+            if start < 0:
+                continue
+            end = start + len(m["content"])
+        spans.append((start, max(start, end)))
+        cursor = end
+    return full, spans
+
+
+def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The spans from renders of the prefixes; the conversation through its last message is the full rendering,
+    so a single-turn row costs two renders, not three."""
+    full = render(messages, False)
+    spans, cursor, last = [], 0, len(messages) - 1
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(messages[:k], True) if k else None
+        through = full if k == last else render(messages[: k + 1], False)
+        if before is not None and full.startswith(before) and full.startswith(through) and len(through) > len(before):
+            start, end = len(before), len(through.rstrip())
+        else:
+            start = full.find(m["content"], cursor)
+            if start < 0:
+                continue
+            end = start + len(m["content"])
+        spans.append((start, max(start, end)))
+        cursor = end
+    return full, spans
+
+
+def _turn_blocks(messages: list[dict], blocks: list) -> dict[int, tuple[int, int]] | None:
+    """Message index -> its tagged block. A sibling tags every message's output (chatml, llama3, ...), every
+    non-system one (gemma folds the system turn into the next), or the answers only (alpaca, mistral): the count
+    of blocks says which, and where two of these give the same count they pick the same messages."""
+    for keep in (lambda r: True, lambda r: r != "system", lambda r: r == "assistant"):
+        ks = [k for k, m in enumerate(messages) if keep(m["role"])]
+        if len(ks) == len(blocks):
+            return dict(zip(ks, blocks))
+    return None
+
+
+def _generation_prompt(render: ChatRenderer) -> str:
+    """What the generation prompt adds to a rendering (a constant of every built-in: '<|im_start|>assistant\\n',
+    '' for mistral), from one probe conversation, once per renderer."""
+    prompt = render.__dict__.get("_generation_prompt")
+    if prompt is None:
+        probe = [{"role": "user", "content": "x"}]
+        without, with_prompt = render(probe, False), render(probe, True)
+        prompt = with_prompt[len(without):] if with_prompt.startswith(without) else "\0"  # "\0": never a prefix
+        render._generation_prompt = prompt
+    return prompt
+
+
+def _rstrip_end(text: str, end: int) -> int:
+    """len(text[:end].rstrip()), without the copy."""
+    while end and text[end - 1].isspace():
+        end -= 1
+    return end
