@@ -35,7 +35,7 @@ def key(path: Iterable[str | int]) -> str:
 def key_path(text: str) -> tuple[str | int, ...]:
     """`data.train[0].path` (or the dotted `data.train.0.path` an override writes) -> ("data", "train", 0, "path")."""
     parts = re.sub(r"\[(\d+)\]", r".\1", text).split(".") if text else []
-    return tuple(int(p) if p.isdigit() else p for p in parts)
+    return tuple(int(p) if p.isascii() and p.isdigit() else p for p in parts)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def dispatch(args: argparse.Namespace) -> dict:
         device, eq, size = item.partition("=")
         if not eq or not size:
             raise UsageError(f"--max-memory {item!r}: expected DEVICE=SIZE, e.g. cpu=8GiB or 0=20GiB")
-        caps[int(device) if device.isdigit() else device] = size
+        caps[int(device) if device.isascii() and device.isdigit() else device] = size
     if (caps or args.offload_dir) and not args.device_map:
         raise UsageError("--max-memory and --offload-dir need --device-map auto")
     return dispatch_kwargs(args.device_map, caps or None, args.offload_dir)

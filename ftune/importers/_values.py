@@ -141,7 +141,7 @@ def fsdp_config_table(prefixes: tuple[str, ...]) -> dict[str, Key | Skip]:
 
     def sharding(value: Any, ctx: Context, path: PeerPath) -> str:
         name = str(value).lower()
-        if name.isdigit():  # accelerate writes 1..4
+        if name.isascii() and name.isdigit():  # accelerate writes 1..4
             name = {"1": "full_shard", "2": "shard_grad_op", "3": "no_shard", "4": "hybrid_shard"}.get(name, name)
         if name not in HF_SHARDING:
             raise Unmappable(f"sharding strategy {value!r} has no ftune equivalent")

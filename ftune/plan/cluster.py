@@ -119,7 +119,7 @@ def _torchrun(r: _Reader) -> None:
     world = r.number("num_machines", "WORLD_SIZE", least=1)
     rank = r.number("machine_rank", "GROUP_RANK", "RANK")
     local = r.env.get("LOCAL_WORLD_SIZE", "1").strip()
-    _one_per_node(r, "LOCAL_WORLD_SIZE", int(local) if local.isdigit() else None)
+    _one_per_node(r, "LOCAL_WORLD_SIZE", int(local) if local.isascii() and local.isdigit() else None)
     r.text("main_process_ip", "MASTER_ADDR")
     port = r.number("main_process_port", "MASTER_PORT", least=1)
     if port is not None and r.env.get("TORCHELASTIC_RUN_ID"):
@@ -139,7 +139,7 @@ def _kubeflow(r: _Reader) -> None:
     elif nodes is not None:
         r.number("num_machines", "PET_NNODES", least=1)
     per_node = r.text("num_processes", "PET_NPROC_PER_NODE")
-    if per_node is not None and not per_node.isdigit():
+    if per_node is not None and not (per_node.isascii() and per_node.isdigit()):
         # torchrun's `auto`/`gpu`/`cpu`: the recipe's num_processes (`auto` = the visible GPUs) decides
         r.values.pop("num_processes")
         r.sources.pop("distributed.num_processes")
@@ -157,7 +157,7 @@ def _mpi(r: _Reader) -> None:
     world = r.number("num_machines", "OMPI_COMM_WORLD_SIZE", least=1)
     rank = r.number("machine_rank", "OMPI_COMM_WORLD_RANK")
     local = r.env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1").strip()
-    _one_per_node(r, "OMPI_COMM_WORLD_LOCAL_SIZE", int(local) if local.isdigit() else None)
+    _one_per_node(r, "OMPI_COMM_WORLD_LOCAL_SIZE", int(local) if local.isascii() and local.isdigit() else None)
     r.text("main_process_ip", "MASTER_ADDR")  # MPI names no address: the job script exports node 0's
     r.number("main_process_port", "MASTER_PORT", least=1, required=False)
     if world is not None and rank is not None and rank >= world:
@@ -168,9 +168,9 @@ def _slurm(r: _Reader) -> None:
     nodes = r.number("num_machines", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", least=1)
     rank = r.number("machine_rank", "SLURM_NODEID")
     per_node = r.env.get("SLURM_NTASKS_PER_NODE", "").strip()
-    _one_per_node(r, "SLURM_NTASKS_PER_NODE", int(per_node) if per_node.isdigit() else None)
+    _one_per_node(r, "SLURM_NTASKS_PER_NODE", int(per_node) if per_node.isascii() and per_node.isdigit() else None)
     tasks = r.env.get("SLURM_NTASKS", "").strip()
-    if tasks.isdigit() and nodes is not None and int(tasks) != nodes and not per_node:
+    if tasks.isascii() and tasks.isdigit() and nodes is not None and int(tasks) != nodes and not per_node:
         r.fail("num_processes", f"SLURM_NTASKS={tasks} tasks for SLURM_JOB_NUM_NODES={nodes} nodes",
                "start ftune once per node: srun --ntasks-per-node=1 (or #SBATCH --ntasks-per-node=1)")
     if r.text("main_process_ip", "MASTER_ADDR", required=False) is None:

@@ -73,7 +73,7 @@ def check_environment(recipe: Recipe) -> list[Problem]:
         found = version("bitsandbytes")
     except PackageNotFoundError:  # importable but not installed as a distribution (a source checkout)
         return []
-    if tuple(int(p) for p in found.split(".")[:2] if p.isdigit()) < MIN_BNB:
+    if tuple(int(p) for p in found.split(".")[:2] if p.isascii() and p.isdigit()) < MIN_BNB:
         return [Problem.at(where, f"{why} needs bitsandbytes >= {'.'.join(map(str, MIN_BNB))}, found {found}",
                            INSTALL_HINT)]
     return []

@@ -62,7 +62,7 @@ def decide(setting: int | Literal["auto"], num_processes: int, *, cores: int,
     user_policy = environ.get("OMP_WAIT_POLICY", "").lower() or None
     if user_policy not in (None, "passive", "active"):
         user_policy = None  # not a value OpenMP knows: not passed on
-    if (value := environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(value) > 0:
+    if (value := environ.get("OMP_NUM_THREADS", "").strip()).isascii() and value.isdigit() and int(value) > 0:
         return CpuThreads(threads=int(value), wait_policy=user_policy, reason="OMP_NUM_THREADS is set")
     if setting != "auto":
         threads, reason = setting, "train.threads"

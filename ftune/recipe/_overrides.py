@@ -44,7 +44,7 @@ def parse_overrides(args: Sequence[str]) -> list[Override]:
         if not key or (delete and eq) or (not delete and not eq) or any(not p for p in key.split(".")):
             bad.append(arg)
             continue
-        parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+        parts = tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.split("."))
         out.append(Override(arg, parts, _override_value(text), delete))
     if bad:
         raise UsageError(

@@ -341,7 +341,7 @@ def check_key(parts: Path, method: str, data: Any) -> Problem | None:
             models = [method_configs().get(method, models[0])]
         lists = [a for a in alternatives if get_origin(a) is list]
         dicts = [a for a in alternatives if get_origin(a) is dict]
-        if isinstance(part, int) or str(part).isdigit():
+        if isinstance(part, int) or str(part).isascii() and str(part).isdigit():
             if not lists:
                 return Problem.at((*here, part), f"`{'.'.join(map(str, here))}` is not a list", None, "key")
             size = len(node) if isinstance(node, list) else 0

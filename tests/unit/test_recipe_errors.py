@@ -256,6 +256,14 @@ def test_override_takes_the_key_as_errors_spell_it(tmp_path):
     assert parse_overrides(["data.train[0].path=x"])[0].parts == ("data", "train", 0, "path")
 
 
+def test_a_non_ascii_digit_is_a_key_not_an_index(tmp_path):
+    """'²'.isdigit() is True but int('²') raises: found by the fuzzer (a ValueError traceback, not a report)."""
+    (p,) = errors(tmp_path, GOOD, ["data.train.²=1"])
+    assert p.path.startswith("data.train") and "not a list" not in p.message
+    (p,) = errors(tmp_path, GOOD, ["data.²=1"])
+    assert "unknown key" in p.message
+
+
 def test_override_python_tag_refused(tmp_path):
     (p,) = errors(tmp_path, GOOD, ["description=!!python/name:os.system"])
     assert "not allowed" in p.message
