@@ -40,36 +40,45 @@ def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[t
     if turns is None:  # a block per message, per non-system message or per answer: none of these
         return _by_prefixes(render, messages)
     prompt = _generation_prompt(render)
-    spans, cursor = [], 0
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
+
+    def turn(k: int) -> tuple[int, int] | None:
         s, e = turns[k]
         # the prompt rendered up to this turn is full[:s] + prompt; the conversation through it is full[:e]
         if k and full.startswith(prompt, s) and e > s + len(prompt):
-            start, end = s + len(prompt), _rstrip_end(full, e)
-        else:
-            start = full.find(m["content"], cursor)
-            if start < 0:
-                continue
-            end = start + len(m["content"])
-        spans.append((start, max(start, end)))
-        cursor = end
-    return full, spans
+            return s + len(prompt), _rstrip_end(full, e)
+        return None
+
+    return full, _answer_spans(full, messages, turn)
 
 
 def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """The spans from renders of the prefixes; the conversation through its last message is the full rendering,
     so a single-turn row costs two renders, not three."""
-    full = render(messages, False)
-    spans, cursor, last = [], 0, len(messages) - 1
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
+    full, last = render(messages, False), len(messages) - 1
+
+    def turn(k: int) -> tuple[int, int] | None:
         before = render(messages[:k], True) if k else None
         through = full if k == last else render(messages[: k + 1], False)
         if before is not None and full.startswith(before) and full.startswith(through) and len(through) > len(before):
-            start, end = len(before), len(through.rstrip())
+            return len(before), len(through.rstrip())
+        return None
+
+    return full, _answer_spans(full, messages, turn)
+
+
+Span = tuple[int, int]
+
+
+def _answer_spans(full: str, messages: list[dict], turn: Callable[[int], Span | None]) -> list[Span]:
+    """Each assistant turn's span: `turn(k)`'s, else (the turn opens the conversation, or the template is not
+    prefix-stable) the turn's content found in the rendering after the previous span."""
+    spans, cursor = [], 0
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        found = turn(k)
+        if found is not None:
+            start, end = found
         else:
             start = full.find(m["content"], cursor)
             if start < 0:
@@ -77,7 +86,7 @@ def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[
             end = start + len(m["content"])
         spans.append((start, max(start, end)))
         cursor = end
-    return full, spans
+    return spans
 
 
 def _turn_blocks(messages: list[dict], blocks: list) -> dict[int, tuple[int, int]] | None:
