@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    from ftune.quiet import quiet_libraries
+
+    quiet_libraries()  # the measuring stages load models in this process: no weight-loading bars or FutureWarnings
     try:
         start = time.perf_counter()
         timings = {}
