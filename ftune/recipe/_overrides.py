@@ -9,11 +9,10 @@ text) and typed later by validation. The key must exist in the schema (the `peft
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftune.errors import Location, UsageError
+from ftune.errors import Location, UsageError, key_path
 from ftune.recipe import _yaml
 from ftune.recipe._schema import check_key
 from ftune.recipe._secrets import shown_override
@@ -32,19 +31,15 @@ class Override:
     delete: bool = False
 
 
-_INDEX = re.compile(r"\[(\d+)\]")
-
-
 def parse_overrides(args: Sequence[str]) -> list[Override]:
     out, bad = [], []
     for arg in args:
         delete = arg.startswith("~")
         key, eq, text = arg[1 if delete else 0 :].partition("=")
-        key = _INDEX.sub(r".\1", key)  # `data.train[0].path`, as errors spell keys, is `data.train.0.path`
-        if not key or (delete and eq) or (not delete and not eq) or any(not p for p in key.split(".")):
+        parts = key_path(key)  # `data.train[0].path`, as errors spell keys, is `data.train.0.path`
+        if not key or (delete and eq) or (not delete and not eq) or any(p == "" for p in parts):
             bad.append(arg)
             continue
-        parts = tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.split("."))
         out.append(Override(arg, parts, _override_value(text), delete))
     if bad:
         raise UsageError(
