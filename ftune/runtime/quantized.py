@@ -13,13 +13,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ftune.adapter import RECORD
+from ftune.adapter import RECORD  # final/ftune.json: the `quantization` section the adapter was trained on
 from ftune.errors import FtuneError
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import QuantizationSection
-
-"""final/ftune.json (written by the save stage) records the `quantization` section the adapter was trained on."""
 
 
 def guard(model) -> int:
@@ -112,7 +110,4 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
         quantization_config=bnb_config(q),
         dtype="auto" if dtype == "auto" else getattr(torch, dtype),
     )
-    guard(base)
-    if upcast:
-        _upcast(base)
-    return PeftModel.from_pretrained(base, str(final_dir)).eval()
+    return PeftModel.from_pretrained(prepare_for_eval(base, upcast=upcast), str(final_dir)).eval()
