@@ -66,7 +66,6 @@ def build(
     vision-language model's (AutoProcessor), for vision-chat rows."""
     from pathlib import Path
 
-    from ftune.dataset import packing
     from ftune.dataset.cache import Cache, make_key, tokenizer_fingerprint
     from ftune.dataset import preference, prompt
     from ftune.dataset.pipeline import preprocess
@@ -89,12 +88,7 @@ def build(
         train, evals, report = build_stream(recipe, tokenizer, template, train_srcs, eval_srcs, decided.packing)
         for line in report.lines():
             log(line)
-        pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
-        how = decided.collator
-        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of) \
-            if how in ("position_ids", "block_mask") else packing.PaddingFreeCollator() if how == "padding_free" \
-            else packing.PaddingCollator(pad, decided.pad_to_multiple_of)
-        return DataBundle(train, evals, collate, report, None, how)
+        return DataBundle(train, evals, _collator(recipe, tokenizer, decided), report, None, decided.collator)
     key = make_key(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
         extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,
@@ -153,15 +147,25 @@ def build(
     how = decided.collator
     if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
-    pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
-    if vision:
-        collate = vision_data.VisionCollator(pad, processor, data.images)
-    elif recipe.model.task == "sequence-classification":
-        collate = packing.ClassificationCollator(pad)
-    elif how == "padding_free":
-        collate = packing.PaddingFreeCollator()
-    elif how in ("position_ids", "block_mask"):
-        collate = packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of)
-    else:
-        collate = packing.PaddingCollator(pad, decided.pad_to_multiple_of)
+    collate = _collator(recipe, tokenizer, decided, processor)
     return DataBundle(train, evals, collate, report, report.label_names, how, report.warnings())
+
+
+def _collator(recipe: Recipe, tokenizer, decided: DataPlan, processor=None):
+    """The collator for the batching the Plan decided (`decided.collator`), cached or streamed rows alike (streaming
+    feeds causal-LM text only: never the vision or classification collator)."""
+    from ftune.dataset import packing
+
+    pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
+    how = decided.collator
+    if processor is not None:
+        from ftune.dataset.vision import VisionCollator
+
+        return VisionCollator(pad, processor, recipe.data.images)
+    if recipe.model.task == "sequence-classification":
+        return packing.ClassificationCollator(pad)
+    if how == "padding_free":
+        return packing.PaddingFreeCollator()
+    if how in ("position_ids", "block_mask"):
+        return packing.PackedCollator(pad, how, recipe.model.attn_implementation, decided.pad_to_multiple_of)
+    return packing.PaddingCollator(pad, decided.pad_to_multiple_of)

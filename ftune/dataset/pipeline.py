@@ -264,9 +264,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
         train.save_to_disk(str(scratch / "train"))
         if evals is not None:
             evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
-    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    finish_entry(scratch, report)
     return report, names
 
 
@@ -289,7 +287,13 @@ def preprocess_text_rows(recipe: Recipe, train_srcs: list[Source], eval_srcs: li
     train.remove_columns(bookkeeping).save_to_disk(str(scratch / "train"))
     if evals is not None:
         evals.remove_columns(bookkeeping).save_to_disk(str(scratch / "eval"))
+    finish_entry(scratch, report)
+    return report
+
+
+def finish_entry(scratch: Path, report: DataReport) -> None:
+    """The entry's report.json written, and the encoding's scratch files (datasets' caches, encoded sources) removed:
+    what is left in `scratch` is the cache entry."""
     (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
     for tmp in [scratch / "hf", *scratch.glob("enc-*.arrow"), *scratch.glob("tmp*")]:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-    return report

@@ -10,8 +10,6 @@ resize), here and in the collator, so the pixels a batch sees are the ones the t
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,7 +180,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
 
     from ftune.data.sources import load
     from ftune.dataset.arrow import numpy_columns
-    from ftune.dataset.pipeline import _check_dropped, assemble
+    from ftune.dataset.pipeline import _check_dropped, assemble, finish_entry
 
     data = recipe.data
     settings = Settings(processor, template, data.images, data.max_seq_length, data.train_on, max_images)
@@ -226,9 +224,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
     if evals is not None:
         evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
-    (scratch / "report.json").write_text(json.dumps(report.as_dict(), indent=1))
-    for tmp in [scratch / "hf", *scratch.glob("tmp*")]:
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    finish_entry(scratch, report)
     return report
 
 
