@@ -150,7 +150,7 @@ class ChatRenderer:
         self.tokenizer, self.template = tokenizer, template
         self.spans_template, self.spans_kind = _spans_template(template)
         self.renders = 0
-        self._fn = self._tracked = None
+        self._fn = self._tracked = self._generation_prompt = None
 
     def __getstate__(self) -> dict:  # datasets pickles map functions (num_proc > 1); a compiled template does not
         return {**self.__dict__, "_fn": None, "_tracked": None}
@@ -161,12 +161,21 @@ class ChatRenderer:
         self.renders += 1
         return self._fn(messages, generation_prompt)
 
+    def generation_prompt(self) -> str:
+        """What the generation prompt adds to a rendering (a constant of every built-in: '<|im_start|>assistant\\n',
+        '' for mistral), from one probe conversation, once; "\\0" (never a prefix) when it doesn't add to it."""
+        if self._generation_prompt is None:
+            probe = [{"role": "user", "content": "x"}]
+            without, with_prompt = self(probe, False), self(probe, True)
+            self._generation_prompt = with_prompt[len(without):] if with_prompt.startswith(without) else "\0"
+        return self._generation_prompt
+
     def tracked(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]] | None:
         """The conversation rendered (no generation prompt) and the character span of each `{% generation %}`
         block in it, in order; None where this template has no tracked render."""
         if self._tracked is None:
             if self.spans_kind == "sibling":
-                self._tracked = _marked(self._compile(_marks_for_tags(self.spans_template)) or False)
+                self._tracked = _marked(self._compile(_marks_for_tags(self.spans_template)))
             else:
                 self._tracked = (self.spans_kind and self._compile(self.spans_template, tracked=True)) or False
         if self._tracked is False:
@@ -235,8 +244,6 @@ def _marks_for_tags(sibling: str) -> str:
 
 def _marked(render):
     """`ChatRenderer.tracked` from a render of the marked sibling; None for a conversation whose text holds a mark."""
-    if not render:
-        return False
 
     def tracked(msgs: list[dict]) -> tuple[str, list[tuple[int, int]]] | None:
         for m in msgs:

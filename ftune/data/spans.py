@@ -23,9 +23,10 @@ from collections.abc import Callable
 from ftune.data.chat_rows import ChatRenderer
 
 Render = ChatRenderer | Callable[[list[dict], bool], str]
+Span = tuple[int, int]
 
 
-def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[Span]]:
     """The conversation rendered, and the character span of every assistant turn (module docstring). `render`: a
     ChatRenderer, or any `render(messages, generation_prompt) -> str` (the vision rows' processor), which renders
     the prefixes."""
@@ -39,9 +40,9 @@ def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[t
     turns = blocks if len(blocks) == len(messages) else _turn_blocks(messages, blocks)  # (the common case first)
     if turns is None:  # a block per message, per non-system message or per answer: none of these
         return _by_prefixes(render, messages)
-    prompt = _generation_prompt(render)
+    prompt = render.generation_prompt()
 
-    def turn(k: int) -> tuple[int, int] | None:
+    def turn(k: int) -> Span | None:
         s, e = turns[k]
         # the prompt rendered up to this turn is full[:s] + prompt; the conversation through it is full[:e]
         if k and full.startswith(prompt, s) and e > s + len(prompt):
@@ -51,12 +52,12 @@ def render_with_spans(render: Render, messages: list[dict]) -> tuple[str, list[t
     return full, _answer_spans(full, messages, turn)
 
 
-def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[Span]]:
     """The spans from renders of the prefixes; the conversation through its last message is the full rendering,
     so a single-turn row costs two renders, not three."""
     full, last = render(messages, False), len(messages) - 1
 
-    def turn(k: int) -> tuple[int, int] | None:
+    def turn(k: int) -> Span | None:
         before = render(messages[:k], True) if k else None
         through = full if k == last else render(messages[: k + 1], False)
         if before is not None and full.startswith(before) and full.startswith(through) and len(through) > len(before):
@@ -64,9 +65,6 @@ def _by_prefixes(render: Render, messages: list[dict]) -> tuple[str, list[tuple[
         return None
 
     return full, _answer_spans(full, messages, turn)
-
-
-Span = tuple[int, int]
 
 
 def _answer_spans(full: str, messages: list[dict], turn: Callable[[int], Span | None]) -> list[Span]:
@@ -89,7 +87,7 @@ def _answer_spans(full: str, messages: list[dict], turn: Callable[[int], Span | 
     return spans
 
 
-def _turn_blocks(messages: list[dict], blocks: list) -> dict[int, tuple[int, int]] | None:
+def _turn_blocks(messages: list[dict], blocks: list) -> dict[int, Span] | None:
     """Message index -> its tagged block. A sibling tags every message's output (chatml, llama3, ...), every
     non-system one (gemma folds the system turn into the next), or the answers only (alpaca, mistral): the count
     of blocks says which, and where two of these give the same count they pick the same messages."""
@@ -98,18 +96,6 @@ def _turn_blocks(messages: list[dict], blocks: list) -> dict[int, tuple[int, int
         if len(ks) == len(blocks):
             return dict(zip(ks, blocks))
     return None
-
-
-def _generation_prompt(render: ChatRenderer) -> str:
-    """What the generation prompt adds to a rendering (a constant of every built-in: '<|im_start|>assistant\\n',
-    '' for mistral), from one probe conversation, once per renderer."""
-    prompt = render.__dict__.get("_generation_prompt")
-    if prompt is None:
-        probe = [{"role": "user", "content": "x"}]
-        without, with_prompt = render(probe, False), render(probe, True)
-        prompt = with_prompt[len(without):] if with_prompt.startswith(without) else "\0"  # "\0": never a prefix
-        render._generation_prompt = prompt
-    return prompt
 
 
 def _rstrip_end(text: str, end: int) -> int:

@@ -116,14 +116,14 @@ def _chat_renderer(recipe, tokenizer_path: str):
         return None
     from transformers import AutoTokenizer
 
-    from ftune.data.chat_rows import chat_template_of
+    from ftune.data.chat_rows import ChatRenderer, chat_template_of
 
     hf = AutoTokenizer.from_pretrained(str(Path(tokenizer_path).expanduser()))
-    template = chat_template_of(recipe, hf)
+    renderer = ChatRenderer(hf, chat_template_of(recipe, hf))  # the data stage's renderer (apply_chat_template's text)
 
     def render(messages: list[dict]) -> str | None:
         try:
-            return hf.apply_chat_template(messages, chat_template=template, tokenize=False)
+            return renderer(messages, False)
         except Exception:  # noqa: BLE001 - a row the template refuses: `ftune data` reports it; count its text
             return None
 

@@ -1,6 +1,6 @@
 """`ftune eval`'s work: a trained model scored on the recipe's eval data in this process, with the Trainer's
 evaluation as `ftune run` runs it (loss, perplexity), generation metrics (exact match, F1), or an online RL recipe's
-own rewards. After training, over the worker's stages like the rest of `infer`, so the command imports no worker."""
+own rewards. After training, on the model runtime the run uses (`ftune.runtime`): the command imports no worker."""
 
 from __future__ import annotations
 
