@@ -112,6 +112,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     notes: list[str] = []
     recipe, job = _from_launcher(recipe, environ, problems, notes)
 
+    if recipe.distributed.strategy == "ddp" and getattr(loaded.origins.get("distributed.strategy"), "origin",
+                                                          None) == "default":  # the schema's reading of the job
+        notes.append("distributed.strategy is not set: several processes or machines run DDP (set it to fsdp or "
+                     "deepspeed to shard)")
     num_processes, device = accelerate.resolve_num_processes(recipe.distributed, gpus)
     world_size = num_processes * recipe.distributed.num_machines
     mp = mixed_precision(recipe)

@@ -334,7 +334,7 @@ class ParallelismSection(Section):
 
 class DistributedSection(Section):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
-    """How processes share the work."""
+    """How processes share the work. Not written, several processes or machines mean `ddp` (the plan notes it)."""
     num_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Processes per machine; `auto` means the visible GPUs, else 1."""
     num_machines: int = Field(1, ge=1)
@@ -363,6 +363,19 @@ class DistributedSection(Section):
     """FSDP options (strategy: fsdp)."""
     deepspeed: DeepSpeedSection | None = None
     """DeepSpeed options (strategy: deepspeed)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _processes_mean_ddp(cls, data: Any) -> Any:
+        """`num_processes: 2` (or 2 machines) with no `strategy` written means DDP, the one strategy that needs no
+        settings: `ftune run r.yaml distributed.num_processes=2` does what it says. A recipe (or base) that writes
+        `strategy: none` keeps it, and the rules refuse the contradiction with the override to add."""
+        if not isinstance(data, dict) or "strategy" in data:
+            return data
+        procs, machines = data.get("num_processes"), data.get("num_machines")
+        if (type(procs) is int and procs > 1) or (type(machines) is int and machines > 1):
+            return {**data, "strategy": "ddp"}
+        return data
 
 
 # ----------------------------------------------------------------------------------------------- train

@@ -24,11 +24,13 @@ def one_process_without_strategy(recipe: Recipe) -> Iterator[Problem]:
     if isinstance(d.num_processes, int) and d.num_processes > 1:
         yield Problem.at("distributed.num_processes",
                         f"num_processes is {d.num_processes} but distributed.strategy is 'none' (one process)",
-                        "set `distributed.strategy: ddp` (or fsdp / deepspeed) to use several processes")
+                        "add the override `distributed.strategy=ddp` (or fsdp / deepspeed), or remove `strategy: none` "
+                        "from the recipe: several processes with no strategy written run DDP")
     if d.num_machines > 1:
         yield Problem.at("distributed.num_machines",
                         f"num_machines is {d.num_machines} but distributed.strategy is 'none'",
-                        "set `distributed.strategy: ddp`, fsdp or deepspeed for a multi-node job")
+                        "add the override `distributed.strategy=ddp` (or fsdp / deepspeed), or remove `strategy: none` "
+                        "from the recipe: a multi-node job with no strategy written runs DDP")
 
 
 def multi_node_needs_address(recipe: Recipe) -> Iterator[Problem]:
