@@ -151,9 +151,21 @@ def report(figures: dict, timings: dict, console) -> bool:
 
 
 def _machine() -> str:
-    """What the timings were measured on: cores and the load average at the end (others' work slows a run)."""
+    """What the figures were measured on: the CPU and the kernels torch picked for it (other kernels give other
+    digits), the cores, and the load average at the end (others' work slows a run)."""
+    import torch
+
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end"
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "a CPU")
+    return (f"{model} ({torch.backends.cpu.get_cpu_capability()} kernels), {os.cpu_count()} CPU cores, "
+            f"load average {load:.1f} at the end")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def real_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict, bool]:

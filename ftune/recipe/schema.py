@@ -348,7 +348,8 @@ class DistributedSection(Section):
     rdzv_backend: Literal["static", "c10d"] = "static"
     """Rendezvous backend."""
     same_network: bool = True
-    """Whether all machines share a local network."""
+    """true: every machine reaches machine 0 directly, and torchrun gets its address and port (static
+    master_addr / master_port); false: torchrun meets at a rendezvous endpoint, main_process_ip:main_process_port."""
     timeout: int | None = Field(None, ge=1)
     """Seconds a collective operation may wait for the other processes before the run fails (ddp_timeout;
     transformers' default 1800). Raise it when rank 0 alone does long work (preprocessing, saving)."""
