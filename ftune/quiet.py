@@ -4,7 +4,9 @@ would drown it. `--verbose` (FTUNE_VERBOSE=1, which the workers inherit) leaves 
 
 from __future__ import annotations
 
+import functools
 import os
+from contextlib import contextmanager
 
 VERBOSE_ENV = "FTUNE_VERBOSE"
 
@@ -28,3 +30,18 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*use_reentrant.*")
     warnings.filterwarnings("ignore", message=".*importing from 'trl.experimental'.*")  # orpo/simpo: pinned trl
+
+
+@contextmanager
+def no_bars(module):
+    """A library module that draws its bars with plain tqdm, which `quiet_libraries` can't reach (transformers'
+    GGUF loader: "Converting and de-quantizing GGUF tensors..."), silenced for the block unless --verbose."""
+    original = getattr(module, "tqdm", None)
+    if verbose() or original is None:
+        yield
+        return
+    module.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        module.tqdm = original

@@ -51,10 +51,14 @@ def _published(dest: Path, fill, done) -> Path:
 def _write(info: GgufInfo, out: Path) -> None:
     import torch
     import transformers
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, modeling_gguf_pytorch_utils
 
+    from ftune.quiet import no_bars, quiet_libraries
+
+    quiet_libraries()  # the parent converts before launch: no weight-loading or shard-writing bars
     folder, name = str(info.file.parent), info.file.name
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    with no_bars(modeling_gguf_pytorch_utils):
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     config.quantization_config = None
     if hasattr(config, "quantization_config"):

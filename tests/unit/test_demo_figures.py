@@ -23,6 +23,11 @@ def test_the_summary_is_a_full_learned_run():
     assert summary["learned"] is True and summary["quick"] is False and summary["date"]
     rl = summary["rl"]  # stage B2 (GRPO) ran its 30 steps from where stage B ended
     assert rl["reward"][-1][0] == 30 and rl["accuracy_before"] == summary["lora"]["accuracy_after"]
+    b = summary["lora"]  # the ranges the pages quote as holding on every machine (figures.EVERY_MACHINE)
+    assert b["eval_loss_after"] <= 0.7 * b["eval_loss_before"]
+    assert b["accuracy_before"] <= 0.1 and b["accuracy_after"] >= b["accuracy_before"] + 0.3
+    assert rl["reward_last"] >= rl["reward_first"] - 0.15
+    assert "kernels)" in summary["machine"]  # the CPU and its kernels: other kernels print other digits
     real = summary["real"]
     assert real["rule_after"] >= 0.9 and real["rule_before"] == 0.0
     assert real["knowledge_after"] >= real["knowledge_before"] == 1.0
