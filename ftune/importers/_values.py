@@ -249,3 +249,22 @@ def clipping(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 
 PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto", "simpo")
+
+
+# ------------------------------------------------------------------------------------------ adapters
+def continue_adapter(ctx: Context, key: str) -> None:
+    """`adapter_name_or_path` (LLaMA-Factory) / `lora_model_dir` (axolotl): ftune trains a saved adapter on when
+    `model.path` is its folder (the base comes from the folder's adapter_config.json), so the adapter becomes
+    model.path. Several adapters can't be continued as one."""
+    value = ctx.config.get(key)
+    if value in (None, ""):
+        return
+    folders = [f.strip() for f in value.split(",") if f.strip()] if isinstance(value, str) else value
+    if not isinstance(folders, list) or len(folders) != 1:
+        ctx.skip((key,), "several adapters: ftune continues one (merge the others into the base first: "
+                         "`ftune merge`, then model.path at the merged folder)", changes=True)
+        return
+    base = ctx.get("model.path")
+    ctx.set("model.path", str(folders[0]))
+    ctx.note((key,), "model.path is the adapter folder: ftune trains that adapter on, over the base its "
+                     f"adapter_config.json names{f' (the config gave {base})' if base else ''}")

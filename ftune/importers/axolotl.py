@@ -20,6 +20,7 @@ from ftune.importers._core import (
 )
 from ftune.importers._values import (
     adam_setting,
+    continue_adapter,
     as_bool,
     attn_implementation,
     as_float,
@@ -391,7 +392,7 @@ TABLE: dict[str, Key | Skip] = {
     "peft_use_dora": Key("peft.use_dora", lambda v, c, p: as_bool(v)),
     "peft_use_rslora": Key("peft.use_rslora", lambda v, c, p: as_bool(v)),
     "lora_fan_in_fan_out": Skip("ftune has no fan_in_fan_out switch (peft detects Conv1D layers)"),
-    "lora_model_dir": Skip("ftune starts a new adapter; resuming from an adapter folder is not a recipe key"),
+    "lora_model_dir": Key(None, lambda v, c, p: NOTHING),  # model.path at the adapter (finish: continue_adapter)
     # data
     "datasets": Key("data.train", sources),
     "test_datasets": Key("data.eval", sources),
@@ -443,7 +444,8 @@ TABLE: dict[str, Key | Skip] = {
     "max_grad_norm": Key("train.max_grad_norm", lambda v, c, p: as_float(v)),
     "optimizer": Key("train.optimizer", hf_optimizer),
     "gradient_checkpointing": Key("train.gradient_checkpointing", lambda v, c, p: v is True or v in ("unsloth", "offload")),
-    "gradient_checkpointing_kwargs": Skip("ftune has no gradient-checkpointing arguments"),
+    "gradient_checkpointing_kwargs": Skip("train.gradient_checkpointing is a switch: ftune always checkpoints "
+                                          "with use_reentrant: false"),
     "seed": Key("train.seed", lambda v, c, p: as_int(v)),
     "logging_steps": Key("train.logging_steps", lambda v, c, p: as_int(v)),
     "neftune_noise_alpha": Key("train.neftune_alpha", lambda v, c, p: as_float(v)),
@@ -500,6 +502,7 @@ def _template_name(value: Any) -> Any:
 
 def finish(ctx: Context) -> None:
     c = ctx.config
+    continue_adapter(ctx, "lora_model_dir")
     if ctx.get("train.lr_scheduler_args.min_lr_rate") is not None and ctx.get("train.lr_scheduler", "cosine") == "cosine":
         ctx.set("train.lr_scheduler", "cosine_with_min_lr")
     ctx.out.setdefault("name", run_name(c.get("output_dir"), ctx.file.stem))

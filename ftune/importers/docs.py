@@ -33,6 +33,8 @@ FSDP_CONFIG_DOCS = {
 
 KEY_DOCS: dict[str, dict[str, str]] = {
     'axolotl': {
+        'lora_model_dir': '`model.path` (the adapter folder: ftune trains that adapter on, over the base its '
+                          'adapter_config.json names; noted)',
         'bf16': '`train.mixed_precision: bf16` (axolotl also `model.dtype: bfloat16`; `auto` → bf16, noted)',
         'fp16': '`train.mixed_precision: fp16` (axolotl also `model.dtype: float16`)',
         'special_tokens.*': '`model.special_tokens.*` (pad/eos/bos/unk; other names not imported)',
@@ -96,6 +98,11 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         ),
     },
     'llama-factory': {
+        'adapter_name_or_path': '`model.path` (the adapter folder: ftune trains that adapter on, over the base its '
+                                'adapter_config.json names; noted); several adapters: not imported',
+        'mix_strategy': '`data.mix: interleave` with `data.mix_stopping`: `first_exhausted` (interleave_under) or '
+                        '`all_exhausted` (interleave_over); concat: nothing to set',
+        'interleave_probs': "each imported training source's `data.train[i].weight` (one per source)",
         'new_special_tokens': '`model.add_tokens` (comma-separated or a list)',
         'add_special_tokens': '`model.add_tokens` (comma-separated or a list)',
         'stage': '`sft`, `pt` → `train.objective: sft`; `dpo`, `kto` → `train.objective`; `rm`, `ppo` exit 1 (located)',

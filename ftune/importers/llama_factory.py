@@ -25,6 +25,7 @@ from ftune.importers._core import (
 )
 from ftune.importers._values import (
     adam_setting,
+    continue_adapter,
     as_bool,
     as_float,
     as_int,
@@ -136,6 +137,39 @@ def val_size(value: Any, ctx: Context, path: PeerPath) -> Any:
     return {"split": size}
 
 
+def mix_strategy(value: Any, ctx: Context, path: PeerPath) -> Any:
+    """concat, or interleave_under / interleave_over: data.mix interleave, stopping at the first or the last
+    source to run out (datasets' first_exhausted / all_exhausted, as LLaMA-Factory passes them)."""
+    stop = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}.get(str(value))
+    if str(value) == "concat":
+        return NOTHING
+    if stop is None:
+        raise Unmappable(f"mix_strategy {value!r}: LLaMA-Factory's are concat, interleave_under, interleave_over")
+    ctx.set("data.mix", "interleave")
+    ctx.set("data.mix_stopping", stop)
+    return NOTHING
+
+
+def interleave_weights(ctx: Context) -> None:
+    """`interleave_probs: "0.7,0.3"`: each training source's data.train[i].weight (ftune draws with probability
+    weight/Σweights, the same as probabilities that sum to 1)."""
+    value = ctx.config.get("interleave_probs")
+    train = ctx.get("data.train")
+    if value in (None, "") or not isinstance(train, list):
+        return
+    try:
+        probs = [float(p) for p in (value.split(",") if isinstance(value, str) else value)]
+    except (TypeError, ValueError):
+        ctx.skip(("interleave_probs",), f"not a list of numbers: {value!r}", changes=True)
+        return
+    if len(probs) != len(train) or any(p <= 0 for p in probs):
+        ctx.skip(("interleave_probs",), f"{len(probs)} probabilities for {len(train)} imported training "
+                 "source(s), or one not above 0: set data.train[i].weight by hand", changes=True)
+        return
+    for source, prob in zip(train, probs):
+        source["weight"] = prob
+
+
 def eval_strategy(value: Any, ctx: Context, path: PeerPath) -> Any:
     return choose({"steps": "steps", "epoch": "epoch", "no": "no"}, "eval strategy")(value, ctx, path)
 
@@ -150,7 +184,7 @@ TABLE: dict[str, Key | Skip] = {
     # model
     "model_name_or_path": Key("model.path"),
     "model_revision": Key("model.revision"),
-    "adapter_name_or_path": Skip("ftune starts a new adapter; continuing from an adapter folder is not a recipe key"),
+    "adapter_name_or_path": USED_LATER,  # model.path at the adapter (finish: continue_adapter)
     "trust_remote_code": Key("model.trust_remote_code", lambda v, c, p: as_bool(v)),
     "hf_hub_token": Skip("a token is never copied into a recipe: write `model.hub_token: ${env:HF_TOKEN}`"),
     "flash_attn": Key("model.attn_implementation", lambda v, c, p: _attention(v)),
@@ -204,9 +238,9 @@ TABLE: dict[str, Key | Skip] = {
     "preprocessing_num_workers": Key("data.num_proc", lambda v, c, p: as_int(v)),
     "overwrite_cache": Skip("ftune's data cache is keyed by the data, tokenizer and settings: it never goes stale"),
     "tokenized_path": Skip("ftune caches tokenized data itself (data.cache_dir)"),
-    "streaming": Skip("ftune reads datasets whole (no streaming)"),
-    "mix_strategy": Skip("ftune concatenates sources, or samples them by data.train.N.weight"),
-    "interleave_probs": Skip("ftune mixes sources by data.train.N.weight (relative sizes), not interleave probabilities"),
+    "streaming": Key("data.streaming", lambda v, c, p: as_bool(v)),
+    "mix_strategy": Key(None, mix_strategy),
+    "interleave_probs": USED_LATER,  # each source's data.train[i].weight (finish: interleave_weights)
     # training arguments
     "output_dir": Key("output.dir"),
     "overwrite_output_dir": Key("output.overwrite", lambda v, c, p: as_bool(v)),
@@ -439,6 +473,8 @@ def finish(ctx: Context) -> None:
         ctx.set("data.eval", evals)
     if pretraining:
         ctx.set("data.train_on", "all")
+    interleave_weights(ctx)
+    continue_adapter(ctx, "adapter_name_or_path")
     as_chat = ctx.out.get("data", {}).pop("as_chat", False)
     if as_chat:  # LLaMA-Factory renders alpaca rows through its template too
         for split in ("train", "eval"):

@@ -42,6 +42,12 @@ TT = ("model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nepochs: 1\n
 
 # (peer, base config, extra peer lines, ftune key, expected value). Each row: the peer's value maps to this ftune value.
 MAPPED = [
+    ("llama-factory", LF, "streaming: true\nmax_steps: 10\n", "data.streaming", True),
+    ("llama-factory", LF, "mix_strategy: interleave_over\n", "data.mix", "interleave"),
+    ("llama-factory", LF, "mix_strategy: interleave_over\n", "data.mix_stopping", "all_exhausted"),
+    ("llama-factory", LF, "mix_strategy: interleave_under\n", "data.mix_stopping", "first_exhausted"),
+    ("llama-factory", LF, "adapter_name_or_path: saves/sft\n", "model.path", "saves/sft"),
+    ("axolotl", AX, "lora_model_dir: out/adapter\n", "model.path", "out/adapter"),
     ("axolotl", AX, "attn_implementation: flex_attention\n", "model.attn_implementation", "flex_attention"),
     ("axolotl", AX, "attn_implementation: sdpa\n", "model.attn_implementation", "sdpa"),
     ("axolotl", AX, "rl: dpo\nrl_beta: 0.2\n", "train.objective", "dpo"),
@@ -193,3 +199,21 @@ def test_import_docs_are_generated_from_the_tables():
         skips = [(k, e) for k, e in module.TABLE.items() if isinstance(e, Skip) and not k.startswith("fsdp_config.")]
         for key, entry in skips:
             assert f"| `{key}` | — " in text and entry.reason.replace("|", "\\|") in text, key
+
+
+def test_interleave_probs_become_the_sources_weights(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"instruction": "x", "output": "y"}\n')
+    (tmp_path / "b.jsonl").write_text('{"instruction": "x", "output": "y"}\n')
+    info = '{"a": {"file_name": "a.jsonl"}, "b": {"file_name": "b.jsonl"}}'
+    (tmp_path / "dataset_info.json").write_text(info)
+    text = (f"model_name_or_path: m\nstage: sft\ndataset: a,b\ndataset_dir: {tmp_path}\ntemplate: llama3\n"
+            "num_train_epochs: 1\nmix_strategy: interleave_under\ninterleave_probs: 0.7,0.3\n")
+    out = imported(tmp_path, "llama-factory", text)
+    assert [s.get("weight") for s in out.recipe["data"]["train"]] == [0.7, 0.3]
+    assert "interleave_probs" not in {u.key for u in out.unmapped}
+
+
+def test_several_adapters_are_not_continued_as_one(tmp_path):
+    out = imported(tmp_path, "llama-factory", LF + "adapter_name_or_path: a,b\n")
+    assert out.recipe["model"]["path"] == "m"
+    assert [u.changes for u in out.unmapped if u.key == "adapter_name_or_path"] == [True]
