@@ -44,7 +44,7 @@ def markdown(summary: dict) -> str:
                      f"{rl['reward_last']:.2f} (per log: {curve}), held-out greedy accuracy "
                      f"{rl['accuracy_before']:.0%} → {rl['accuracy_after']:.0%}.")
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total")
-    lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}; the model already converted) on "
+    lines.append(f"`make demo` took {t['total']:.0f} s after install ({stages}) on "
                  f"{summary.get('machine', 'an unrecorded machine')}; measured {summary.get('date', 'undated')}.")
     lines += ["", EVERY_MACHINE]
     return "\n".join(lines)
