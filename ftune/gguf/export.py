@@ -149,11 +149,15 @@ def _write_tokenizer(writer, tokenizer, folder: Path, vocab_size: int) -> None:
 def verify(folder: Path, file: Path, outtype: str) -> tuple[float, bool]:
     """Reload `file` through transformers' GGUF loader; (max |logit diff| relative, greedy argmax equal)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, modeling_gguf_pytorch_utils
+
+    from ftune.quiet import no_bars
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     source = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    reloaded = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32).eval()
+    with no_bars(modeling_gguf_pytorch_utils):
+        reloaded = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name,
+                                                        dtype=torch.float32).eval()
     gguf_tok = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
     worst, same = 0.0, True
     with torch.no_grad():
