@@ -56,9 +56,10 @@ schemas: setup
 bench: setup
 	$(PY) bench/run.py
 
-# On a machine with one CUDA device (GPU torch installed): tokens/s, MFU, peak memory vs plan, levers.
+# On a machine with one CUDA device (GPU torch installed): the prepared suite for a short GPU window (8B LoRA and
+# QLoRA, long context, GRPO, 3B full, then pytest -m gpu; each part time-limited, results in bench/results/)
 bench-gpu: setup
-	$(PY) bench/gpu.py
+	$(PY) bench/gpu_suite.py
 
 clean:
 	rm -rf runs .cache $(VENV)

@@ -40,10 +40,17 @@ import yaml
 
 STEPS = int(os.environ.get("FTUNE_BENCH_GRPO_STEPS", 16))
 ROUNDS = int(os.environ.get("FTUNE_BENCH_GRPO_ROUNDS", 5))
-BATCH = 16  # completions per step
-GENERATIONS = 4
-COMPLETION = 16
-THREADS = "1"  # both sides (see the module doc)
+BATCH = int(os.environ.get("FTUNE_BENCH_GRPO_BATCH", 16))  # completions per step
+GENERATIONS = int(os.environ.get("FTUNE_BENCH_GRPO_GENERATIONS", 4))
+COMPLETION = int(os.environ.get("FTUNE_BENCH_GRPO_COMPLETION", 16))
+THREADS = "1"  # both sides on a CPU (see the module doc); a GPU run leaves the threads to each side
+# `tiny` (the CPU bench) or `qwen2.5-1.5b`: a Qwen2.5-1.5B shape from its config, random init, bf16 on the GPU, where
+# completions run to max_completion_length (the GPU suite, bench/gpu_suite.py)
+SHAPE = os.environ.get("FTUNE_BENCH_GRPO_SHAPE", "tiny")
+QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                 rope_theta=1000000.0)
+OUT = os.environ.get("FTUNE_BENCH_GRPO_OUT")
 
 PLAIN = textwrap.dedent('''
     import json, sys
@@ -52,6 +59,8 @@ PLAIN = textwrap.dedent('''
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
     model_dir, data_file, out, steps, batch, generations, completion = sys.argv[1:8]
+    opts = json.loads(sys.argv[8]) if len(sys.argv) > 8 else {}
+    cuda, paged = opts.get("cuda", False), opts.get("continuous_batching", False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     ds = load_dataset("json", data_files=data_file, split="train")
 
@@ -63,10 +72,10 @@ PLAIN = textwrap.dedent('''
                       top_p=1.0, beta=0.0, epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
                       learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                       optim="adamw_torch_fused", max_grad_norm=1.0, logging_steps=1, logging_first_step=True,
-                      save_strategy="no", report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
-                      remove_unused_columns=False, log_completions=False,
-                      bf16=False, activation_checkpointing=False)  # TRL's defaults are bf16 and checkpointing
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+                      save_strategy="no", report_to="none", use_cpu=not cuda, seed=0, data_seed=0, disable_tqdm=True,
+                      remove_unused_columns=False, log_completions=False, use_transformers_continuous_batching=paged,
+                      bf16=cuda, activation_checkpointing=False)  # TRL's defaults are bf16 and checkpointing
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="bfloat16" if cuda else "float32")
     trainer = GRPOTrainer(model=model, reward_funcs=contains, args=args, train_dataset=ds, processing_class=tok,
                           peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                                  target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
@@ -82,8 +91,18 @@ def assets(folder: Path) -> tuple[Path, Path]:
     from ftune.tiny import WORDS, build_tiny_llama, corpus, train_tokenizer
 
     model_dir = folder / "model"
-    tok = train_tokenizer(corpus(), model_dir, vocab_size=512)
-    build_tiny_llama(model_dir, tok, hidden_size=128, intermediate_size=256, num_layers=4)
+    if SHAPE == "qwen2.5-1.5b":
+        import torch
+        from transformers import AutoModelForCausalLM, Qwen2Config
+
+        tok = train_tokenizer(corpus(), model_dir, vocab_size=4096)
+        config = Qwen2Config(**QWEN_1_5B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
+        with torch.device("cuda"):
+            AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
+    else:
+        tok = train_tokenizer(corpus(), model_dir, vocab_size=512)
+        build_tiny_llama(model_dir, tok, hidden_size=128, intermediate_size=256, num_layers=4)
     data = folder / "prompts.jsonl"
     rows = [{"prompt": f"Q: {WORDS[i % len(WORDS)]} {WORDS[(7 * i) % len(WORDS)]}\nA:", "answer": "the"}
             for i in range(256)]
@@ -94,11 +113,12 @@ def assets(folder: Path) -> tuple[Path, Path]:
 def recipe(model_dir: Path, data: Path, out: Path) -> dict:
     return {
         "name": "bench-grpo",
-        "model": {"path": str(model_dir), "dtype": "float32"},
+        "model": {"path": str(model_dir), "dtype": "bfloat16" if SHAPE != "tiny" else "float32"},
         "data": {"train": [{"path": str(data), "format": "prompt"}]},
         "peft": {"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
         "train": {"objective": "grpo", "max_steps": STEPS, "per_device_batch_size": BATCH, "learning_rate": 1e-3,
                   "lr_scheduler": "constant", "warmup_steps": 0, "logging_steps": 1, "seed": 0,
+                  "mixed_precision": "bf16" if SHAPE != "tiny" else "no",
                   "rl": {"rewards": [{"name": "contains", "text": "the"}], "num_generations": GENERATIONS,
                          "max_completion_length": COMPLETION, "beta": 0.0, "guard_logs": 10 * STEPS}},
         "checkpoint": {"strategy": "no", "resume": False},
@@ -111,12 +131,14 @@ def main() -> dict:
     model_dir, data = assets(folder)
     script = folder / "plain.py"
     script.write_text(PLAIN)
+    gpu = SHAPE != "tiny"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update(OMP_NUM_THREADS=THREADS, TOKENIZERS_PARALLELISM="false")
+    env.update(TOKENIZERS_PARALLELISM="false", **({} if gpu else {"OMP_NUM_THREADS": THREADS}))
 
-    def plain() -> float:
+    def plain(continuous_batching: bool = False) -> float:
+        opts = json.dumps({"cuda": gpu, "continuous_batching": continuous_batching})
         out = subprocess.run([sys.executable, str(script), str(model_dir), str(data), str(folder / "plain"),
-                              str(STEPS), str(BATCH), str(GENERATIONS), str(COMPLETION)],
+                              str(STEPS), str(BATCH), str(GENERATIONS), str(COMPLETION), opts],
                              capture_output=True, text=True, check=True, env=env)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         return result["tokens"] / result["train_runtime"]
@@ -149,10 +171,20 @@ def main() -> dict:
                      "ftune_generation_share": round(share, 3), "ftune_wall_s": round(wall, 1)})
         print(f"  round {i + 1}: {rows[-1]}", flush=True)
 
+    paged = None
+    if gpu:  # TRL's transformers continuous batching (plain side): what ftune's plain generate could gain
+        try:
+            paged = round(plain(continuous_batching=True), 1)
+        except subprocess.CalledProcessError as err:
+            paged = {"error": err.stderr[-1500:]}
     shutil.rmtree(folder, ignore_errors=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    result = {"steps": STEPS, "completion_tokens": COMPLETION, "threads": int(THREADS), "rounds": rows,
-              "ftune_over_plain": spread(ratios), "load_average_at_end": round(load, 1)}
+    result = {"shape": SHAPE, "steps": STEPS, "completions_per_step": BATCH, "generations": GENERATIONS,
+              "completion_tokens": COMPLETION, "threads": None if gpu else int(THREADS), "rounds": rows,
+              "ftune_over_plain": spread(ratios), "plain_continuous_batching_tokens_per_s": paged,
+              "load_average_at_end": round(load, 1)}
+    if OUT:
+        Path(OUT).write_text(json.dumps(result, indent=2))
     r = result["ftune_over_plain"]
     print(f"grpo: ftune/plain generated tokens/s median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}; "
           f"goal >= 0.95) over {ROUNDS} interleaved rounds")

@@ -21,6 +21,10 @@ position_ids), and says which.
 `FTUNE_BENCH_PROFILE=DIR`: both sides of the lora/full rows profile steps 6-8 with torch.profiler (ftune's worker
 and the plain script load the same callback, ftune/worker/profile.py) into DIR/<variant>-{ftune,plain}/.
 
+`FTUNE_BENCH_SHAPE=1b|3b|8b` picks the model's shape (TinyLlama ~1.1B, Llama-3.2-3B, Llama-3.1-8B; random init),
+`FTUNE_BENCH_BATCH` the per-device batch (4), `FTUNE_BENCH_ASSETS=DIR` keeps each shape's model between runs.
+`bench/gpu_suite.py` runs the parts a short GPU window holds, each time-limited (docs/performance.md).
+
 `FTUNE_BENCH_SMOKE=1`: a tiny config, a few steps, on whatever device there is (variants that need CUDA are
 skipped, MFU is not computed): checks this script end to end on a CPU machine. Its figures mean nothing.
 """
@@ -43,11 +47,23 @@ import yaml
 SMOKE = os.environ.get("FTUNE_BENCH_SMOKE") == "1"
 SEQ = int(os.environ.get("FTUNE_BENCH_SEQ", "64" if SMOKE else "2048"))
 STEPS = int(os.environ.get("FTUNE_BENCH_STEPS", "3" if SMOKE else "30"))
-BATCH = 4
+BATCH = int(os.environ.get("FTUNE_BENCH_BATCH", "4"))
 LR = 1e-4
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-              num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)  # ~1.1B (TinyLlama shape)
+# `FTUNE_BENCH_SHAPE`: the model's shape, built from a config (random init, nothing downloaded)
+SHAPES = {
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096),  # ~1.1B (TinyLlama)
+    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True,
+               rope_theta=500000.0),  # Llama-3.2-3B
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0),
+}  # Llama-3.1-8B (the rope scaling aside: lengths here stay within what the plain rope handles)
+SHAPE = os.environ.get("FTUNE_BENCH_SHAPE", "1b")
+CONFIG = SHAPES[SHAPE]
+ASSETS = os.environ.get("FTUNE_BENCH_ASSETS")
+"""A folder that keeps each shape's model and corpus between runs (the GPU suite builds an 8B once for its parts)."""
 if SMOKE:
     CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
@@ -68,7 +84,8 @@ VARIANTS = {
 
 
 def _assets(folder: Path) -> tuple[Path, Path]:
-    """The ~1B model from a config and a skewed-length corpus (a few long rows, many short: what padding wastes)."""
+    """The model of SHAPE from a config and a skewed-length corpus (a few long rows, many short: what padding
+    wastes); kept under FTUNE_BENCH_ASSETS/<shape> when that is set, and reused once complete."""
     import random
 
     import torch
@@ -78,6 +95,12 @@ def _assets(folder: Path) -> tuple[Path, Path]:
     from ftune.tiny import train_tokenizer
     from ftune.tiny import corpus
 
+    if ASSETS and not SMOKE:
+        folder = Path(ASSETS) / SHAPE
+        if (folder / "complete").is_file():
+            return folder / "model", folder / "data.jsonl"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
     model_dir = folder / "model"
     tok = train_tokenizer(corpus(2000), model_dir, vocab_size=CONFIG["vocab_size"])
     config = LlamaConfig(**CONFIG, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
@@ -91,6 +114,7 @@ def _assets(folder: Path) -> tuple[Path, Path]:
     rows = [" ".join(rng.choices(words, k=int(rng.paretovariate(1.2) * 60))) for _ in range(4000)]
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    (folder / "complete").write_text(SHAPE)
     return model_dir, data
 
 
@@ -190,9 +214,13 @@ def main() -> dict:
     dtype = "bfloat16" if cuda else "float32"
     folder = Path(tempfile.mkdtemp(prefix="ftune-bench-gpu-"))
     model_dir, data = _assets(folder)
+    if os.environ.get("FTUNE_BENCH_ASSETS_ONLY") == "1":  # the suite builds a shape's model once, then measures
+        print(json.dumps({"model": str(model_dir), "data": str(data)}))
+        return {}
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16).parameters())
-    results = {"device": name, "params": n_params, "seq": SEQ, "steps": STEPS, "variants": {}}
+    results = {"device": name, "shape": SHAPE if not SMOKE else "smoke", "params": n_params, "seq": SEQ,
+               "batch": BATCH, "steps": STEPS, "variants": {}}
     chosen = [v.strip() for v in os.environ.get("FTUNE_BENCH_VARIANTS", "").split(",") if v.strip()] or list(VARIANTS)
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
@@ -238,9 +266,15 @@ def main() -> dict:
         full = sections["peft"]["method"] == "full"
         estimate = json.loads(plan.stdout)["estimate"] if plan.returncode == 0 else {}
         measured = summary.get("peak_memory_bytes")
+        threads = json.loads((folder / variant / "plan.json").read_text()).get("cpu_threads") or {}
         row = {
             "tokens_per_s": round(tokens_per_s),
             "mfu": round(tokens_per_s * flops_per_token(n_params, full) / peak, 3) if cuda else None,
+            # 6N per token whatever the method, as peers count it (LoRA's true count is the formula above)
+            "mfu_6n": round(tokens_per_s * (6 * n_params + 12 * CONFIG["num_hidden_layers"] * SEQ
+                                            * CONFIG["hidden_size"]) / peak, 3) if cuda else None,
+            "threads": threads.get("threads"),
+            "wait_policy": threads.get("wait_policy"),
             "peak_memory_bytes": measured,
             "plan_peak_bytes": estimate.get("total_bytes"),
             "plan_over_measured": round(estimate["total_bytes"] / measured, 3) if measured and estimate else None,

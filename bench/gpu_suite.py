@@ -1,0 +1,238 @@
+"""The one prepared command for a short GPU window (15 minutes in all, the machine's start included): every GPU
+measurement ftune still owes, most valuable first, each part time-limited, the results JSON rewritten after each
+part so a cut run keeps what it measured, and `pytest -m gpu tests/gpu` last.
+
+    python bench/gpu_suite.py [--budget 540] [--out bench/results/gpu-DATE.json] [--parts lora-8b,long-8b]
+
+Parts, in order (seconds each may take; a part gets at most what is left of --budget):
+  env        15   device, driver, torch/CUDA and package versions, cores
+  assets-8b 100   a Llama-3.1-8B shape from its config (random init, bf16) and a skewed-length corpus, kept in
+                  FTUNE_BENCH_ASSETS for the 8B parts (nothing is downloaded)
+  lora-8b   130   LoRA r16 all-linear at seq 4096, batch 2: plain padded Trainer+peft script vs ftune, and ftune with
+                  Liger + packing (bench/gpu.py: tokens/s, MFU by the LoRA formula and by 6N, peak vs plan, threads)
+  long-8b    70   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
+                  then 2 steps at that length and at 4096 packed: peak vs plan at both
+  qlora-8b   60   QLoRA nf4 at seq 4096
+  grpo-1.5b  60   GRPO on a Qwen2.5-1.5B shape (LoRA, 8 generations, 256-token completions): ftune vs plain TRL,
+                  generated tokens/s and the generation/training split (bench/bench_grpo.py)
+  full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW
+  gpu-tests  40   pytest -m gpu tests/gpu
+
+`FTUNE_BENCH_SMOKE=1` runs the parts that can run on a CPU on a tiny model (the others are recorded as skipped),
+so tests/unit/test_gpu_suite.py checks this script in `make test`; its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = os.environ.get("FTUNE_BENCH_SMOKE") == "1"
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    budget_s: int
+    cuda_only: bool = False
+
+
+PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
+         Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 60, cuda_only=True),
+         Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True)]
+
+
+def _run(argv: list[str], env: dict, timeout: float) -> tuple[str, str, str]:
+    """(status: ok, error or timeout; stdout; the output's tail for the record)."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env},
+                             cwd=REPO)
+    except subprocess.TimeoutExpired as err:
+        text = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return "timeout", text, f"timed out after {timeout:.0f} s\n{text[-2000:]}"
+    return ("ok" if out.returncode == 0 else "error"), out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def _gpu_bench(env: dict, timeout: float, assets: Path) -> tuple[str, dict, str]:
+    """bench/gpu.py with `env`; its results file is rewritten after each variant, so a timeout keeps the rows done."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    status, _, tail = _run([sys.executable, str(REPO / "bench/gpu.py")],
+                        {"FTUNE_BENCH_OUT": str(out), "FTUNE_BENCH_ASSETS": str(assets), **env}, timeout)
+    try:
+        result = json.loads(out.read_text() or "{}")
+    except ValueError:
+        result = {}
+    out.unlink(missing_ok=True)
+    return status, result, tail
+
+
+def part_env() -> dict:
+    import torch
+
+    facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+             "cores": os.cpu_count(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    if torch.cuda.is_available():
+        facts["device_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    for name in ("transformers", "peft", "accelerate", "trl", "bitsandbytes", "liger_kernel", "flash_attn"):
+        try:
+            facts[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a missing optional package is a fact too
+            facts[name] = None
+    try:
+        facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        facts["driver"] = None
+    return facts
+
+
+def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout: float) -> tuple[int | None, dict]:
+    """`ftune plan`'s longest sequence for the long-context recipe on a device of `memory` bytes (None: this one)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu  # noqa: E402 - the bench's recipe and assets
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model_dir, data = gpu._assets(assets)
+    recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")))
+    argv = [sys.executable, "-m", "ftune.cli.main", "plan", str(recipe), "--format", "json"]
+    if memory:
+        argv += ["--gpu-memory", f"{memory // 2**20}MiB"]
+    status, out, tail = _run(argv, shape_env, timeout)
+    if status != "ok":
+        return None, {"status": status, "tail": tail}
+    plan = json.loads(out)
+    return plan["estimate"].get("longest_seq"), plan["estimate"]
+
+
+def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path) -> Path:
+    import yaml
+
+    recipe = {"name": f"long-{seq}", "model": {"path": str(model_dir), "dtype": "bfloat16"},
+              "data": {"train": [{"path": str(data)}], "max_seq_length": seq, "train_on": "all", "packing": True},
+              "peft": {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
+              "train": {"max_steps": 2, "per_device_batch_size": 1, "gradient_checkpointing": True,
+                        "mixed_precision": "bf16", "kernels": "liger"},
+              "checkpoint": {"strategy": "no", "resume": False},
+              "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False}}
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def run_part(part: Part, left: float, assets: Path, cuda: bool, facts: dict) -> dict:
+    budget = min(part.budget_s * (3 if SMOKE else 1), left)  # a CPU smoke on a busy machine is slow, not wrong
+    if part.cuda_only and not cuda:
+        return {"status": "skipped", "why": "needs a CUDA device"}
+    if part.name == "env":
+        return {"status": "ok", "result": facts}
+    if part.name == "assets-8b":
+        status, result, tail = _gpu_bench({"FTUNE_BENCH_SHAPE": "8b", "FTUNE_BENCH_ASSETS_ONLY": "1"}, budget, assets)
+        return {"status": status, "tail": tail if status != "ok" else None}
+    if part.name == "lora-8b":
+        env = {"FTUNE_BENCH_SHAPE": "8b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
+               "FTUNE_BENCH_STEPS": "12", "FTUNE_BENCH_VARIANTS": "lora,lora+packing+liger"}
+        if SMOKE:
+            env = {"FTUNE_BENCH_VARIANTS": "lora", "FTUNE_BENCH_STEPS": "2"}
+        status, result, tail = _gpu_bench(env, budget, assets)
+        return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "long-8b":
+        return long_context(budget, assets, cuda, facts)
+    if part.name == "qlora-8b":
+        status, result, tail = _gpu_bench({"FTUNE_BENCH_SHAPE": "8b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
+                                           "FTUNE_BENCH_STEPS": "8", "FTUNE_BENCH_VARIANTS": "qlora"}, budget, assets)
+        return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "full-3b":
+        status, result, tail = _gpu_bench({"FTUNE_BENCH_SHAPE": "3b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
+                                           "FTUNE_BENCH_STEPS": "10", "FTUNE_BENCH_VARIANTS": "full"}, budget, assets)
+        return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "grpo-1.5b":
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = Path(f.name)
+        status, _, tail = _run([sys.executable, str(REPO / "bench/bench_grpo.py")],
+                            {"FTUNE_BENCH_GRPO_SHAPE": "qwen2.5-1.5b", "FTUNE_BENCH_GRPO_ROUNDS": "1",
+                             "FTUNE_BENCH_GRPO_STEPS": "3", "FTUNE_BENCH_GRPO_COMPLETION": "256",
+                             "FTUNE_BENCH_GRPO_GENERATIONS": "8", "FTUNE_BENCH_GRPO_BATCH": "32",
+                             "FTUNE_BENCH_GRPO_OUT": str(out)}, budget)
+        result = json.loads(out.read_text() or "{}") if out.exists() and out.stat().st_size else {}
+        out.unlink(missing_ok=True)
+        return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "gpu-tests":
+        status, _, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                             "tests/gpu"], {}, budget)
+        return {"status": status, "tail": tail[-1500:]}
+    raise ValueError(part.name)
+
+
+def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
+    """The plan's longest sequence on this device, then 2 steps there and at 4096: peak vs plan at both."""
+    started = time.perf_counter()
+    shape = {"FTUNE_BENCH_SHAPE": "8b"} if not SMOKE else {}
+    memory = facts.get("device_memory_bytes") or (None if cuda else 80 * 2**30)
+    os.environ.update(shape)
+    seq_plan = 4096 if not SMOKE else 64
+    length, estimate = longest(shape, seq_plan, assets, memory, budget)
+    rows: dict = {"device_memory_bytes": memory, "plan_longest_seq": length}
+    if length is None:
+        return {"status": "error", "result": rows, "plan": estimate}
+    lengths = [] if SMOKE else sorted({4096, length // 1024 * 1024})  # the smoke checks the plan's figure only
+    for seq in lengths:
+        left = budget - (time.perf_counter() - started)
+        if left < 15:
+            rows[str(seq)] = {"not_run": "the part's budget was spent"}
+            continue
+        env = {**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "1", "FTUNE_BENCH_STEPS": "2",
+               "FTUNE_BENCH_VARIANTS": "lora+packing+liger" if cuda else "lora"}
+        status, result, tail = _gpu_bench(env, left, assets)
+        rows[str(seq)] = {"status": status, **next(iter(result.get("variants", {}).values()), {}),
+                          **({"tail": tail} if status != "ok" else {})}
+    return {"status": "ok", "result": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=float(os.environ.get("FTUNE_GPU_BUDGET_S", 540)))
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"gpu-{time.strftime('%Y-%m-%d')}.json")
+    parser.add_argument("--parts", default="", help="comma-separated part names (default: all, in order)")
+    args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(chosen) - {p.name for p in PARTS})
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; the parts: {', '.join(p.name for p in PARTS)}")
+    cuda = torch.cuda.is_available()
+    assets = Path(os.environ.get("FTUNE_BENCH_ASSETS") or tempfile.mkdtemp(prefix="ftune-gpu-assets-"))
+    facts = part_env()
+    results = {"date": time.strftime("%Y-%m-%d"), "smoke": SMOKE, "budget_s": args.budget, "parts": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for part in PARTS:
+        if chosen and part.name not in chosen:
+            continue
+        left = args.budget - (time.perf_counter() - started)
+        t0 = time.perf_counter()
+        if left < 10:
+            row = {"status": "not run", "why": f"the suite's {args.budget:.0f} s budget was spent"}
+        else:
+            row = run_part(part, left, assets, cuda, facts)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        results["parts"][part.name] = row
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # after each part: a cut run keeps what it has
+        print(f"{part.name}: {row['status']} in {row['seconds']} s", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
