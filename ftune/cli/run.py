@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
             console.print_json(plan.model_dump_json())
             console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
         return 0
+    from ftune.cli.show import origins
     from ftune.launch.launcher import launch
 
     console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
-    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False))
+    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False),
+                  origins=origins(loaded, tuple(args.overrides)))

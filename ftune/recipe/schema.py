@@ -673,6 +673,9 @@ class OutputSection(Section):
     """Allow starting over in a run dir that holds a finished run."""
     loss_curve: bool = True
     """Write loss_curve.png at the end."""
+    report: bool = False
+    """Write report.html in the run dir (curves, predictions, recipe, plan: `ftune report`) and refresh it at each
+    log, so a live run can be watched from a browser; `ftune report RUN_DIR` writes it for any run."""
     trackers: Trackers | None = None
     """Tracker settings (W&B project/entity/run name/tags, MLflow experiment/tags); nothing is sent unless the
     tracker is also in report_to."""
