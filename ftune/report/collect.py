@@ -85,6 +85,13 @@ class RunFacts:
     def name(self) -> str:
         return str(self.recipe.get("name") or self.root.name)
 
+    def final_metrics(self) -> tuple[dict, str]:
+        """summary.json's numbers, or, for a run without one (stopped, failed, running), each metric's last logged
+        value; with the source named."""
+        if self.summary:
+            return self.summary, "summary.json"
+        return {k: points[-1][1] for k, points in self.series.items()}, "the last logged values: no summary.json yet"
+
     def header(self) -> list[tuple[str, str]]:
         """(label, text) rows of the run's header."""
         r, plan = self.recipe, self.plan

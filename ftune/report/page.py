@@ -48,19 +48,22 @@ def _table(rows: list[tuple[str, str]], cls: str, attrs: str = "") -> str:
 
 
 def _metrics_table(runs: list[RunFacts]) -> str:
-    """summary.json of each run, key by key (the browser test reads `data-value` and the text)."""
+    """summary.json of each run, key by key (else its last logged values); the browser test reads each cell's
+    `data-value` and text."""
+    finals = [run.final_metrics() for run in runs]
     keys: list[str] = []
-    for run in runs:
-        keys += [k for k, v in run.summary.items() if k not in keys and isinstance(v, (int, float))
+    for values, _ in finals:
+        keys += [k for k, v in values.items() if k not in keys and isinstance(v, (int, float))
                  and not isinstance(v, bool)]
     if not keys:
-        return '<p class="empty">no summary.json: the run has not finished</p>'
-    head = "".join(f"<th>{esc(run.label)}</th>" for run in runs)
+        return '<p class="empty">no metrics logged yet</p>'
+    head = "".join(f"<th>{esc(run.label)}<br><span class=\"note\">{esc(source)}</span></th>"
+                   for run, (_, source) in zip(runs, finals))
     rows = []
     for k in keys:
         cells = []
-        for run in runs:
-            v = run.summary.get(k)
+        for run, (values, _) in zip(runs, finals):
+            v = values.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 cells.append(f'<td class="num" data-run="{esc(run.label)}" data-key="{esc(k)}" '
                              f'data-value="{esc(repr(v))}">{esc(fmt(v))}</td>')
@@ -198,7 +201,7 @@ def render(runs: list[RunFacts], charts: list[Chart]) -> str:
 <header><h1>ftune report · {esc(title)}</h1></header>
 <section id="runs"><h2>{"runs" if len(runs) > 1 else "run"}</h2><div class="runs">{facts}</div></section>
 <section id="charts"><h2>curves{" (overlaid)" if len(runs) > 1 else ""}</h2><div class="charts">{chart_divs}</div></section>
-<section id="metrics"><h2>final metrics <span class="note">(summary.json)</span></h2>{_metrics_table(runs)}</section>
+<section id="metrics"><h2>final metrics</h2>{_metrics_table(runs)}</section>
 {diff}
 {f'<section id="predictions"><h2>predictions</h2>{predictions}</section>' if predictions else ""}
 {f'<section id="completions"><h2>RL completions</h2>{completions}</section>' if completions else ""}
