@@ -5,8 +5,8 @@ copied here (no weights). Rerun after a change to what a run writes:
 
 finished: SFT + LoRA on instruction rows, eval every 10 steps, evaluation by generation (predictions.jsonl);
 second: the same at another learning rate and rank (the two-run comparison); stopped: the same recipe stopped by
-SIGTERM once its step-10 checkpoint is complete; rl: GRPO from the merged first run, rewarded by exact_match and
-length (completions.jsonl).
+SIGTERM once its step-10 checkpoint is complete; rl: a short SFT then GRPO rewarded by exact_match, as
+tests/e2e/test_rl.py does (completions.jsonl). `record.py rl` records only the named runs again.
 """
 
 from __future__ import annotations
@@ -64,8 +64,10 @@ def main() -> None:
 
     from ftune.tiny import build_tiny_llama, corpus, train_tokenizer
 
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir()
+    only = sys.argv[1:]  # run names to record again (default: all four)
+    if not only:
+        shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(exist_ok=True)
     train_tokenizer(corpus() + ["### Instruction: ### Response:"], WORK / "tok", vocab_size=384)
     model = WORK / "tiny-llama"
     build_tiny_llama(model, AutoTokenizer.from_pretrained(WORK / "tok"))
@@ -77,34 +79,65 @@ def main() -> None:
     data = WORK / "add.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    ftune("run", str(recipe("finished", model, data)))
-    ftune("run", str(recipe("second", model, data)), "train.learning_rate=2e-3", "peft.r=4")
-    proc = ftune("run", str(recipe("stopped", model, data, max_steps=200)), wait=False)
-    marker = WORK / "runs/stopped/checkpoints/checkpoint-10/ftune_complete.json"
-    while not marker.is_file():
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate()
-    assert proc.returncode == 143, out + err
+    names = only or ["finished", "second", "stopped", "rl"]
+    if "finished" in names:
+        ftune("run", str(recipe("finished", model, data)))
+    if "second" in names:
+        ftune("run", str(recipe("second", model, data)), "train.learning_rate=2e-3", "peft.r=4")
+    if "stopped" in names:
+        proc = ftune("run", str(recipe("stopped", model, data, max_steps=200)), wait=False)
+        marker = WORK / "runs/stopped/checkpoints/checkpoint-10/ftune_complete.json"
+        while not marker.is_file():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate()
+        assert proc.returncode == 143, out + err
+    if "rl" in names:
+        shutil.rmtree(WORK / "runs/rl", ignore_errors=True)
+        record_rl(model, rng)
+    copy([n for n in ("finished", "second", "stopped", "rl") if (WORK / "runs" / n).is_dir()])
 
-    prompts = WORK / "prompts.jsonl"
-    pairs = [(rng.randint(0, 9), rng.randint(0, 9)) for _ in range(64)]
-    prompts.write_text("".join(json.dumps({"prompt": f"add {a} and {b} =", "answer": f"{a + b}"}) + "\n"
-                               for a, b in pairs))
-    ftune("merge", str(WORK / "runs/finished"), "--dtype", "float32")  # GRPO starts from the SFT model
-    rl = {"schema_version": 1, "name": "rl", "model": {"path": str(WORK / "runs/finished/merged"), "dtype": "float32"},
+
+def record_rl(model: Path, rng: random.Random) -> None:
+    """tests/e2e/test_rl.py's setup, smaller: a short full SFT teaches `Q: ...\nA:` -> one of four words + eos, then
+    GRPO rewards one of them (exact_match)."""
+    from ftune.tiny import WORDS
+
+    answers = ("cat", "dog", "sun", "rain")
+    filler = [w for w in WORDS if w not in answers]
+
+    def questions(n: int) -> list[str]:
+        return [" ".join(rng.choice(filler) for _ in range(3)) for _ in range(n)]
+
+    sft_data, prompts = WORK / "sft.jsonl", WORK / "prompts.jsonl"
+    sft_data.write_text("".join(json.dumps({"instruction": q, "output": f" {rng.choice(answers)}"}) + "\n"
+                                for q in questions(256)))
+    prompts.write_text("".join(json.dumps({"prompt": f"Q: {q}\nA:", "answer": "sun"}) + "\n" for q in questions(128)))
+    sft = {"schema_version": 1, "name": "rl-sft", "model": {"path": str(model), "dtype": "float32"},
+           "data": {"train": [{"path": str(sft_data), "format": "instruction", "template": "Q: {instruction}\nA:"}],
+                    "max_seq_length": 64},
+           "peft": {"method": "full"},
+           "train": {"max_steps": 40, "learning_rate": 3e-3, "per_device_batch_size": 16, "seed": 1,
+                     "logging_steps": 10, "warmup_steps": 0},
+           "checkpoint": {"strategy": "no"}, "output": {"dir": "runs/rl-sft", "report_to": ["none"],
+                                                        "loss_curve": False}}
+    (WORK / "rl-sft.yaml").write_text(yaml.safe_dump(sft, sort_keys=False))
+    shutil.rmtree(WORK / "runs/rl-sft", ignore_errors=True)
+    ftune("run", str(WORK / "rl-sft.yaml"))
+    rl = {"schema_version": 1, "name": "rl", "model": {"path": str(WORK / "runs/rl-sft/final"), "dtype": "float32"},
           "data": {"train": [{"path": str(prompts), "format": "prompt"}]}, "peft": {"method": "full"},
-          "train": {"objective": "grpo", "max_steps": 12, "logging_steps": 2, "learning_rate": 5e-3,
-                    "lr_scheduler": "constant", "per_device_batch_size": 8, "seed": 3,
-                    "rl": {"rewards": [{"name": "exact_match"}, {"name": "length", "target": 2}], "num_generations": 4,
-                           "max_completion_length": 4,
+          "train": {"objective": "grpo", "max_steps": 16, "logging_steps": 2, "learning_rate": 5e-3,
+                    "lr_scheduler": "constant", "per_device_batch_size": 16, "seed": 3,
+                    "rl": {"rewards": [{"name": "exact_match"}], "num_generations": 4, "max_completion_length": 4,
                            "beta": 0.04, "completions_sample": 4}},
           "checkpoint": {"strategy": "no"}, "output": {"dir": "runs/rl", "report_to": ["none"], "loss_curve": False}}
     (WORK / "rl.yaml").write_text(yaml.safe_dump(rl, sort_keys=False))
     ftune("run", str(WORK / "rl.yaml"))
 
-    for name in ("finished", "second", "stopped", "rl"):
+
+def copy(names: list[str]) -> None:
+    for name in names:
         src, dest = WORK / "runs" / name, HERE / name
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
