@@ -27,11 +27,12 @@ def copy_run(name: str, dest: Path) -> Path:
 def test_statuses_of_the_recorded_runs():
     finished, stopped, rl = (read_run(RUNS / n) for n in ("finished", "stopped", "rl"))
     assert (finished.status.kind, finished.status.text) == ("finished", "finished at step 30")
-    error = json.loads((RUNS / "stopped" / "error.json").read_text())
-    step = int(re.search(r"at step (\d+)", error["message"]).group(1))  # the worker's own words
+    assert json.loads((RUNS / "stopped" / "error.json").read_text())["exit_code"] == 143  # SIGTERM
+    step = max(r["step"] for r in read_metrics(RunDir(RUNS / "stopped")))  # the last step it logged
+    [saved] = (RUNS / "stopped" / "checkpoints").iterdir()
     assert (stopped.status.kind, stopped.status.step) == ("stopped", step)
-    assert stopped.status.text == f"stopped at step {step} (checkpoint-{step} saved)"
-    assert (rl.status.kind, rl.status.text) == ("finished", "finished at step 12")
+    assert stopped.status.text == f"stopped at step {step} ({saved.name} saved)"
+    assert (rl.status.kind, rl.status.text) == ("finished", "finished at step 16")
 
 
 def test_a_failed_run_shows_the_error_and_a_killed_one_its_last_step(tmp_path):
@@ -93,7 +94,7 @@ def test_the_page_is_one_file_with_no_url_and_the_summary_numbers(names):
 def test_the_recipe_shows_each_values_origin():
     page = render_runs([RUNS / "finished"])
     assert re.search(r"<th[^>]*>learning_rate</th><td>0\.005</td><td class=\"origin\">finished\.yaml:\d+:\d+</td>", page)
-    assert re.search(r"<th[^>]*>optimizer</th><td>\"adamw_torch\"</td><td class=\"origin\">default</td>", page)
+    assert re.search(r"<th[^>]*>optimizer</th><td>&quot;adamw_torch_fused&quot;</td><td class=\"origin\">default</td>", page)
     second = render_runs([RUNS / "second"])
     assert "override train.learning_rate=2e-3" in second
 
