@@ -12,7 +12,7 @@
   function num(v) {
     if (v === 0) { return "0"; }
     var a = Math.abs(v);
-    if (a >= 1e5 || a < 1e-3) { return v.toExponential(2); }
+    if (a >= 1e5 || a < 1e-4) { return v.toExponential(2); }
     return String(Number(v.toPrecision(4)));
   }
   function ticks(lo, hi, n) {
