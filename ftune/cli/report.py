@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     own = args.out is None
     target = RunDir(Path(args.runs[0]).expanduser()).report if own else Path(args.out)
     # the run's own report.html is refreshed in place (it is the run's file, not a user-named output)
-    out = target.resolve() if own else check_output(target, REPORT, force=args.force, flag="--out")
+    out = target.resolve() if own else check_output(target, REPORT, inputs=args.runs, force=args.force,
+                                                     flag="--out")
     if own and out.exists() and not REPORT.carries_marker(out):
         raise UsageError(f"{out} exists and is not a report `ftune report` wrote; it is left alone",
                          hint="write elsewhere with --out")
