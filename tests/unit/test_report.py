@@ -138,3 +138,23 @@ def test_the_live_report_is_rewritten_at_each_log(tmp_path):
         data = json.loads(re.search(r'id="report-data">(.*?)</script>', run.report.read_text()).group(1))
         loss = next(c for c in data["charts"] if c["id"] == "loss")["lines"][0]["points"]
         assert loss[-1] == [step, 1.5]
+
+
+def test_the_demo_ends_by_writing_the_report_of_its_real_model_run(tmp_path, monkeypatch):
+    """Stage C's training and measuring stubbed: what the demo adds after them is the run's report.html."""
+    from rich.console import Console
+
+    from ftune.demo import __main__ as demo
+    from ftune.demo import real
+
+    run = tmp_path / real.RUN_DIR
+    shutil.copytree(RUNS / "finished", run)
+    monkeypatch.setattr(real, "prepare", lambda workdir: workdir)
+    monkeypatch.setattr(demo, "run_stage", lambda *args: 1.0)
+    monkeypatch.setattr(real, "measure", lambda workdir: {"steps": 30})
+    monkeypatch.setattr(real, "report", lambda figures, console: True)
+    console = Console(record=True, width=300)
+    assert demo.real_stage(tmp_path, False, console, {}) == ({"steps": 30}, True)
+    page = (run / "report.html").read_text()
+    assert 'data-status="finished"' in page and "ftune report · finished" in page
+    assert f"report: {run / 'report.html'}" in console.export_text()
