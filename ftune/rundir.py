@@ -76,6 +76,11 @@ class RunDir:
         return self.root / "recipe.origins.json"
 
     @property
+    def estimate(self) -> Path:
+        """`ftune plan`'s memory estimate of this run (written with `output.report: true`, for the report)."""
+        return self.root / "estimate.json"
+
+    @property
     def accelerate_config(self) -> Path:
         return self.root / "accelerate.yaml"
 

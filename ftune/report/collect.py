@@ -73,6 +73,7 @@ class RunFacts:
     plan: dict
     env: dict
     params: dict
+    estimate: dict
     summary: dict
     records: list[dict]
     status: Status
@@ -250,7 +251,7 @@ def read_run(root: Path | str) -> RunFacts:
     predictions, total = _predictions(run)
     return RunFacts(root=path, label=path.name, recipe=recipe if isinstance(recipe, dict) else {},
                     origins=_read_json(run.origins), plan=_read_json(run.plan), env=_read_json(run.env),
-                    params=params, summary=summary, records=records, status=status(run, records, summary),
+                    params=params, estimate=_read_json(run.estimate), summary=summary, records=records, status=status(run, records, summary),
                     series=series(records, params.get("tokens_per_step")), predictions=predictions,
                     predictions_total=total, completions=_completions(run))
 

@@ -158,13 +158,26 @@ def _recipe(run: RunFacts) -> str:
             f"</details>")
 
 
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
 def _memory(run: RunFacts) -> list[tuple[str, str]]:
+    """The measured peak (CUDA: summary.json) against `ftune plan`'s estimate (estimate.json, `output.report`)."""
     peak = run.summary.get("peak_memory_bytes")
-    estimate = run.plan.get("memory_estimate_bytes")
-    rows = [("measured peak (GPU, allocated)", f"{peak / 2**30:.2f} GiB" if isinstance(peak, (int, float)) else
-             "not measured (a CPU run, or not finished)")]
+    estimate = run.estimate.get("peak_bytes")
+    measured = isinstance(peak, (int, float)) and not isinstance(peak, bool)
+    rows = [("measured peak memory", f"{_gib(peak)} (GPU, allocated)" if measured else
+             "not measured (measured on CUDA, at the end of a finished run)")]
     if isinstance(estimate, (int, float)):
-        rows.append(("plan's estimate", f"{estimate / 2**30:.2f} GiB"))
+        where = run.estimate.get("device", "")
+        rows.append(("plan's estimate", f"{_gib(estimate)} per {where or 'device'} (peak: {run.estimate.get('peak_phase')})"
+                     + (f"; measured ÷ estimated {peak / estimate:.2f}" if measured and estimate else "")))
+        for item in run.estimate.get("items") or []:
+            rows.append((f"  {item.get('kind')}", f"{_gib(item.get('bytes', 0))} · {item.get('detail', '')} "
+                         f"({item.get('phase', '')})"))
+    else:
+        rows.append(("plan's estimate", "not recorded (`output.report: true` records it; `ftune plan` prints it)"))
     return rows
 
 

@@ -92,6 +92,9 @@ def _check_report_and_mlflow(run_dir, store):
     loss = next(c for c in data["charts"] if c["id"] == "loss")["lines"][0]["points"]
     assert loss == [[m["step"], m["loss"]] for m in metrics(run_dir) if "loss" in m]
     assert 'data-status="finished"' in page
+    estimate = json.loads((run_dir / "estimate.json").read_text())  # `ftune plan`'s, recorded for the page
+    assert estimate["peak_bytes"] == sum(i["bytes"] for i in estimate["items"] if i["phase"] in ("always", estimate["peak_phase"]))
+    assert f"{estimate['peak_bytes'] / 2**30:.2f} GiB per cpu" in page
 
     with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):  # what the plan gave the workers
         client = MlflowClient(tracking_uri=store.as_uri())
