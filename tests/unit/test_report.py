@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,10 @@ def test_a_failed_run_shows_the_error_and_a_killed_one_its_last_step(tmp_path):
                                         "train.learning_rate)"
     (run / "error.json").unlink()  # SIGKILL: no error written, no final/
     assert read_run(run).status.kind == "stopped" and read_run(run).status.step == last
+    # a live run: its lock held by a process on this host (pid 1 stands for it, as in the output-policy tests)
+    (run / ".ftune.lock").write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "command": "ftune run",
+                                                 "started": "2026-01-01T00:00:00+00:00"}))
+    assert read_run(run).status.text == f"running: step {last} of 200"
 
 
 def test_charts_hold_every_logged_value_and_the_rl_metrics():
