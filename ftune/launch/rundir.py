@@ -65,6 +65,8 @@ def write_inputs(plan, resolved_yaml: str, origins: dict[str, str] | None = None
         write_text_atomic(node.origins, json.dumps(origins, indent=1) + "\n")
     if estimate is not None:
         write_text_atomic(node.estimate, json.dumps(estimate, indent=1) + "\n")
+    else:  # a previous launch's estimate is not this plan's
+        node.estimate.unlink(missing_ok=True)
     write_text_atomic(node.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
     write_text_atomic(node.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
     if plan.machine_rank == 0:
