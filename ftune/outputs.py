@@ -81,6 +81,8 @@ RECIPE = Kind("recipe", folder=False, marker="# Imported from the ", label="a re
 SCRIPT = Kind("script", folder=False, marker="# Written by `ftune launch-script",
               label="a script `ftune launch-script` wrote")
 GGUF = Kind("GGUF file", folder=False, marker="ftune.exported_by", label="a GGUF `ftune export` wrote")
+REPORT = Kind("report", folder=False, marker='<meta name="generator" content="ftune report',
+              label="a report `ftune report` wrote")
 CHAT_LOG = Kind("chat log", folder=False, marker='{"messages": ', label="a chat log `/save` wrote")
 """Appended to, never replaced: an existing file must already be a chat jsonl (or empty)."""
 

@@ -71,6 +71,16 @@ class RunDir:
         return self.root / PLAN
 
     @property
+    def origins(self) -> Path:
+        """Where each resolved recipe value came from (file:line:col, override, default): `show --origin`'s text."""
+        return self.root / "recipe.origins.json"
+
+    @property
+    def estimate(self) -> Path:
+        """`ftune plan`'s memory estimate of this run (written with `output.report: true`, for the report)."""
+        return self.root / "estimate.json"
+
+    @property
     def accelerate_config(self) -> Path:
         return self.root / "accelerate.yaml"
 
@@ -124,6 +134,11 @@ class RunDir:
         return self.root / "loss_curve.png"
 
     @property
+    def report(self) -> Path:
+        """The run's HTML report (`ftune report`; refreshed at each log with `output.report: true`)."""
+        return self.root / "report.html"
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
@@ -143,7 +158,7 @@ class RunDir:
     def outputs(self) -> tuple[Path, ...]:
         """What a run produces: removed when `output.overwrite` starts over."""
         return (self.final, self.checkpoints, self.initial_adapter, self.metrics, self.summary, self.params, self.loss_curve,
-                self.tensorboard, self.predictions)
+                self.tensorboard, self.predictions, self.report)
 
     def complete_checkpoints(self) -> list[Path]:
         """`checkpoint-N` folders holding the completion marker (a killed save has none), newest first."""

@@ -57,6 +57,8 @@ COMMANDS: dict[str, Command] = {
         "ftune.cli.chat", "chat with a run's model in the terminal (/reset, /system, /set, /save)",
         ("torch", "transformers", "peft", "accelerate", "datasets"),
     ),
+    "report": Command("ftune.cli.report", "a run's report as one HTML file: curves, metrics, predictions, recipe, "
+                      "plan; several runs compared"),
     "import": Command("ftune.cli.import_", "write an ftune recipe from an axolotl, LLaMA-Factory or torchtune config"),
     "launch-script": Command("ftune.cli.launch_script",
                              "write a job spec (slurm, kubernetes, skypilot): one `ftune run` per node, ranks from the scheduler"),

@@ -43,7 +43,25 @@ def run(args: argparse.Namespace) -> int:
             console.print_json(plan.model_dump_json())
             console.print(f"[bold]launch:[/bold] {command}", soft_wrap=True)
         return 0
+    from ftune.cli.show import origins
     from ftune.launch.launcher import launch
 
     console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
-    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False))
+    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False),
+                  origins=origins(loaded, tuple(args.overrides)),
+                  estimate=memory_estimate(plan) if plan.recipe.output.report else None)
+
+
+def memory_estimate(plan) -> dict | None:
+    """`ftune plan`'s memory estimate, for the report's measured-against-estimated memory (`output.report`). A
+    recipe the estimate can't model (a refusal of its own) gets none: the page says so, the run goes on."""
+    from ftune.errors import FtuneError
+    from ftune.estimate.estimate import estimate
+
+    try:
+        est = estimate(plan.recipe, world_size=plan.world_size, num_processes=plan.num_processes, gpu_memory=None,
+                       device=plan.device)
+    except FtuneError:
+        return None
+    return {"peak_bytes": est.total_bytes, "peak_phase": est.peak_phase, "device": est.device,
+            "items": [{"kind": m.kind, "detail": m.detail, "bytes": m.bytes, "phase": m.phase} for m in est.memory]}

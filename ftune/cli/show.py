@@ -36,6 +36,11 @@ def _origin_text(where: Location | None, path: str = "", overrides: tuple[str, .
     return where.origin or "default"
 
 
+def origins(loaded, overrides: tuple[str, ...] = ()) -> dict[str, str]:
+    """Each resolved key's origin as `--origin` prints it (`ftune run` records them for `ftune report`)."""
+    return {k: _origin_text(v, k, overrides) for k, v in loaded.origins.items()}
+
+
 def _scalar(value: object) -> str:
     import yaml
 
@@ -80,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
         data = loaded.recipe.model_dump(mode="json", exclude={"extends"})
         out: dict = data
         if args.origin:
-            origins = {k: _origin_text(v, k, tuple(args.overrides)) for k, v in loaded.origins.items()}
-            out = {"recipe": data, "origins": origins}
+            out = {"recipe": data, "origins": origins(loaded, tuple(args.overrides))}
         print(json.dumps(out, indent=2))
         return EXIT_OK
     sources = [display(f) for f in loaded.files]

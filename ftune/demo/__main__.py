@@ -180,7 +180,14 @@ def real_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict
     t = time.perf_counter()
     figures = real.measure(workdir)
     timings["measure " + real.STAGE] = time.perf_counter() - t
-    return figures, real.report(figures, console)
+    learned = real.report(figures, console)
+    from ftune.report import write_report
+    from ftune.rundir import RunDir
+
+    run = RunDir(workdir / real.RUN_DIR)
+    write_report([run.root], run.report)  # the run's page: curves, predictions, recipe with origins, plan
+    console.print(f"report: [bold]{run.report}[/bold] (one HTML file; open it in a browser)")
+    return figures, learned
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,7 +90,8 @@ def _wait_after_interrupt(proc: subprocess.Popen, grace: float = 60.0) -> None:
         proc.wait()
 
 
-def launch(plan, resolved_yaml: str, *, secret_env: Mapping[str, str] = {}, debug: bool = False) -> int:
+def launch(plan, resolved_yaml: str, *, secret_env: Mapping[str, str] = {}, debug: bool = False,
+           origins: dict[str, str] | None = None, estimate: dict | None = None) -> int:
     """Claim and lock the run dir, write its inputs and run the workers. `secret_env`: secrets given on the command
     line, handed to the workers through their environment only (never written to the run dir)."""
     run = plan.run
@@ -104,7 +105,7 @@ def launch(plan, resolved_yaml: str, *, secret_env: Mapping[str, str] = {}, debu
         if plan.recipe.output.overwrite and plan.machine_rank == 0:
             _start_over(plan)
         try:
-            digest = write_inputs(plan, resolved_yaml)
+            digest = write_inputs(plan, resolved_yaml, origins, estimate)
         except OSError as exc:
             raise (disk_full(exc, run.root) or exc) from exc
         env = dict(os.environ, **WORKER_ENV, **plan.launch.env, **secret_env, **{PLAN_DIGEST_ENV: digest})

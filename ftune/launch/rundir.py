@@ -51,14 +51,22 @@ def environment(recipe_file: str) -> dict:
     }
 
 
-def write_inputs(plan, resolved_yaml: str) -> str:
-    """Write the inputs; returns the sha256 of plan.json as written (the worker checks it before reading it)."""
+def write_inputs(plan, resolved_yaml: str, origins: dict[str, str] | None = None, estimate: dict | None = None) -> str:
+    """Write the inputs; returns the sha256 of plan.json as written (the worker checks it before reading it).
+    For the report: `origins`, each resolved key's origin as `ftune show --origin` prints it (recipe.origins.json);
+    `estimate`, `ftune plan`'s memory estimate (estimate.json)."""
     run = plan.run
     node = run.node(plan.machine_rank)  # node k > 0 of a job sharing the run dir: nodes/node<k>/
     node.root.mkdir(parents=True, exist_ok=True)
     plan_text = plan.model_dump_json(indent=2) + "\n"
     write_text_atomic(node.recipe, resolved_yaml)
     write_text_atomic(node.plan, plan_text)
+    if origins is not None:
+        write_text_atomic(node.origins, json.dumps(origins, indent=1) + "\n")
+    if estimate is not None:
+        write_text_atomic(node.estimate, json.dumps(estimate, indent=1) + "\n")
+    else:  # a previous launch's estimate is not this plan's
+        node.estimate.unlink(missing_ok=True)
     write_text_atomic(node.accelerate_config, yaml.safe_dump(plan.launch.accelerate_config, sort_keys=False))
     write_text_atomic(node.env, json.dumps(environment(plan.recipe_file), indent=2) + "\n")
     if plan.machine_rank == 0:

@@ -16,11 +16,10 @@ from ftune.plan import quantization
 from ftune.plan.paths import missing_configs, missing_inputs
 from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
+from ftune.recipe.trackers import TRACKERS
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
 
-TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
-                    "trackio": "trackio"}
 
 
 def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
@@ -191,6 +190,14 @@ def precision(recipe: Recipe, device: str, mixed_precision: str) -> list[Problem
     return []
 
 
+def _importable(module: str) -> bool:
+    """find_spec of a dotted name imports its parents: a missing parent is a missing module, not an error."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def packages(recipe: Recipe) -> list[Problem]:
     """Optional packages the recipe needs: its optimizer's, its trackers', bitsandbytes, trl for its objective."""
     found: list[Problem] = []
@@ -199,11 +206,12 @@ def packages(recipe: Recipe) -> list[Problem]:
         found.append(Problem.at("train.optimizer", f"{recipe.train.optimizer} needs the optional package {need[1]}, "
                                 "which is not installed", f"pip install '{need[1]}'   (or pick another optimizer, "
                                 "e.g. adamw_torch_fused)"))
-    for i, tracker in enumerate(recipe.output.report_to):
-        module = TRACKER_PACKAGES.get(tracker)
-        if module is not None and importlib.util.find_spec(module) is None:
-            found.append(Problem.at(f"output.report_to.{i}", f"report_to '{tracker}' needs the {tracker} package, "
-                                    "which is not installed", f"pip install {tracker}   (or remove it from "
+    for i, name in enumerate(recipe.output.report_to):
+        tracker = TRACKERS.get(name)
+        missing = [m for m in tracker.modules if not _importable(m)] if tracker else []
+        if missing:
+            found.append(Problem.at(f"output.report_to.{i}", f"report_to '{name}' needs {', '.join(missing)}, "
+                                    "which is not installed", f"{tracker.install}   (or remove it from "
                                     "output.report_to; metrics.jsonl is always written)"))
     found += quantization.check_environment(recipe) + torchvision(recipe)
     obj = objective(recipe.train.objective)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftune.methods import config_classes
 from ftune.plugins import merged as merged_plugins
+from ftune.recipe.trackers import NAMES as TRACKER_NAMES
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
@@ -679,14 +680,16 @@ class Trackers(Section):
 class OutputSection(Section):
     dir: str | None = None
     """Run directory, relative to the working directory; default: runs/<name>."""
-    report_to: list[Literal["none", "tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = Field(
-        default_factory=lambda: ["tensorboard"]
-    )
-    """Experiment trackers; metrics.jsonl is always written."""
+    report_to: list[Literal[TRACKER_NAMES]] = Field(default_factory=lambda: ["tensorboard"])  # type: ignore[valid-type]
+    """Experiment trackers (the ones transformers reports to; each needs its package, checked before launch);
+    metrics.jsonl is always written. Offline modes: docs/trackers.md."""
     overwrite: bool = False
     """Allow starting over in a run dir that holds a finished run."""
     loss_curve: bool = True
     """Write loss_curve.png at the end."""
+    report: bool = False
+    """Write report.html in the run dir (curves, predictions, recipe, plan: `ftune report`) and refresh it at each
+    log, so a live run can be watched from a browser; `ftune report RUN_DIR` writes it for any run."""
     trackers: Trackers | None = None
     """Tracker settings (W&B project/entity/run name/tags, MLflow experiment/tags); nothing is sent unless the
     tracker is also in report_to."""

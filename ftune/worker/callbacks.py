@@ -98,13 +98,36 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
         def on_train_end(self, args, state, control, **kwargs):
             STOP.phase = "finishing"
 
+    class LiveReport(TrainerCallback):
+        """output.report: report.html rewritten (atomically) after each log line, so a browser on a shared
+        filesystem watches the run; after MetricsJsonl, so the page holds the line just logged."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs:
+                write_live_report(run, console)
+
     callbacks = [MetricsJsonl(), CheckpointMarker(), NumericsGuard(), StopOnSignal()]
+    if plan.recipe.output.report:
+        callbacks.append(LiveReport())
     if console is not None and console.is_terminal:
         callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step,
                                         preference=plan.recipe.train.objective != "sft"))
     elif console is not None:  # a log file, a pipe, CI, Slurm: no bar to redraw, one plain line per logging step
         callbacks.append(_plain_progress(TrainerCallback, console, tokens_per_step))
     return callbacks
+
+
+def write_live_report(run, console=None) -> None:
+    """The run's report.html now. A page that can't be written (a full disk, a bug in the page) is a warning
+    printed once, never the end of a training run: the report is a view of files the run keeps writing."""
+    from ftune.report import write_report
+
+    try:
+        write_report([run.root], run.report)
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        if not getattr(write_live_report, "warned", False):
+            write_live_report.warned = True  # type: ignore[attr-defined]
+            print(f"ftune worker: warning: report.html not written: {type(err).__name__}: {err}", flush=True)
 
 
 def progress_line(step: int, total: int, logs: dict, tokens_per_second: float, elapsed: float, done: int) -> str:

@@ -34,7 +34,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.runtime import train
     from ftune.runtime.model import load_model
     from ftune.worker import card, facts, profile, report, save
-    from ftune.worker.callbacks import make_callbacks
+    from ftune.worker.callbacks import make_callbacks, write_live_report
     from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
 
@@ -67,13 +67,15 @@ def run_stages(plan: Plan) -> dict:
         save.save_initial_adapter(model, run.initial_adapter)
     if console:
         report.header(console, plan, counts, bundle, quant_line)
-        run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total}) + "\n")
 
     stats = bundle.report  # tokens per row iterated (packed rows when packing), as the data stage counted them
     if stats.streaming:  # nothing counted before training: a full row per sample when packing
         tokens_per_step = (recipe.data.max_seq_length or 0) * plan.effective_batch_size if stats.packing else 0
     else:
         tokens_per_step = stats.tokens / max(stats.packed_rows or stats.train_samples, 1) * plan.effective_batch_size
+    if console:  # tokens_per_step: the report's tokens/s between two logs
+        run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total,
+                                          "tokens_per_step": round(tokens_per_step, 3)}) + "\n")
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
     moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
     callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
@@ -100,6 +102,8 @@ def run_stages(plan: Plan) -> dict:
         result = report.summary(console, plan, final_metrics, saved, tokens_per_step)
         if recipe.output.loss_curve:
             report.loss_curve(run)
+        if recipe.output.report:  # the finished run's page: summary.json and final/ are written now
+            write_live_report(run)
     return result
 
 

@@ -4,6 +4,8 @@ final/ reloads with plain transformers/peft and reproduces the logged eval loss.
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
 
@@ -37,12 +39,18 @@ def _reload(final, model_dir, adapter: bool, task: str = "causal-lm"):
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_learns_saves_and_reloads(method, tmp_path, tiny_model_dir, text_data_file):
+    output = {"loss_curve": True}
+    if method == "lora":  # the LoRA run also keeps its live report and logs to an offline MLflow (a file store)
+        output |= {"report": True, "report_to": ["tensorboard", "mlflow"],
+                   "trackers": {"mlflow": {"tracking_uri": (tmp_path / "mlruns").as_uri(), "experiment": "e2e"}}}
     recipe = base_recipe(tiny_model_dir, text_data_file, name=f"e2e-{method}", peft=METHODS[method],
-                         train={"learning_rate": LEARNING_RATES[method]}, output={"loss_curve": True})
+                         train={"learning_rate": LEARNING_RATES[method]}, output=output)
     path = write_recipe(tmp_path, recipe)
-    res = ftune("run", str(path), cwd=tmp_path)
+    res = ftune("run", str(path), cwd=tmp_path, env={"DISABLE_MLFLOW_INTEGRATION": "FALSE"})
     assert res.code == 0, res.text
     run_dir = tmp_path / "runs" / "e2e"
+    if method == "lora":
+        _check_report_and_mlflow(run_dir, tmp_path / "mlruns")
     for name in ("recipe.resolved.yaml", "plan.json", "accelerate.yaml", "env.json", "metrics.jsonl",
                  "loss_curve.png", "final/ftune.json", "final/tokenizer.json"):
         assert (run_dir / name).is_file(), name
@@ -72,6 +80,29 @@ def test_method_learns_saves_and_reloads(method, tmp_path, tiny_model_dir, text_
     assert res_eval.code == 0, res_eval.text
     measured = json.loads(res_eval.out)["metrics"]["eval_loss"]
     assert measured == pytest.approx(evals[-1], abs=1e-4)
+
+
+def _check_report_and_mlflow(run_dir, store):
+    """output.report: report.html holds the finished run (every logged loss); MLflow's file store holds every
+    metric the run logged, at its step, equal to metrics.jsonl."""
+    from mlflow.tracking import MlflowClient
+
+    page = (run_dir / "report.html").read_text()
+    data = json.loads(page.split('id="report-data">')[1].split("</script>")[0])
+    loss = next(c for c in data["charts"] if c["id"] == "loss")["lines"][0]["points"]
+    assert loss == [[m["step"], m["loss"]] for m in metrics(run_dir) if "loss" in m]
+    assert 'data-status="finished"' in page
+    estimate = json.loads((run_dir / "estimate.json").read_text())  # `ftune plan`'s, recorded for the page
+    assert estimate["peak_bytes"] == sum(i["bytes"] for i in estimate["items"] if i["phase"] in ("always", estimate["peak_phase"]))
+    assert f"{estimate['peak_bytes'] / 2**30:.2f} GiB per cpu" in page
+
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):  # what the plan gave the workers
+        client = MlflowClient(tracking_uri=store.as_uri())
+        [run] = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+        for key in ("loss", "eval_loss", "learning_rate", "grad_norm"):
+            logged = [(m["step"], m[key]) for m in metrics(run_dir) if key in m]
+            history = sorted((h.step, h.value) for h in client.get_metric_history(run.info.run_id, key))
+            assert history == logged and logged, key
 
 
 def test_sequence_classification(tmp_path, tiny_cls_model_dir):

@@ -102,6 +102,11 @@ def _export(w, out: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _report(w, out: Path, capsys) -> tuple[int, str]:
+    code = main(["report", str(w["run"].root), "--out", str(out), "--force"])
+    return code, capsys.readouterr().err
+
+
 def _chat_save(w, out: Path, capsys) -> tuple[int, str]:
     session = Session(loaded=None, inputs=(w["run"].final,))
     session.messages += [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -117,6 +122,7 @@ COMMANDS = {  # command -> (runner, its input)
     "launch-script -o": (_launch_script, lambda w: w["work"] / "r.yaml"),
     "chat /save": (_chat_save, lambda w: w["run"].final),
     "export gguf --out": (_export, lambda w: w["run"].final),
+    "report --out": (_report, lambda w: w["run"].plan),  # its input is the run dir: its files are the run's
 }
 
 

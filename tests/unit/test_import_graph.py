@@ -7,7 +7,7 @@ Layers, lowest first; a module imports only from its own package or a lower laye
                                                                library noise off
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, gguf
-  3 recipe                                                     the recipe language
+  3 recipe, report                                             the recipe language; a run dir's report page
   4 data                                                       data files read lightly: both sides (checks, formats)
   5 plan, importers, generation                                decisions before launch; prompts, stop tokens,
                                                                decoding and their metrics (both sides: the end of
@@ -36,7 +36,7 @@ LAYERS = {
     "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2,
-    "recipe": 3,
+    "recipe": 3, "report": 3,
     "data": 4,
     "plan": 5, "importers": 5, "generation": 5,
     "estimate": 6, "dataset": 6,

@@ -48,6 +48,13 @@ def test_light_command_imports_nothing_heavy(argv):
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_report_imports_nothing_heavy(tmp_path):
+    """`ftune report` of two recorded runs (the page, the recipe diff, the charts' data): no torch."""
+    runs = ["tests/data/report_runs/finished", "tests/data/report_runs/rl"]
+    test_light_command_imports_nothing_heavy(["report", *runs, "--out", str(tmp_path / "r.html")])
+    assert (tmp_path / "r.html").stat().st_size > 10_000
+
+
 HIDDEN_PROBE = """
 import importlib.util, sys
 real = importlib.util.find_spec
@@ -79,7 +86,7 @@ def test_commands_table_requirements():
     from ftune.cli.main import COMMANDS, TRAIN_STACK
 
     light = [name for name, cmd in COMMANDS.items() if not cmd.requires]
-    assert light == ["validate", "show", "import", "launch-script"]
+    assert light == ["validate", "show", "report", "import", "launch-script"]
     assert COMMANDS["run"].requires == TRAIN_STACK
     assert all(set(cmd.requires) <= set(TRAIN_STACK) for cmd in COMMANDS.values())
 

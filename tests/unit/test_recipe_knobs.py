@@ -172,8 +172,12 @@ def test_tracker_settings_reach_the_workers_environment(tmp_path):
     assert {k: env[k] for k in env if k.startswith(("WANDB", "MLFLOW"))} == {
         "WANDB_PROJECT": "p", "WANDB_ENTITY": "team", "WANDB_TAGS": "lora,8b", "WANDB_MODE": "offline",
         "MLFLOW_EXPERIMENT_NAME": "e", "MLFLOW_TAGS": json.dumps({"owner": "me"}),
-        "MLFLOW_TRACKING_URI": "file:/tmp/mlruns"}
+        "MLFLOW_TRACKING_URI": "file:/tmp/mlruns", "MLFLOW_ALLOW_FILE_STORE": "true"}
     assert p.trainer["run_name"] == "r1" and p.trainer["report_to"] == ["wandb", "mlflow"]
+    # MLflow 3 refuses its file store (a file: URI, a path, or its default ./mlruns) unless this is set; not a server's
+    server = plan(tmp_path, output={"report_to": ["mlflow"], "trackers": {"mlflow": {"tracking_uri": "http://h:5000"}}})
+    assert "MLFLOW_ALLOW_FILE_STORE" not in server.launch.env
+    assert plan(tmp_path, output={"report_to": ["mlflow"]}).launch.env["MLFLOW_ALLOW_FILE_STORE"] == "true"
 
 
 def test_tracker_settings_without_the_tracker_send_nothing_and_are_refused(tmp_path):

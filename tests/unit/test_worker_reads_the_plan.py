@@ -35,6 +35,7 @@ ALLOWED = {
     "train.early_stopping": "the callback's settings", "train.activation_offloading": "a context manager",
     "eval.generate": "generation metrics' settings",
     "output.loss_curve": "whether to draw the curve",
+    "output.report": "whether to refresh report.html at each log",
     "train.rl": "online RL's reward functions by name, the completions logged, the clipped-completions message",
     "train.router_collapse": "the router-collapse guard's settings",
     "distributed.timeout": "named in the error on a collective that did not answer",
