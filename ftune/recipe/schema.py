@@ -494,6 +494,10 @@ class RLSection(Section):
     advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
     completions_sample: int = Field(8, ge=0)
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
+    reward_timeout: float = Field(10.0, gt=0.0, le=600.0)
+    """Seconds one reward may take on one completion. The rewards run in a process of their own: one past its
+    limit (a regex that backtracks, a plugin that loops) is killed and stops the run (exit 3) naming the reward and
+    the row, after a checkpoint of the last complete step."""
 
 
 OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")

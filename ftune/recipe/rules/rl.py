@@ -69,6 +69,12 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
                 yield Problem.at(f"{at}.{key}" if key else at, f"reward '{spec.name}': {msg}",
                                  f"its arguments: {fields} (besides name and weight); see {where(spec.name)}'s "
                                  "documentation")
+    if rl.rewards and all(spec.weight == 0 for spec in rl.rewards):
+        last = len(rl.rewards) - 1
+        yield Problem.at(f"train.rl.rewards.{last}.weight",
+                         f"every reward has weight 0 ({'the only reward' if not last else 'all of them'}), so every "
+                         "completion's total reward is 0: every advantage is zero and nothing is learned",
+                         "give a reward a non-zero weight (the default is 1)")
 
 
 def whole_groups(recipe: Recipe) -> Iterator[Problem]:
