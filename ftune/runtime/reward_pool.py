@@ -136,6 +136,8 @@ class Pool:
             except (EOFError, OSError):
                 code = self.proc.wait() if self.proc is not None else None
                 self.kill()
+                if INTERRUPT.is_set():
+                    raise RewardsInterrupted(self.entries[index or 0].name) from None
                 what = "its process" if index is None else f"reward '{self.entries[index].name}'"
                 raise RunError(f"{what} ended (exit code {code}) on {row}",
                                hint="a reward may not exit the process or crash it; fix the reward") from None
@@ -185,7 +187,10 @@ def _serve() -> None:
     from ftune.lifecycle import die_with_parent
 
     die_with_parent(signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; the pipe's EOF ends us
+    # Ctrl-C and SIGTERM (a launcher signals the whole process group) are the run's to handle: it ends this process
+    # (kill, or the pipe's EOF), and dies with it (PDEATHSIG)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out_fd = os.dup(1)
     os.dup2(2, 1)  # a reward's print goes to stderr, never into the channel
     read, write = Connection(0, writable=False), Connection(out_fd, readable=False)

@@ -59,6 +59,11 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at(f"{at}.name", f"reward '{spec.name}' is named twice; its metrics would merge",
                              "give it once (its weight sets how much it counts)")
         seen.add(spec.name)
+        if reward.args is None:  # a plugin reward without an arguments model takes none
+            for key in spec.args:
+                yield Problem.at(f"{at}.{key}", f"reward '{spec.name}' takes no arguments",
+                                 f"remove it (besides name and weight); see {where(spec.name)}'s documentation")
+            continue
         try:
             reward.args.model_validate(spec.args)
         except ValidationError as err:
