@@ -332,14 +332,21 @@ class ParallelismSection(Section):
     """Context parallelism: each sequence split over this many ranks (SDPA ring attention; CUDA only)."""
 
 
+MAX_NODES = 65_536
+"""The most machines a job may have (torch's largest jobs are a few thousand): more is a typo. Also the bound of a
+scheduler's node count (`ftune.plan.cluster`) and of `launch-script --nodes`."""
+MAX_PROCESSES_PER_NODE = 1_024
+"""The most processes per machine (`distributed.num_processes`, a scheduler's per-node count, `--gpus-per-node`)."""
+
+
 class DistributedSection(Section):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
     """How processes share the work."""
-    num_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    num_processes: Annotated[int, Field(ge=1, le=MAX_PROCESSES_PER_NODE)] | Literal["auto"] = 1
     """Processes per machine; `auto` means the visible GPUs, else 1."""
-    num_machines: int = Field(1, ge=1)
+    num_machines: int = Field(1, ge=1, le=MAX_NODES)
     """Machines (nodes) in the job."""
-    machine_rank: int = Field(0, ge=0)
+    machine_rank: int = Field(0, ge=0, lt=MAX_NODES)
     """This machine's rank, 0..num_machines-1 (usually an override per node)."""
     main_process_ip: str | None = None
     """Address of machine 0 (multi-node)."""

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from ftune.errors import FtuneError, UsageError
+from ftune.recipe.schema import MAX_NODES, MAX_PROCESSES_PER_NODE
 
 JOB_KEYS = ("distributed.num_machines", "distributed.machine_rank", "distributed.main_process_ip",
             "distributed.main_process_port")
@@ -52,9 +53,6 @@ def dump_yaml(data: dict) -> str:
     return yaml.dump(data, Dumper=Dumper, sort_keys=False)
 
 
-MAX_NODES = 65_536
-"""The most nodes a spec asks for (torch's largest jobs are a few thousand nodes): a larger --nodes is a typo."""
-MAX_GPUS_PER_NODE = 1_024
 SBATCH_VALUE = re.compile(r"^[A-Za-z0-9._:,+@%=/-]+$")
 """What a value pasted into an `#SBATCH --key=value` line may hold: sbatch reads the line itself."""
 
@@ -88,7 +86,8 @@ def check(req: Request):
     """Load the recipe as every node will (errors located, exit 1); returns (loaded, overrides, gpus per node)."""
     from ftune.recipe import load_recipe
 
-    for flag, value, most in (("nodes", req.nodes, MAX_NODES), ("gpus-per-node", req.gpus_per_node, MAX_GPUS_PER_NODE)):
+    for flag, value, most in (("nodes", req.nodes, MAX_NODES), ("gpus-per-node", req.gpus_per_node,
+                                                                MAX_PROCESSES_PER_NODE)):
         if value is not None and value < 1:
             raise UsageError(f"--{flag} must be at least 1 (got {value})")
         if value is not None and value > most:
