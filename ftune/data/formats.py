@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune.errors import Location
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
 from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
@@ -114,7 +115,11 @@ def encoder(src: Source, ctx: Context, rows) -> Callable[[dict, list[int]], dict
     fmt = src.spec.format
 
     def fail(i: int, message: str, hint: str | None = None) -> DataError:
-        row = int(rows[i])
+        at = rows[i]
+        if isinstance(at, Location):  # a streamed row (ftune.dataset.stream): its file and line, as read
+            line = f"line {at.line} of " if at.line else ""
+            return DataError(f"{src.where}: {line}{at.file}: {message}", hint=hint, location=at)
+        row = int(at)
         return DataError(
             f"{src.where}: row {row + 1} of {src.spec.path}: {message}",
             hint=hint,

@@ -172,14 +172,34 @@ class DataSource(Section):
         return any(c in self.path for c in "*?[")
 
     def files(self) -> list[str]:
-        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths)."""
-        import glob
+        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths), without the
+        matches inside an ftune run dir below the pattern's fixed folder (`run_dir_matches`)."""
         from pathlib import Path
 
         path = Path(self.path).expanduser()
         if self.is_glob:
-            return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
+            return [p for p, in_run in self._matches() if not in_run]
         return [str(path.resolve())] if path.is_file() else []
+
+    def run_dir_matches(self) -> list[str]:
+        """A glob's matches that lie in an ftune run dir (its completions.jsonl, metrics.jsonl, checkpoints),
+        skipped: a run's own outputs never become its (or a later run's) training data."""
+        return [p for p, in_run in self._matches() if in_run] if self.is_glob else []
+
+    def _matches(self) -> list[tuple[str, bool]]:
+        import glob
+        from pathlib import Path
+
+        from ftune.outputs import RUN_MARKER
+
+        pattern = Path(self.path).expanduser()
+        fixed = next((i for i, part in enumerate(pattern.parts) if any(c in part for c in "*?[")), 0)
+        root = Path(*pattern.parts[:fixed]).resolve() if fixed else Path.cwd()
+        out = []
+        for p in sorted(str(Path(m).resolve()) for m in glob.glob(str(pattern)) if Path(m).is_file()):
+            below = [d for d in Path(p).parents if d != root and root in d.parents]
+            out.append((p, any((d / RUN_MARKER).is_file() for d in below)))
+        return out
 
     @model_validator(mode="before")
     @classmethod
