@@ -202,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             raise known from err
         return 0
     except FtuneError as err:
+        problems = [{"path": p.path, "message": p.message, "hint": p.hint, "severity": p.severity}
+                    for p in getattr(err, "problems", [])]  # a RecipeError's: located by the parent, at its keys
         _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,
-                               "exit_code": err.exit_code, "traceback": traceback.format_exc()})
+                               "exit_code": err.exit_code, "traceback": traceback.format_exc(),
+                               **({"problems": problems} if problems else {})})
         if debug:
             traceback.print_exc()
         return err.exit_code
