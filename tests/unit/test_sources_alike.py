@@ -93,3 +93,18 @@ def test_a_streamed_token_row_out_of_the_vocabulary_is_located(tiny_tokenizer_di
     assert err.value.message.startswith(f"data.train[0]: line 3 of {file}: token id 1000000 in `input_ids` is "
                                         "outside the tokenizer's vocabulary")
     assert (err.value.location.file, err.value.location.line) == (str(file), 3)
+
+
+def test_a_glob_the_loader_refuses_is_a_data_error_not_the_pattern_opened_as_a_file(tmp_path):
+    """What `ftune data` and the worker hit when `datasets` can't load a glob: the diagnosis read each file (it
+    opened the pattern itself: FileNotFoundError, an internal error)."""
+    from ftune.data.errors import DataError
+    from ftune.data.sources import load, resolve
+    from ftune.recipe.schema import DataSource
+
+    _jsonl(tmp_path / "d/a.jsonl", {"text": "x"})
+    (tmp_path / "d/b.jsonl").write_text('{"text": "y"}\n{"text": "cut\n')
+    with pytest.raises(DataError) as err:
+        load(resolve(DataSource(path=str(tmp_path / "d/*.jsonl")), "data.train[0]"), tmp_path / "scratch")
+    assert err.value.message.startswith(f"data.train[0]: line 2 of {tmp_path / 'd/b.jsonl'} is not valid JSON: ")
+    assert (err.value.location.file, err.value.location.line) == (str(tmp_path / "d/b.jsonl"), 2)
