@@ -108,3 +108,24 @@ def test_a_glob_the_loader_refuses_is_a_data_error_not_the_pattern_opened_as_a_f
         load(resolve(DataSource(path=str(tmp_path / "d/*.jsonl")), "data.train[0]"), tmp_path / "scratch")
     assert err.value.message.startswith(f"data.train[0]: line 2 of {tmp_path / 'd/b.jsonl'} is not valid JSON: ")
     assert (err.value.location.file, err.value.location.line) == (str(tmp_path / "d/b.jsonl"), 2)
+
+
+def test_a_non_integer_token_id_is_named_at_its_own_row(tiny_tokenizer_dir, tmp_path):
+    """Arrow types every row of the file as floats when one holds 2.5: the error named the batch's first row
+    (row 2, shuffled), whose ids were fine. Whole floats read as ids; 2.5 is named at row 15."""
+    from transformers import AutoTokenizer
+
+    from ftune.data.errors import DataError
+    from ftune.recipe.schema import Recipe
+    from tests.data_stage import build
+
+    rows = [{"input_ids": [1, 2, 3]} for _ in range(20)]
+    rows[14] = {"input_ids": [1, 2.5, 3]}
+    _jsonl(tmp_path / "t.jsonl", *rows)
+    recipe = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {
+        "train": [{"path": str(tmp_path / "t.jsonl"), "format": "tokens"}], "cache_dir": str(tmp_path / "cache")}})
+    with pytest.raises(DataError) as err:
+        build(recipe, AutoTokenizer.from_pretrained(tiny_tokenizer_dir), log=lambda _: None)
+    assert err.value.message == (f"data.train[0]: row 15 of {tmp_path / 't.jsonl'}: field `input_ids` holds 2.5, "
+                                 "not a token id (a whole number)")
+    assert err.value.location.line == 15
