@@ -223,7 +223,8 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
             except RewardTimeout as err:
                 folder = self._checkpoint_last_step()
                 err.hint += (f"; saved a complete checkpoint of step {self.state.global_step}: {folder}"
-                             if folder else "; no checkpoint of this run's steps was saved")
+                             if folder else f"; step {self.state.global_step} was not checkpointed (nothing "
+                             "trained yet, or several processes); complete checkpoints already saved are kept")
                 raise
             except RewardsInterrupted:
                 raise StopDuringReward(self.state.global_step, self._checkpoint_last_step()) from None
@@ -231,6 +232,8 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         def _checkpoint_last_step(self) -> str | None:
             step = self.state.global_step
             folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+            if is_complete(folder):  # the save strategy wrote it at this step
+                return str(folder)
             if step == 0 or self.accelerator.num_processes > 1:
                 return None
             if not folder.is_dir():
