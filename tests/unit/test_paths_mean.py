@@ -67,3 +67,15 @@ def test_a_model_file_where_a_recipe_is_read_is_named(tmp_path, content, what):
     with pytest.raises(UsageError) as err:
         resolve(str(tmp_path / "x.gguf"), allow_model=True)
     assert err.value.message == f"{tmp_path / 'x.gguf'} is {what}, not a recipe"
+
+
+def test_a_data_path_that_is_a_url_is_refused_as_one(tmp_path, monkeypatch):
+    from ftune.plan.paths import missing_inputs
+    from ftune.recipe import load_recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text("name: u\nmodel: {path: m}\ndata: {train: [{path: 'file:///etc/passwd'}]}\n"
+                                     "train: {max_steps: 1}\n")
+    (problem,) = [p for p in missing_inputs(load_recipe("r.yaml").recipe, model_folder=False)]
+    assert problem.path == "data.train[0].path"
+    assert problem.message.startswith("file:///etc/passwd is a URL: data paths are local files")
