@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ftune.cli.imports import block_bitsandbytes
+    from ftune.errors import RecipeError
     from ftune.plan.compile import compile_plan
     from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
@@ -47,9 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from ftune.launch.launcher import launch
 
     console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
-    return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env, debug=getattr(args, "debug", False),
-                  origins=origins(loaded, tuple(args.overrides)),
-                  estimate=memory_estimate(plan) if plan.recipe.output.report else None)
+    try:
+        return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env,
+                      debug=getattr(args, "debug", False), origins=origins(loaded, tuple(args.overrides)),
+                      estimate=memory_estimate(plan) if plan.recipe.output.report else None)
+    except RecipeError as err:  # found by the worker: located at the keys the user wrote, as at plan time
+        raise loaded.error(err.problems) from None
 
 
 def memory_estimate(plan) -> dict | None:

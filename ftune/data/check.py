@@ -23,57 +23,100 @@ PEEK_ROWS = 5
 
 
 def check_fields(recipe: Recipe) -> list[Problem]:
-    """Every problem found in the first rows of each local source that exists, at its recipe key."""
+    """Every problem found in the first rows of each local source that exists, at its recipe key. A glob's files
+    are each checked as a single file would be (the messages name the file), and must have the same columns."""
     problems: list[Problem] = []
     for where, spec in sources(recipe):
+        if spec.type != "hub" and spec.is_glob:
+            problems += _check_glob(recipe, where, spec)
+            continue
         if spec.type != "hub" and not Path(spec.path).expanduser().exists():
             continue  # missing: the input check reports it (or a hub name the loader resolves)
-        try:
-            src = resolve(spec, where)
-            peeked = peek(src, PEEK_ROWS) if src.local else None
-        except DataError as err:
-            problems.append(Problem.at(f"{where}.path", _strip(err.message, where), err.hint))
-            continue
-        if peeked is None:
-            continue
-        columns, rows = peeked
-        if not rows and src.kind != "disk":
-            problems.append(Problem.at(f"{where}.path", f"{spec.path} has no rows", "check the file"))
-            continue
-        missing = [(k, c) for k, c in required_fields(src).items() if c not in columns]
-        defaulted = "format" not in spec.model_fields_set
-        for key, col in missing:
-            problems.append(Problem.at(
-                where if defaulted else f"{where}.fields.{key}",
-                ("this source sets no `format`, so it defaulted to text, which " if defaulted else
-                 f"{spec.format} data ") + f"needs field `{col}`, but the first rows of {spec.path} have: "
-                f"{', '.join(columns) or 'no fields'}",
-                field_hint(spec.format, columns, rows[0] if rows else None),
-            ))
-        if missing:
-            continue
-        if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
-            problems.append(Problem.at(f"{where}.fields.answer",
-                             f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
-                             f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
-                             "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
-                             "rewards that read no answer (regex, json, length)"))
-            continue
-        problems += _check_text_fields(where, spec, src, rows)
-        if spec.format == "chat":
-            problems += _check_messages(where, spec, rows)
-        if spec.format == "vision-chat":
-            problems += _check_vision(where, src, rows, recipe.data.images)
-        if spec.format == "classification" and recipe.model.labels:
-            for n, row in enumerate(rows, start=1):
-                label = row.get(spec.fields.label)
-                if isinstance(label, str) and label not in recipe.model.labels:
-                    problems.append(Problem.at(f"{where}.fields.label",
-                                     f"row {n} of {spec.path}: label {label!r} is not one of model.labels "
-                                     f"({', '.join(recipe.model.labels)})",
-                                     "add it to model.labels, or fix the row"))
-                    break
+        problems += _check_source(recipe, where, spec)[0]
     return problems
+
+
+def _check_glob(recipe: Recipe, where: str, spec) -> list[Problem]:
+    """Each file the glob matches, checked as a single source (the first problem per file), then their columns:
+    a file whose columns differ from the first file's is refused (the loader would fail after launch)."""
+    files = spec.files()
+    skipped = spec.run_dir_matches()
+    problems: list[Problem] = []
+    if skipped:
+        problems.append(Problem(f"{spec.path} also matches {len(skipped)} file(s) inside ftune run dirs "
+                                f"(e.g. {skipped[0]}), skipped: a run's outputs are not training data",
+                                path=f"{where}.path", hint="narrow the pattern to silence this", severity="warning"))
+    if not files:
+        return problems  # the input check says no file matches
+    try:
+        resolve(spec, where)  # one file type for all
+    except DataError as err:
+        return [*problems, Problem.at(f"{where}.path", _strip(err.message, where), err.hint)]
+    first: tuple[str, list[str]] | None = None
+    for file in files:
+        found, columns = _check_source(recipe, where, spec.model_copy(update={"path": file}))
+        problems += found
+        if found or columns is None:
+            continue
+        if first is None:
+            first = (file, columns)
+        elif set(columns) != set(first[1]):
+            problems.append(Problem.at(
+                f"{where}.path", f"{spec.path} matches files with different columns: {file} has "
+                f"{', '.join(columns) or 'none'}, but {first[0]} has {', '.join(first[1]) or 'none'}",
+                "every file of a glob must have the same columns: fix the files, or give each kind its own source"))
+        if sum(p.severity == "error" for p in problems) >= 3:  # enough to act on; the rest after a fix
+            break
+    return problems
+
+
+def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list[str] | None]:
+    """One local file or folder (a glob's file: `spec.path` is it): its problems, and the columns read."""
+    problems: list[Problem] = []
+    try:
+        src = resolve(spec, where)
+        peeked = peek(src, PEEK_ROWS) if src.local else None
+    except DataError as err:
+        return [Problem.at(f"{where}.path", _strip(err.message, where), err.hint)], None
+    if peeked is None:
+        return [], None
+    columns, rows = peeked
+    if not rows and src.kind != "disk":
+        return [Problem.at(f"{where}.path", f"{spec.path} has no rows", "check the file")], columns
+    missing = [(k, c) for k, c in required_fields(src).items() if c not in columns]
+    defaulted = "format" not in spec.model_fields_set
+    for key, col in missing:
+        problems.append(Problem.at(
+            where if defaulted else f"{where}.fields.{key}",
+            ("this source sets no `format`, so it defaulted to text, which " if defaulted else
+             f"{spec.format} data ") + f"needs field `{col}`, but the first rows of {spec.path} have: "
+            f"{', '.join(columns) or 'no fields'}",
+            field_hint(spec.format, columns, rows[0] if rows else None),
+        ))
+    if missing:
+        return problems, columns
+    if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
+        problems.append(Problem.at(f"{where}.fields.answer",
+                         f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
+                         f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
+                         "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
+                         "rewards that read no answer (regex, json, length)"))
+        return problems, columns
+    problems += _check_text_fields(where, spec, src, rows)
+    if spec.format == "chat":
+        problems += _check_messages(where, spec, rows)
+    if spec.format == "vision-chat":
+        problems += _check_vision(where, src, rows, recipe.data.images)
+    if spec.format == "classification" and recipe.model.labels:
+        for n, row in enumerate(rows, start=1):
+            label = row.get(spec.fields.label)
+            if isinstance(label, str) and label not in recipe.model.labels:
+                problems.append(Problem.at(f"{where}.fields.label",
+                                 f"row {n} of {spec.path}: label {label!r} is not one of model.labels "
+                                 f"({', '.join(recipe.model.labels)})",
+                                 "add it to model.labels, or fix the row"))
+                break
+    return problems, columns
 
 
 def answer_readers(recipe: Recipe) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune.errors import Location
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
 from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
@@ -114,7 +115,11 @@ def encoder(src: Source, ctx: Context, rows) -> Callable[[dict, list[int]], dict
     fmt = src.spec.format
 
     def fail(i: int, message: str, hint: str | None = None) -> DataError:
-        row = int(rows[i])
+        at = rows[i]
+        if isinstance(at, Location):  # a streamed row (ftune.dataset.stream): its file and line, as read
+            line = f"line {at.line} of " if at.line else ""
+            return DataError(f"{src.where}: {line}{at.file}: {message}", hint=hint, location=at)
+        row = int(at)
         return DataError(
             f"{src.where}: row {row + 1} of {src.spec.path}: {message}",
             hint=hint,
@@ -273,6 +278,13 @@ def encode_with_offsets(tok, texts: list[str]) -> tuple[list[list[int]], list[li
     return [e.ids for e in encodings], [e.offsets for e in encodings]
 
 
+def _whole(values: list) -> list:
+    """Token ids as ints. A file where one row holds a non-integer (2.5) is typed as floats by Arrow for every row,
+    so a whole float (3.0) is read as its int; anything else (2.5, text, bool, None) is kept for the caller to name
+    in its own row (before, the batch's first row was named, whatever its values)."""
+    return [int(v) if isinstance(v, float) and v.is_integer() else v for v in values]
+
+
 def _pretokenized(batch, idx, src, ctx, fail):
     """`pretokenized` (alias `tokens`) rows, checked before training: ids are token ids of this tokenizer, labels and
     the attention mask have one value per id, labels are ids or -100, the mask is 0/1 (its 0s, padding, dropped)."""
@@ -283,8 +295,13 @@ def _pretokenized(batch, idx, src, ctx, fail):
     retokenize = ("the ids were made with another tokenizer: re-tokenize the data with this model's tokenizer "
                   "(model.tokenizer / model.path)")
     for i, ids, labels, mask in zip(idx, batch[f.input_ids], all_labels, all_masks):
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        if not isinstance(ids, list):
             raise fail(i, f"field `{f.input_ids}` must be a list of token ids")
+        ids = _whole(ids)
+        if (bad := next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)) is not None:
+            raise fail(i, f"field `{f.input_ids}` holds {bad!r}, not a token id (a whole number)")
+        if labels is not None and isinstance(labels, list):
+            labels = _whole(labels)
         out_of_range = next((t for t in ids if t < 0 or t >= vocab), None)
         if out_of_range is not None:  # caught here: the embedding lookup would fail mid-run (or at the final eval)
             raise fail(i, f"token id {out_of_range} in `{f.input_ids}` is outside the tokenizer's vocabulary "

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,13 +94,26 @@ def parse_row(messages, src, base: Path) -> VisionRow:
     return row
 
 
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def _resolve(value: str, base: Path, where: str) -> str:
-    if value.startswith(("http://", "https://")):
+    """The image's path as written (relative to the data file's folder, or absolute). A URL (any scheme:
+    http, file, s3, ...) is refused as one; a relative path that a symlink takes out of the data folder is refused
+    (the same containment as a recipe's `extends`), named as written, never by its target."""
+    if URL.match(value):
         raise ImageProblem(f"image {value} is a URL: ftune reads image files (no network while preprocessing)",
                            hint="download the images next to the data file and name them by relative path",
                            field=where)
     path = Path(value).expanduser()
-    return str(path if path.is_absolute() else (base / path).resolve())
+    if path.is_absolute():
+        return str(path)
+    joined = Path(os.path.normpath(base / path))
+    inside = joined == base or base in joined.parents  # as written (`..` is the user's own choice)
+    if inside and joined.exists() and not joined.resolve().is_relative_to(base.resolve()):
+        raise ImageProblem(f"image {value} is a symlink that leads out of the data folder {base}",
+                           hint="copy the image into the data folder, or name it by its absolute path", field=where)
+    return str(joined)
 
 
 def text_of(messages: list[dict]) -> list[dict]:
@@ -129,9 +144,12 @@ def open_image(path: str, settings, where: str | None = None):
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ImageProblem(f"image {path} does not exist", hint="image paths are relative to the data file",
                            field=where)
+    if not p.is_file():  # never opened: a FIFO would block, /dev/zero never ends
+        raise ImageProblem(f"image {path} exists but is {_kind(p)}, not a regular file",
+                           hint="name an image file (PNG, JPEG, WebP, ...)", field=where)
     notes: list[str] = []
     try:
         with Image.open(p) as img:
@@ -149,6 +167,15 @@ def open_image(path: str, settings, where: str | None = None):
         raise ImageProblem(f"image {path} can't be read: {err}", hint="the file looks truncated or corrupt; "
                            "re-export it", field=where) from None
     return _fit(image, path, settings, where, notes), notes
+
+
+def _kind(p: Path) -> str:
+    import stat
+
+    mode = p.stat().st_mode
+    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
+            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a file")
 
 
 def _too_big(path, size, settings, where) -> ImageProblem:

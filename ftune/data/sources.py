@@ -151,6 +151,34 @@ def _empty(src: Source) -> DataError:
 
 
 def _load_error(src: Source, err: Exception) -> DataError:
+    """Why `datasets` could not load `src`, found in the file itself (each file of a glob, named: the pattern is no
+    file to open), else its error as it said it."""
+    if src.spec.is_glob:
+        for file in src.spec.files():
+            found = _file_error(Source(src.spec.model_copy(update={"path": file}), src.where, file, src.kind))
+            if found is not None:
+                return found
+        return DataError(
+            f"{src.where}: could not read the files of {src.spec.path} as {src.kind}: {type(err).__name__}: {err}",
+            hint="every file of a glob must have the same columns and types; check the files, or give each kind its "
+                 "own source")
+    found = _file_error(src)
+    if found is not None:
+        return found
+    if src.kind == "hub":
+        return DataError(
+            f"{src.where}.path: could not load the hub dataset {src.path!r}: {err}",
+            hint="check the name, the network (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and `split:`",
+        )
+    return DataError(
+        f"{src.where}: could not read {src.spec.path} as {src.kind}: {type(err).__name__}: {err}",
+        hint="check the file's contents, or set `type:` in the source",
+        location=Location(file=src.path),
+    )
+
+
+def _file_error(src: Source) -> DataError | None:
+    """A local file's first bad byte, CSV record or JSON line, or no rows; None when it reads fine."""
     if src.local and src.kind in ("json", "csv", "text") and Path(src.path).is_file():
         bad = first_bad_utf8(src.path)
         if bad is not None:
@@ -171,7 +199,7 @@ def _load_error(src: Source, err: Exception) -> DataError:
             return bad
         if peeked is not None and not peeked[1]:
             return _empty(src)
-    if src.kind == "json":
+    if src.kind == "json" and src.local and Path(src.path).is_file():
         bad = first_bad_json_line(src.path)
         if bad is not None:
             line, col, msg = bad
@@ -180,16 +208,7 @@ def _load_error(src: Source, err: Exception) -> DataError:
                 hint="each line of a .jsonl file must be one JSON object",
                 location=Location(file=src.path, line=line, column=col),
             )
-    if src.kind == "hub":
-        return DataError(
-            f"{src.where}.path: could not load the hub dataset {src.path!r}: {err}",
-            hint="check the name, the network (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and `split:`",
-        )
-    return DataError(
-        f"{src.where}: could not read {src.spec.path} as {src.kind}: {type(err).__name__}: {err}",
-        hint="check the file's contents, or set `type:` in the source",
-        location=Location(file=src.path),
-    )
+    return None
 
 
 # -------------------------------------------------------------------------------------- fingerprints

@@ -91,6 +91,24 @@ def _merged(folder: Path) -> Target:
     return Target(folder, plan, record)
 
 
+def _refuse_non_recipe(arg: str, path: Path, allow_model: bool) -> None:
+    """A file given where a recipe is read, recognised by its content: a GGUF model, safetensors weights or any
+    binary file is named as what it is (the YAML loader would report a parse error in it)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return  # the loader says why it can't be read
+    what = ("a GGUF model file" if head.startswith(b"GGUF") else
+            "a safetensors weights file" if path.suffix == ".safetensors" else
+            "a binary file" if b"\0" in head else None)
+    if what is not None:
+        raise UsageError(f"{arg} is {what}, not a recipe",
+                         hint="pass a run dir (runs/NAME) or its recipe file"
+                         + (", or a model folder" if allow_model else "")
+                         + "; to start from a GGUF, set a recipe's model.path to it")
+
+
 def resolve(arg: str, overrides: list[str] | tuple[str, ...] = (), *, allow_model: bool = False) -> Target:
     """The target `arg` names: a recipe file, a run dir, a run's final/, a merged folder, or (with
     `allow_model`) any HF model folder."""
@@ -104,6 +122,7 @@ def resolve(arg: str, overrides: list[str] | tuple[str, ...] = (), *, allow_mode
         from ftune.plan.compile import compile_plan
         from ftune.recipe import load_recipe
 
+        _refuse_non_recipe(arg, path, allow_model)
         loaded = load_recipe(str(path), list(overrides))
         os.environ.update(loaded.secret_env)
         plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher

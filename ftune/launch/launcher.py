@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ftune.errors import EXIT_BUSY, EXIT_INTERRUPTED, FtuneError, RunError, disk_full
+from ftune.errors import EXIT_BUSY, EXIT_INTERRUPTED, FtuneError, Problem, RecipeError, RunError, disk_full
 from ftune.launch.lock import claim, describe
 from ftune.launch.rundir import write_inputs
 from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
@@ -56,6 +56,12 @@ def _worker_error(run: RunDir, *, kept: bool) -> FtuneError | None:
         message = info["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if info.get("kind") == "user" and isinstance(info.get("problems"), list):  # a RecipeError: its problems
+        try:
+            return RecipeError([Problem(message=str(p["message"]), path=str(p.get("path") or ""), hint=p.get("hint"),
+                                        severity=str(p.get("severity") or "error")) for p in info["problems"]])
+        except (KeyError, TypeError):
+            pass
     if info.get("kind") == "user":
         return FtuneError(message, hint=info.get("hint"), exit_code=info.get("exit_code"))
     last = (info.get("traceback") or "").strip().splitlines()[-3:-1]

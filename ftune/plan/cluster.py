@@ -6,8 +6,10 @@ innermost), and `apply` maps them onto `distributed.*` for the compiler, which d
 from them as from the recipe. Each value remembers the variable it came from (`Plan.cluster.sources`).
 
 Rules, each a located problem at the recipe key and naming the variable:
-- a launcher is found but a variable it must set is missing or not a number, or they contradict each other
-  (a node rank past the node count, a world size that isn't nodes x processes);
+- a launcher is found but a variable it must set is missing, not a whole number in its range (a port 1-65535,
+  counts 1 to MAX_NODES / MAX_PROCESSES_PER_NODE), an address that is no host name or IP, a Slurm node list that
+  doesn't parse, or they contradict each other (a node rank past the node count, a world size that isn't nodes x
+  processes);
 - the recipe sets a key explicitly to another value than the environment says;
 - the launcher started several `ftune run` per node (ftune starts the per-node processes itself);
 - the environment describes several processes but `distributed.strategy` is `none`.
@@ -24,14 +26,21 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ftune.errors import Problem
+from ftune.recipe.schema import MAX_NODES, MAX_PROCESSES_PER_NODE
 
 Launcher = Literal["torchrun", "kubeflow", "mpi", "slurm"]
+MAX_PORT = 65_535
+HOST_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+NODELIST = re.compile(r"^[A-Za-z0-9._-]*(\[\d+(-\d+)?(,\d+(-\d+)?)*\][A-Za-z0-9._-]*)*$")
+"""One item of a Slurm host list: `gpu07`, `gpu[07-09,12]`, `rack[1-2]-node[01-04]`."""
 DEFAULT_PORT = 29500
 TORCHRUN_PORT_SHIFT = 1
 """Under torchrun, its agent's rendezvous store listens on MASTER_PORT: ftune's own launch uses the next port."""
 
 DESCRIBE = {"torchrun": "torchrun", "kubeflow": "Kubeflow Trainer (PET_*)", "mpi": "Open MPI (OMPI_*)",
             "slurm": "Slurm (SLURM_*)"}
+TORCHRUN_WORDS = ("auto", "gpu", "cpu", "xpu")
+"""The words torchrun takes as --nproc-per-node (the per-node count it then finds itself)."""
 KEYS = ("num_machines", "machine_rank", "num_processes", "main_process_ip", "main_process_port")
 
 
@@ -75,37 +84,84 @@ class _Reader:
                                             "is missing or empty", self._hint()))
         return None
 
-    def number(self, key: str, *names: str, required: bool = True, least: int = 0) -> int | None:
+    def number(self, key: str, *names: str, required: bool = True, least: int = 0,
+               most: int | None = None) -> int | None:
+        """A whole number in [least, most], written in ASCII digits (no sign, `_`, exponent or other script's
+        digits, which int() would take); `most` defaults to the key's bound (`BOUNDS`)."""
         value = self.text(key, *names, required=required)
         if value is None:
             return None
+        most = BOUNDS.get(key) if most is None else most
         name = self.sources[f"distributed.{key}"].partition("=")[0]
-        try:
-            n = int(value)
-        except ValueError:
-            n = None
-        if n is None or n < least:
-            self.values.pop(key)
-            self.sources.pop(f"distributed.{key}")
+        n = int(value) if value.isascii() and value.isdigit() and len(value) <= 12 else None
+        if n is None or n < least or (most is not None and n > most):
+            self.drop(key)
+            limits = f"from {least} to {most}" if most is not None else f">= {least}"
             self.problems.append(Problem.at(f"distributed.{key}", f"{DESCRIBE[self.launcher]} job: {name}={value!r} is "
-                                            f"not a whole number >= {least}", self._hint()))
+                                            f"not a whole number {limits}", self._hint()))
             return None
         self.values[key] = n
         return n
+
+    def address(self, *names: str, required: bool = True) -> str | None:
+        """Node 0's address: a host name (RFC 1123 labels; `_` tolerated) or an IPv4/IPv6 address."""
+        value = self.text("main_process_ip", *names, required=required)
+        if value is None or is_address(value):
+            return value
+        name = self.sources["distributed.main_process_ip"].partition("=")[0]
+        self.drop("main_process_ip")
+        self.fail("main_process_ip", f"{name}={value!r} is not a host name or an IP address")
+        return None
+
+    def drop(self, key: str) -> None:
+        self.values.pop(key, None)
+        self.sources.pop(f"distributed.{key}", None)
 
     def fail(self, key: str, message: str, hint: str | None = None) -> None:
         self.problems.append(Problem.at(f"distributed.{key}", f"{DESCRIBE[self.launcher]} job: {message}",
                                         hint or self._hint()))
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm host list: `gpu[07-09,12],cpu1` -> `gpu07` (`scontrol show hostnames | head -1`)."""
-    m = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist.strip())
-    if m is None:  # pragma: no cover - the pattern matches any string
-        return nodelist
-    prefix, ranges, suffix = m.groups()
-    first = ranges.split(",")[0].split("-")[0] if ranges else ""
-    return f"{prefix}{first}{suffix}"
+BOUNDS = {"num_machines": MAX_NODES, "num_processes": MAX_PROCESSES_PER_NODE, "main_process_port": MAX_PORT,
+          "machine_rank": MAX_NODES - 1}
+
+
+def is_address(text: str) -> bool:
+    """A host name (RFC 1123: dot-separated labels of letters, digits, `-`; `_` tolerated) or an IP address."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+        return True
+    except ValueError:
+        pass
+    return len(text) <= 253 and all(HOST_LABEL.match(label) for label in text.removesuffix(".").split("."))
+
+
+def _items(nodelist: str) -> list[str]:
+    """A host list's items, split at the commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(nodelist):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    return [*items, nodelist[start:]]
+
+
+def first_host(nodelist: str) -> str | None:
+    """The first host of a Slurm host list: `gpu[07-09,12],cpu1` -> `gpu07` (`scontrol show hostnames | head -1`);
+    None when the list doesn't parse (an unclosed bracket, a range backwards, a character no host name has)."""
+    items = _items(nodelist.strip())
+    if not all(item and NODELIST.match(item) for item in items):
+        return None
+    for ranges in re.findall(r"\[([^\]]*)\]", items[0]):
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if hi and (int(hi) < int(lo) or len(hi) != len(lo) and lo.startswith("0")):
+                return None
+    host = re.sub(r"\[([^\],-]*)[^\]]*\]", r"\1", items[0])
+    return host if is_address(host) else None
 
 
 def _one_per_node(r: _Reader, name: str, per_node: int | None) -> None:
@@ -120,8 +176,9 @@ def _torchrun(r: _Reader) -> None:
     rank = r.number("machine_rank", "GROUP_RANK", "RANK")
     local = r.env.get("LOCAL_WORLD_SIZE", "1").strip()
     _one_per_node(r, "LOCAL_WORLD_SIZE", int(local) if local.isascii() and local.isdigit() else None)
-    r.text("main_process_ip", "MASTER_ADDR")
-    port = r.number("main_process_port", "MASTER_PORT", least=1)
+    r.address("MASTER_ADDR")
+    port = r.number("main_process_port", "MASTER_PORT", least=1,
+                    most=MAX_PORT - TORCHRUN_PORT_SHIFT if r.env.get("TORCHELASTIC_RUN_ID") else MAX_PORT)
     if port is not None and r.env.get("TORCHELASTIC_RUN_ID"):
         r.values["main_process_port"] = port + TORCHRUN_PORT_SHIFT
         r.sources["distributed.main_process_port"] += (f" + {TORCHRUN_PORT_SHIFT} (torchrun's own rendezvous store "
@@ -139,14 +196,13 @@ def _kubeflow(r: _Reader) -> None:
     elif nodes is not None:
         r.number("num_machines", "PET_NNODES", least=1)
     per_node = r.text("num_processes", "PET_NPROC_PER_NODE")
-    if per_node is not None and not (per_node.isascii() and per_node.isdigit()):
+    if per_node in TORCHRUN_WORDS:
         # torchrun's `auto`/`gpu`/`cpu`: the recipe's num_processes (`auto` = the visible GPUs) decides
-        r.values.pop("num_processes")
-        r.sources.pop("distributed.num_processes")
+        r.drop("num_processes")
     elif per_node is not None:
         r.number("num_processes", "PET_NPROC_PER_NODE", least=1)
     rank = r.number("machine_rank", "PET_NODE_RANK")
-    r.text("main_process_ip", "PET_MASTER_ADDR")
+    r.address("PET_MASTER_ADDR")
     r.number("main_process_port", "PET_MASTER_PORT", least=1)
     world = r.values.get("num_machines")
     if isinstance(world, int) and rank is not None and rank >= world:
@@ -158,7 +214,7 @@ def _mpi(r: _Reader) -> None:
     rank = r.number("machine_rank", "OMPI_COMM_WORLD_RANK")
     local = r.env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1").strip()
     _one_per_node(r, "OMPI_COMM_WORLD_LOCAL_SIZE", int(local) if local.isascii() and local.isdigit() else None)
-    r.text("main_process_ip", "MASTER_ADDR")  # MPI names no address: the job script exports node 0's
+    r.address("MASTER_ADDR")  # MPI names no address: the job script exports node 0's
     r.number("main_process_port", "MASTER_PORT", least=1, required=False)
     if world is not None and rank is not None and rank >= world:
         r.fail("machine_rank", f"OMPI_COMM_WORLD_RANK={rank} is out of range for OMPI_COMM_WORLD_SIZE={world}")
@@ -173,10 +229,18 @@ def _slurm(r: _Reader) -> None:
     if tasks.isascii() and tasks.isdigit() and nodes is not None and int(tasks) != nodes and not per_node:
         r.fail("num_processes", f"SLURM_NTASKS={tasks} tasks for SLURM_JOB_NUM_NODES={nodes} nodes",
                "start ftune once per node: srun --ntasks-per-node=1 (or #SBATCH --ntasks-per-node=1)")
-    if r.text("main_process_ip", "MASTER_ADDR", required=False) is None:
+    if "MASTER_ADDR" in r.env and r.env["MASTER_ADDR"].strip():
+        r.address("MASTER_ADDR")
+    else:
         nodelist = r.text("main_process_ip", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-        if nodelist is not None:
-            host = first_host(nodelist)
+        host = first_host(nodelist) if nodelist is not None else None
+        if nodelist is not None and host is None:
+            name = r.sources["distributed.main_process_ip"].partition("=")[0]
+            r.drop("main_process_ip")
+            r.fail("main_process_ip", f"{name}={nodelist!r} is not a Slurm host list",
+                   "Slurm writes it as host names and bracketed ranges (gpu[07-09,12],cpu1); export MASTER_ADDR "
+                   "to name node 0 yourself")
+        elif host is not None:
             r.values["main_process_ip"] = host
             r.sources["distributed.main_process_ip"] += f" (first host: {host})"
     r.number("main_process_port", "MASTER_PORT", least=1, required=False)

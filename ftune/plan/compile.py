@@ -20,7 +20,7 @@ from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
 from ftune.plan.model import LaunchSpec, Plan
-from ftune.plan.threads import CpuThreads, cpu_threads
+from ftune.plan.threads import CpuThreads, cap_num_proc, cpu_threads, usable_cores
 from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import checkpointing_owner, training_arguments
 from ftune.recipe.objectives import objective
@@ -111,6 +111,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     problems += adapter_problems
     notes: list[str] = []
     recipe, job = _from_launcher(recipe, environ, problems, notes)
+    if gpus is None:  # preprocessing runs here: no more processes than this machine's cores
+        recipe, capped = cap_num_proc(recipe, usable_cores())
+        problems += capped
 
     if recipe.distributed.strategy == "ddp" and getattr(loaded.origins.get("distributed.strategy"), "origin",
                                                           None) == "default":  # the schema's reading of the job

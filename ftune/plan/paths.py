@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ftune.errors import Problem
+from ftune.data.images import URL
 from ftune.recipe.load import looks_local
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
@@ -31,7 +32,11 @@ def missing_inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     for key, src in sources(recipe):
         if src.type == "hub":
             continue
-        if src.is_glob:
+        if URL.match(src.path):  # `file:///x.jsonl` was read as the relative folder `file:`
+            found.append(Problem.at(f"{key}.path", f"{src.path} is a URL: data paths are local files (or a hub "
+                                    "dataset's name with `type: hub`)",
+                                    "download the file and name it by its path (relative to the working directory)"))
+        elif src.is_glob:
             if not src.files():
                 found.append(Problem.at(f"{key}.path", f"no file matches {src.path}",
                                         "paths are relative to the working directory "

@@ -75,3 +75,26 @@ def decide(setting: int | Literal["auto"], num_processes: int, *, cores: int,
 def cpu_threads(setting: int | Literal["auto"], num_processes: int) -> CpuThreads:
     """`decide` on this machine."""
     return decide(setting, num_processes, cores=physical_cores(), environ=os.environ)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or a job's share), else all."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cap_num_proc(recipe, cores: int):
+    """`data.num_proc` at most `cores`: more preprocessing processes than CPUs only add start-up and switching
+    (1000 on 2 cores took 37 s instead of 4 s). Returns the recipe to run and the warning saying so (or none)."""
+    asked = recipe.data.num_proc
+    if asked is None or asked <= cores:
+        return recipe, []
+    from ftune.errors import Problem
+
+    warning = Problem(f"{asked} is more than this machine's {cores} usable CPU "
+                      f"core{'s' if cores != 1 else ''}: preprocessing uses {cores} processes", path="data.num_proc",
+                      hint=f"set data.num_proc: {cores} (or less) to silence this", severity="warning")
+    data = recipe.data.model_copy(update={"num_proc": cores})
+    return recipe.model_copy(update={"data": data}), [warning]

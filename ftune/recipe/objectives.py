@@ -21,7 +21,7 @@ per-device batch of 2 or more)."""
 
 
 RL_COMMON = ("rewards", "num_generations", "max_completion_length", "temperature", "top_p", "beta", "epsilon",
-             "num_iterations", "generation", "guard_logs", "completions_sample")
+             "num_iterations", "generation", "guard_logs", "completions_sample", "reward_timeout")
 """The `train.rl` keys both online RL objectives take."""
 
 

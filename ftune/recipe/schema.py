@@ -173,14 +173,34 @@ class DataSource(Section):
         return any(c in self.path for c in "*?[")
 
     def files(self) -> list[str]:
-        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths)."""
-        import glob
+        """The local files `path` names: itself, or the sorted matches of a glob (absolute paths), without the
+        matches inside an ftune run dir below the pattern's fixed folder (`run_dir_matches`)."""
         from pathlib import Path
 
         path = Path(self.path).expanduser()
         if self.is_glob:
-            return sorted(str(Path(p).resolve()) for p in glob.glob(str(path)) if Path(p).is_file())
+            return [p for p, in_run in self._matches() if not in_run]
         return [str(path.resolve())] if path.is_file() else []
+
+    def run_dir_matches(self) -> list[str]:
+        """A glob's matches that lie in an ftune run dir (its completions.jsonl, metrics.jsonl, checkpoints),
+        skipped: a run's own outputs never become its (or a later run's) training data."""
+        return [p for p, in_run in self._matches() if in_run] if self.is_glob else []
+
+    def _matches(self) -> list[tuple[str, bool]]:
+        import glob
+        from pathlib import Path
+
+        from ftune.outputs import RUN_MARKER
+
+        pattern = Path(self.path).expanduser()
+        fixed = next((i for i, part in enumerate(pattern.parts) if any(c in part for c in "*?[")), 0)
+        root = Path(*pattern.parts[:fixed]).resolve() if fixed else Path.cwd()
+        out = []
+        for p in sorted(str(Path(m).resolve()) for m in glob.glob(str(pattern)) if Path(m).is_file()):
+            below = [d for d in Path(p).parents if d != root and root in d.parents]
+            out.append((p, any((d / RUN_MARKER).is_file() for d in below)))
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -333,14 +353,21 @@ class ParallelismSection(Section):
     """Context parallelism: each sequence split over this many ranks (SDPA ring attention; CUDA only)."""
 
 
+MAX_NODES = 65_536
+"""The most machines a job may have (torch's largest jobs are a few thousand): more is a typo. Also the bound of a
+scheduler's node count (`ftune.plan.cluster`) and of `launch-script --nodes`."""
+MAX_PROCESSES_PER_NODE = 1_024
+"""The most processes per machine (`distributed.num_processes`, a scheduler's per-node count, `--gpus-per-node`)."""
+
+
 class DistributedSection(Section):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
     """How processes share the work. Not written, several processes or machines mean `ddp` (the plan notes it)."""
-    num_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    num_processes: Annotated[int, Field(ge=1, le=MAX_PROCESSES_PER_NODE)] | Literal["auto"] = 1
     """Processes per machine; `auto` means the visible GPUs, else 1."""
-    num_machines: int = Field(1, ge=1)
+    num_machines: int = Field(1, ge=1, le=MAX_NODES)
     """Machines (nodes) in the job."""
-    machine_rank: int = Field(0, ge=0)
+    machine_rank: int = Field(0, ge=0, lt=MAX_NODES)
     """This machine's rank, 0..num_machines-1 (usually an override per node)."""
     main_process_ip: str | None = None
     """Address of machine 0 (multi-node)."""
@@ -509,6 +536,10 @@ class RLSection(Section):
     advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
     completions_sample: int = Field(8, ge=0)
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
+    reward_timeout: float = Field(10.0, gt=0.0, le=600.0)
+    """Seconds one reward may take on one completion. The rewards run in a process of their own: one past its
+    limit (a regex that backtracks, a plugin that loops) is killed and stops the run (exit 3) naming the reward and
+    the row, after a checkpoint of the last complete step."""
 
 
 OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")

@@ -8,12 +8,13 @@ naming the reward and the row. TRL's logged names are mapped to ftune's (`ALIASE
 from __future__ import annotations
 
 import json
-import math
 import time
+from pathlib import Path
 
 from ftune.errors import RunError
-from ftune.plugins import load_object
 from ftune.rewards import REWARD_MODEL, Sample, available
+from ftune.rundir import is_complete
+from ftune.runtime.reward_pool import Entry, Pool, RewardsInterrupted, RewardTimeout
 from ftune.dataset.prompt import BOOKKEEPING, ROW
 
 TIMES = ("generation_time", "training_time", "generated_tokens")
@@ -22,16 +23,20 @@ sampling completions (TRL's `_generate`: generation and decoding), seconds for t
 (rewards, reference/old log-probs, forward, backward, optimizer), and completion tokens generated over all
 processes. TRL's own `step_time` counts both without the optimizer step."""
 
+DEFAULT_LIMIT_S = 10.0
+"""`train.rl.reward_timeout`'s default (the schema's)."""
+
 ALIASES = {"frac_reward_zero_std": "zero_advantage_frac", "completions/mean_length": "completion_length",
            "completions/clipped_ratio": "clipped_ratio"}
 """TRL's metric → ftune's name (both are kept). `reward`, `reward_std`, `rewards/<name>/mean|std` and `kl` keep
 TRL's names."""
 
 
-def reward_function(spec, plugin):
-    """The TRL reward function (batched keyword call) for one `train.rl.rewards` entry."""
-    args = plugin.args.model_validate(spec.args) if plugin.args is not None else None
-    score = load_object(plugin.make)(args)
+def reward_function(spec, plugin, pool=None, index: int = 0, limit_s: float = DEFAULT_LIMIT_S):
+    """The TRL reward function (batched keyword call) for one `train.rl.rewards` entry, scored in `pool` (the
+    rewards' process: `ftune.runtime.reward_pool`) as its entry `index`; without a pool, in a pool of its own."""
+    if pool is None:
+        pool = Pool([scored_entry(spec, plugin)], limit_s)
     name = spec.name
 
     def reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
@@ -40,27 +45,19 @@ def reward_function(spec, plugin):
         rows = columns.get(ROW) or [f"completion {j + 1}" for j in range(n)]
         other = {k: v for k, v in columns.items()
                  if isinstance(v, list) and len(v) == n and k not in ("answer", ROW)}
-        out = []
-        for j in range(n):
-            text = completions[j] if isinstance(completions[j], str) else completions[j][-1]["content"]
-            sample = Sample(prompt=str(prompts[j]), completion=text,
-                            completion_ids=tuple(completion_ids[j]) if completion_ids is not None else (),
-                            answer=answers[j], row={k: v[j] for k, v in other.items()})
-            try:
-                value = float(score(sample))
-            except Exception as err:  # noqa: BLE001 - the reward is the user's (or a plugin's): say which and where
-                raise RunError(f"reward '{name}' failed on {rows[j]}: {type(err).__name__}: {err}",
-                               hint=f"completion: {text[:120]!r}; answer: {answers[j]!r}. Fix the row or the "
-                               "reward's arguments") from None
-            if not math.isfinite(value):
-                raise RunError(f"reward '{name}' returned {value} on {rows[j]}",
-                               hint=f"completion: {text[:120]!r}; a reward must be a finite number for every "
-                               "completion (a NaN would silently drop the group's learning signal)")
-            out.append(value)
-        return out
+        samples = [Sample(prompt=str(prompts[j]),
+                          completion=completions[j] if isinstance(completions[j], str) else completions[j][-1]["content"],
+                          completion_ids=tuple(completion_ids[j]) if completion_ids is not None else (),
+                          answer=answers[j], row={k: v[j] for k, v in other.items()}) for j in range(n)]
+        return pool.score(index, samples, rows)
 
     reward.__name__ = name  # TRL logs rewards/<__name__>/mean and /std
     return reward
+
+
+def scored_entry(spec, plugin) -> Entry:
+    """A scored (not model) reward as the rewards' process builds it."""
+    return Entry(spec.name, plugin.make, plugin.args.model_validate(spec.args) if plugin.args is not None else None)
 
 
 def reward_model_function(spec, device):
@@ -89,10 +86,16 @@ def reward_model_function(spec, device):
 
 
 def reward_functions(plan, device) -> list:
-    """TRL's reward_funcs, in the recipe's order (weights: plan.trainer)."""
+    """TRL's reward_funcs, in the recipe's order (weights: plan.trainer). The scored rewards share one process
+    (`Pool`), each call under `train.rl.reward_timeout`; a reward model runs here, on the device."""
     known = available()
+    rl = plan.recipe.train.rl
+    scored = [spec for spec in rl.rewards if spec.name != REWARD_MODEL]
+    pool = Pool([scored_entry(spec, known[spec.name]) for spec in scored], rl.reward_timeout) if scored else None
+    if pool is not None:
+        pool.start()
     return [reward_model_function(spec, device) if spec.name == REWARD_MODEL
-            else reward_function(spec, known[spec.name]) for spec in plan.recipe.train.rl.rewards]
+            else reward_function(spec, known[spec.name], pool, scored.index(spec)) for spec in rl.rewards]
 
 
 def guard(plan):
@@ -158,6 +161,31 @@ def step_timer(trainer):
     return StepTimer()
 
 
+class StopDuringReward(Exception):
+    """SIGTERM while a reward scored: the step was abandoned; `checkpoint` is the last complete step's (or None).
+    The worker turns it into its SIGTERM exit (143)."""
+
+    def __init__(self, step: int, checkpoint: str | None):
+        super().__init__(step, checkpoint)
+        self.step, self.checkpoint = step, checkpoint
+
+
+def check_total(per_func, weights, names) -> None:
+    """The weighted total TRL learns from (float32, as TRL sums it) is finite for every completion: each reward is
+    checked where it is scored, but finite rewards times large weights overflow to inf, and the group's advantages
+    then read as zero (the run learned nothing and exited 0)."""
+    import torch
+
+    total = (per_func * weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+    bad = (~torch.isfinite(total)).nonzero()
+    if len(bad):
+        j = int(bad[0])
+        parts = ", ".join(f"{n} {float(v):g} x {float(w):g}" for n, v, w in zip(names, per_func[j], weights))
+        raise RunError(f"the weighted reward total of completion {j + 1} of the batch is {float(total[j])} ({parts})",
+                       hint="TRL sums the rewards in float32 (largest ~3.4e38): lower the weights in "
+                       "train.rl.rewards, or make the rewards smaller")
+
+
 def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
     """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
     the recipe's rewards."""
@@ -186,6 +214,37 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
                 mean = self._metrics["train"]["completions/mean_length"][-1]
                 step[2] += mean * len(out[1]) * self.accelerator.num_processes
             return out
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            """A reward past its limit, or a stop while one scores: the step is abandoned, the last complete step
+            checkpointed (one process: the others would wait in the save), then the run ends (exit 3 / 143)."""
+            try:
+                return super().training_step(model, inputs, num_items_in_batch)
+            except RewardTimeout as err:
+                folder = self._checkpoint_last_step()
+                err.hint += (f"; saved a complete checkpoint of step {self.state.global_step}: {folder}"
+                             if folder else f"; step {self.state.global_step} was not checkpointed (nothing "
+                             "trained yet, or several processes); complete checkpoints already saved are kept")
+                raise
+            except RewardsInterrupted:
+                raise StopDuringReward(self.state.global_step, self._checkpoint_last_step()) from None
+
+        def _checkpoint_last_step(self) -> str | None:
+            step = self.state.global_step
+            folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+            if is_complete(folder):  # the save strategy wrote it at this step
+                return str(folder)
+            if step == 0 or self.accelerator.num_processes > 1:
+                return None
+            if not folder.is_dir():
+                self._save_checkpoint(self.model, trial=None)
+                self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            return str(folder) if is_complete(folder) else None
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            check_total(per_func, self.reward_weights, self.reward_func_names)
+            return per_func
 
         def log(self, logs, start_time=None):
             sample = self._sample() if self.model.training and "loss" in logs else None

@@ -33,6 +33,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.dataset import tokenizer
     from ftune.runtime import train
     from ftune.runtime.model import load_model
+    from ftune.runtime.rl import StopDuringReward
     from ftune.worker import card, facts, profile, report, save
     from ftune.worker.callbacks import make_callbacks, write_live_report
     from ftune.worker.moe import router_stats
@@ -87,7 +88,10 @@ def run_stages(plan: Plan) -> dict:
 
     if plan.resume_from is not None:
         stop_at_max_steps(trainer)
-    trainer.train(resume_from_checkpoint=plan.resume_from)
+    try:
+        trainer.train(resume_from_checkpoint=plan.resume_from)
+    except StopDuringReward as err:  # SIGTERM while a reward scored: the last complete step was checkpointed
+        raise terminated_error(err.step, err.checkpoint) from None
     if STOP.requested and STOP.phase != "setup":  # SIGTERM while training: a checkpoint of this step was saved
         step = trainer.state.global_step
         folder = run.checkpoints / f"checkpoint-{step}"
@@ -202,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             raise known from err
         return 0
     except FtuneError as err:
+        problems = [{"path": p.path, "message": p.message, "hint": p.hint, "severity": p.severity}
+                    for p in getattr(err, "problems", [])]  # a RecipeError's: located by the parent, at its keys
         _write_error(run, {"kind": "user", "message": err.message, "hint": err.hint,
-                               "exit_code": err.exit_code, "traceback": traceback.format_exc()})
+                               "exit_code": err.exit_code, "traceback": traceback.format_exc(),
+                               **({"problems": problems} if problems else {})})
         if debug:
             traceback.print_exc()
         return err.exit_code

@@ -12,6 +12,7 @@ import math
 import signal
 
 from ftune.errors import EXIT_NONFINITE, EXIT_TERMINATED, FtuneError
+from ftune.runtime import reward_pool
 
 ADVICE = ("lower train.learning_rate, set train.max_grad_norm (e.g. 1.0), add warmup (train.warmup_steps), "
           "or use bf16 instead of fp16; the run dir keeps every complete checkpoint, none of them non-finite")
@@ -58,6 +59,8 @@ class StopRequest:
         self.signum = signum
         if self.phase == "setup":
             raise Terminated()
+        if self.phase == "training":  # a reward scoring now is abandoned: its step ends, checkpointed, within the grace
+            reward_pool.INTERRUPT.set()
 
     @property
     def requested(self) -> bool:

@@ -241,7 +241,7 @@ def test_trl_builtin_rewards_by_name():
     assert score("soft_overlong_punishment", "x", ids=range(95), max_completion_len=100, soft_punish_cache=10) < 0
 
 
-def test_a_reward_that_raises_or_returns_nan_is_named_with_its_row(monkeypatch):
+def test_a_reward_that_raises_or_returns_nan_is_named_with_its_row(monkeypatch, tmp_path):
     from ftune.plugins import RewardPlugin
     from ftune.rewards import NoArgs
     from ftune.runtime.rl import reward_function
@@ -254,7 +254,8 @@ def test_a_reward_that_raises_or_returns_nan_is_named_with_its_row(monkeypatch):
         fn(["p", "p"], ["= 4", "4"], [[1], [2]], answer=["4", "four"], _row=["data.train[0] row 3 of a.jsonl",
                                                                                "data.train[0] row 9 of a.jsonl"])
     assert err.value.message.startswith("reward 'numeric' failed on data.train[0] row 9 of a.jsonl: ValueError")
-    monkeypatch.setitem(__import__("sys").modules, "nanreward", SimpleNamespace(make=lambda a: lambda s: float("nan")))
+    (tmp_path / "nanreward.py").write_text("def make(args):\n    return lambda s: float('nan')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the rewards run in a process of their own
     nan = reward_function(SimpleNamespace(name="mine", args={}), RewardPlugin("nanreward:make", NoArgs))
     with pytest.raises(RunError, match=r"reward 'mine' returned nan on r1"):
         nan(["p"], ["x"], [[1]], _row=["r1"])

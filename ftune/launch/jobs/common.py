@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from ftune.errors import FtuneError, UsageError
+from ftune.recipe.schema import MAX_NODES, MAX_PROCESSES_PER_NODE
 
 JOB_KEYS = ("distributed.num_machines", "distributed.machine_rank", "distributed.main_process_ip",
             "distributed.main_process_port")
@@ -52,11 +53,27 @@ def dump_yaml(data: dict) -> str:
     return yaml.dump(data, Dumper=Dumper, sort_keys=False)
 
 
-def no_space(flag: str, value: str | None) -> str | None:
-    """A value that lands in a spec verbatim: non-empty, no whitespace (it would split or break the spec)."""
-    if value is not None and (not value or any(c.isspace() for c in value)):
-        raise UsageError(f"--{flag} {value!r}: it can't be empty or contain whitespace")
+SBATCH_VALUE = re.compile(r"^[A-Za-z0-9._:,+@%=/-]+$")
+"""What a value pasted into an `#SBATCH --key=value` line may hold: sbatch reads the line itself."""
+
+
+def no_space(flag: str, value: str | None, allowed: re.Pattern | None = None) -> str | None:
+    """A value that lands in a spec verbatim: non-empty, no whitespace or other unprintable character (a line
+    break would start a new line of the spec), and, where given, only the characters `allowed`."""
+    if value is None:
+        return None
+    if not value or any(c.isspace() or not c.isprintable() for c in value):
+        raise UsageError(f"--{flag} {value!r}: it can't be empty or contain whitespace or control characters")
+    if allowed is not None and not allowed.match(value):
+        raise UsageError(f"--{flag} {value!r}: only letters, digits and . _ : , + @ % = / - are allowed here")
     return value
+
+
+def comment(text: str) -> str:
+    """`text` for a one-line `#` comment of a script or a YAML file: each unprintable character written as its
+    escape (newline, carriage return, YAML's other line breaks U+0085, U+2028, U+2029, tabs, ...), so nothing in
+    it can start a line of its own (a shell command in sbatch, a key in YAML)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def dns_name(text: str) -> str:
@@ -69,10 +86,12 @@ def check(req: Request):
     """Load the recipe as every node will (errors located, exit 1); returns (loaded, overrides, gpus per node)."""
     from ftune.recipe import load_recipe
 
-    if req.nodes < 1:
-        raise UsageError(f"--nodes must be at least 1 (got {req.nodes})")
-    if req.gpus_per_node is not None and req.gpus_per_node < 1:
-        raise UsageError(f"--gpus-per-node must be at least 1 (got {req.gpus_per_node})")
+    for flag, value, most in (("nodes", req.nodes, MAX_NODES), ("gpus-per-node", req.gpus_per_node,
+                                                                MAX_PROCESSES_PER_NODE)):
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag} must be at least 1 (got {value})")
+        if value is not None and value > most:
+            raise UsageError(f"--{flag} must be at most {most} (got {value})")
     taken = [o for o in req.overrides if o.partition("=")[0].lstrip("~") in JOB_KEYS]
     if taken:
         raise UsageError(f"{taken[0]}: each node takes {', '.join(JOB_KEYS)} from the scheduler's environment",

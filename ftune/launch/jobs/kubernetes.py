@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from ftune.launch.jobs.common import dump_yaml, Request, check, dns_name, no_space, secret_variables
+from ftune.launch.jobs.common import comment, dump_yaml, Request, check, dns_name, no_space, secret_variables
 
 SUBMIT = "kubectl apply -f {file}"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -64,11 +64,11 @@ def write(req: Request) -> str:
     secrets = [e["name"] for e in job["spec"]["trainer"].get("env", [])]
     head = [f"# Written by `ftune launch-script kubernetes`: {req.nodes} node(s), one `ftune run` each; ranks and",
             "# node 0's address come from the runtime's PET_* variables.",
-            f"# Submit with `kubectl apply -f {req.output or 'FILE'}`."]
+            f"# Submit with `kubectl apply -f {comment(shlex.quote(req.output or 'FILE'))}`."]
     if secrets:
-        head.append(f"# Needs the Secret {req.secret_name} with the keys {', '.join(secrets)}: "
-                    f"kubectl create secret generic {req.secret_name} "
-                    + " ".join(f"--from-literal={s}=..." for s in secrets))
+        head.append(comment(f"# Needs the Secret {req.secret_name} with the keys {', '.join(secrets)}: "
+                            f"kubectl create secret generic {shlex.quote(req.secret_name)} "
+                            + " ".join(f"--from-literal={s}=..." for s in secrets)))
     if not req.pvc:
         head.append("# No --pvc: the run dir lives in the container and is lost with it (no resume after a restart).")
     return "\n".join(head) + "\n" + dump_yaml(job)

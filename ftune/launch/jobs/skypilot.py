@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftune import __version__
 from ftune.errors import UsageError
-from ftune.launch.jobs.common import dump_yaml, DEFAULT_PORT, Request, check, no_space, secret_variables
+from ftune.launch.jobs.common import comment, dump_yaml, DEFAULT_PORT, Request, check, no_space, secret_variables
 from ftune.recipe.sources import sources
 
 SUBMIT = "sky launch {file}"
@@ -73,7 +73,7 @@ def write(req: Request) -> str:
     spec = task(req)
     flags = "".join(f" --secret {name}" for name in spec.get("secrets", {}))
     head = [f"# Written by `ftune launch-script skypilot`: {req.nodes} node(s), one `ftune run` each.",
-            f"# Launch from this folder with `sky launch {req.output or 'FILE'}{flags}`."]
+            comment(f"# Launch from this folder with `sky launch {shlex.quote(req.output or 'FILE')}{flags}`.")]
     if not req.bucket:
         head.append("# No --bucket: the run dir lives on node 0's disk (a relaunch on new machines starts over).")
     return "\n".join(head) + "\n" + dump_yaml(spec)

@@ -13,16 +13,12 @@ from __future__ import annotations
 import os
 import shlex
 
-from ftune.launch.jobs.common import DEFAULT_PORT, Request, check, no_space
+from ftune.launch.jobs.common import DEFAULT_PORT, SBATCH_VALUE, Request, check, comment, no_space
 
 SUBMIT = "sbatch {file}"
 GRACE_S = 120
 """Seconds between Slurm's SIGTERM and the kill: time to save a checkpoint of the current step."""
 
-
-
-def _one_line(text: str) -> str:
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def write(req: Request) -> str:
@@ -35,8 +31,8 @@ def write(req: Request) -> str:
     argv += req.overrides
     lines = [
         "#!/bin/bash",
-        f"# Written by `{_one_line(shlex.join(argv))}`.",
-        f"# Submit with `sbatch {req.output or 'SCRIPT'}`: one `ftune run` per node, the same recipe everywhere;",
+        f"# Written by `{comment(shlex.join(argv))}`.",
+        f"# Submit with `sbatch {comment(shlex.quote(req.output or 'SCRIPT'))}`: one `ftune run` per node, the same recipe everywhere;",
         "# each node's rank and the main node's address come from Slurm's environment on that node.",
         f"# On preemption or the time limit Slurm sends SIGTERM {GRACE_S} s ahead: each worker saves a checkpoint and",
         "# exits; the requeued job resumes from the last complete checkpoint.",
@@ -46,9 +42,9 @@ def write(req: Request) -> str:
     ]
     if gpus is not None:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
-    if no_space("partition", req.partition):
+    if no_space("partition", req.partition, SBATCH_VALUE):
         lines.append(f"#SBATCH --partition={req.partition}")
-    if no_space("time", req.time):
+    if no_space("time", req.time, SBATCH_VALUE):
         lines.append(f"#SBATCH --time={req.time}")
     lines += [
         "#SBATCH --requeue",

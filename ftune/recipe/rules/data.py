@@ -152,6 +152,18 @@ def mix_fits(recipe: Recipe) -> Iterator[Problem]:
                          "add sources to data.train, or remove `data.mix`")
 
 
+def weights_sum(recipe: Recipe) -> Iterator[Problem]:
+    """The sources' weights are divided by their sum (shares, or interleave's probabilities): a sum that overflows
+    to inf makes every share 0 or NaN."""
+    import math
+
+    weights = [(i, s.weight) for i, s in enumerate(recipe.data.train) if s.weight is not None]
+    if weights and not math.isfinite(sum(w for _, w in weights)):  # as the data stage sums them
+        i = max(weights, key=lambda iw: iw[1])[0]
+        yield Problem.at(f"data.train.{i}.weight", "the sources' weights sum past the largest float, so their "
+                         "shares can't be computed", "weights are relative: scale them down (e.g. 3 and 1)")
+
+
 def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
     """What a stream can't do: it has no length (epochs, length grouping), is read once in order (weights that
     resample, split slices, an eval split of its rows), and feeds the SFT encoders only."""
@@ -193,6 +205,7 @@ def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
 
 RULES: list[Rule] = [
     mix_fits,
+    weights_sum,
     streaming_fits,
     chat_template_known,
     as_chat_needs_instruction,

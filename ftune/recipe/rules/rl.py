@@ -59,6 +59,11 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at(f"{at}.name", f"reward '{spec.name}' is named twice; its metrics would merge",
                              "give it once (its weight sets how much it counts)")
         seen.add(spec.name)
+        if reward.args is None:  # a plugin reward without an arguments model takes none
+            for key in spec.args:
+                yield Problem.at(f"{at}.{key}", f"reward '{spec.name}' takes no arguments",
+                                 f"remove it (besides name and weight); see {where(spec.name)}'s documentation")
+            continue
         try:
             reward.args.model_validate(spec.args)
         except ValidationError as err:
@@ -69,6 +74,12 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
                 yield Problem.at(f"{at}.{key}" if key else at, f"reward '{spec.name}': {msg}",
                                  f"its arguments: {fields} (besides name and weight); see {where(spec.name)}'s "
                                  "documentation")
+    if rl.rewards and all(spec.weight == 0 for spec in rl.rewards):
+        last = len(rl.rewards) - 1
+        yield Problem.at(f"train.rl.rewards.{last}.weight",
+                         f"every reward has weight 0 ({'the only reward' if not last else 'all of them'}), so every "
+                         "completion's total reward is 0: every advantage is zero and nothing is learned",
+                         "give a reward a non-zero weight (the default is 1)")
 
 
 def whole_groups(recipe: Recipe) -> Iterator[Problem]:
