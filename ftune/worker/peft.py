@@ -45,6 +45,7 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
     set_seed(recipe.train.seed)
     if plan.model_load.adapter is not None:
         model = continue_adapter(model, plan)
+        without_autograd(model)
         return model, count_parameters(model)
     module = method_module(recipe.peft.method)
     try:
@@ -59,7 +60,76 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
             raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",
                              hint=target_hint(model)) from err
         raise
+    without_autograd(model)
     return model, count_parameters(model)
+
+
+def without_autograd(model) -> list[str]:
+    """A vision-language model's frozen vision tower (nothing of it trains) runs under `torch.no_grad`: its
+    outermost modules (a tower that holds its projector, as Qwen's does, the modules beside it) switch autograd off
+    for their call, and the tower's patch embeddings take no input-grad hook. transformers' checkpointing
+    (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
+    too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
+    Returns the modules switched (none for a text model or a tower that trains)."""
+    from ftune.models.vision import is_vision_language, part_of
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kind = getattr(getattr(base, "config", None), "model_type", None)
+    if not is_vision_language(kind):
+        return []
+    names = {name: p for name, p in base.named_parameters()}
+    if any(p.requires_grad for name, p in names.items() if part_of(name, kind) == "vision"):
+        return []
+    parts: dict[str, set[str]] = {}
+    for name in names:
+        pieces = name.split(".")
+        for k in range(1, len(pieces)):
+            parts.setdefault(".".join(pieces[:k]), set()).add(part_of(name, kind))
+    pure = {n for n, found in parts.items() if found == {"vision"}}
+    modules = dict(base.named_modules())
+    chosen: list[str] = []
+    for name in sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure):
+        chosen += _called(modules, name)
+    for name in chosen:
+        module = modules[name]
+        module.register_forward_pre_hook(_autograd_off)
+        module.register_forward_hook(_autograd_back, always_call=True)
+    for module in modules.values():  # the tower's own embeddings: no input-grad hook (transformers skips None)
+        embeddings = getattr(module, "get_input_embeddings", None)
+        try:
+            found = embeddings() if module is not base and callable(embeddings) else None
+        except (NotImplementedError, AttributeError):
+            continue
+        if any(m is found for n, m in modules.items() if n in pure):
+            module.get_input_embeddings = _no_embeddings
+    return chosen
+
+
+def _called(modules: dict, name: str) -> list[str]:
+    """`name`, or the members of a container (ModuleList, ModuleDict: never called itself), recursively."""
+    import torch
+
+    if isinstance(modules[name], torch.nn.ModuleList | torch.nn.ModuleDict):
+        children = [n for n in modules if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+        return [c for child in children for c in _called(modules, child)]
+    return [name]
+
+
+def _autograd_off(module, args) -> None:
+    import torch
+
+    module._ftune_grad_enabled = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+
+
+def _autograd_back(module, args, output) -> None:
+    import torch
+
+    torch.set_grad_enabled(module.__dict__.pop("_ftune_grad_enabled", True))
+
+
+def _no_embeddings():
+    return None
 
 
 def continue_adapter(model, plan):
