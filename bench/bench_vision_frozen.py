@@ -8,7 +8,8 @@ compute it has in real VLMs (112 px, 64 patches per image, 2 CLIP layers of widt
 layer of the language model, the projector trained whole (ftune's defaults), batch 8 images, fp32, gradient
 checkpointing with ftune's kwargs (`use_reentrant: False`). A step is forward + backward + AdamW. Both models live
 in one process and their steps are interleaved in rounds (A B A B ...), so the machine's swings fall on both alike;
-the report is the median step time of each and their ratio per round.
+the report is the median step time of each and their ratio per round. A step's time is its CPU time on one thread
+(`--threads`): on a loaded machine the wall time swung by 4x between rounds.
 
     python bench/bench_vision_frozen.py [--rounds 5] [--steps 6] [--shape tiny|tower]
 """
@@ -52,11 +53,12 @@ def build(shape: str, frozen_without_autograd: bool):
 
 
 def step(model, batch, opt) -> float:
-    t0 = time.perf_counter()
+    """The step's CPU time (this process, every thread): on a shared machine it swings less than the wall time."""
+    t0 = time.process_time()
     model(**batch).loss.backward()
     opt.step()
     opt.zero_grad()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def main() -> None:
@@ -64,7 +66,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--shape", choices=("tiny", "tower"), default="tower")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the work, not the machine)")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     runs = {"before": build(args.shape, False), "after": build(args.shape, True)}
     for model, batch, opt in runs.values():
         step(model, batch, opt)  # warm-up
@@ -77,7 +83,7 @@ def main() -> None:
                        "ratio": round(times["after"] / times["before"], 3)})
         print(json.dumps(rounds[-1]), flush=True)
     ratios = [r["ratio"] for r in rounds]
-    print(json.dumps({"shape": args.shape, "median_ratio": statistics.median(ratios), "min": min(ratios),
+    print(json.dumps({"shape": args.shape, "threads": args.threads, "median_ratio": statistics.median(ratios), "min": min(ratios),
                       "max": max(ratios), "before_ms": statistics.median(r["before"] for r in rounds),
                       "after_ms": statistics.median(r["after"] for r in rounds)}))
 
