@@ -71,36 +71,30 @@ def without_autograd(model) -> list[str]:
     (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
     too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
     Returns the modules switched (none for a text model or a tower that trains)."""
-    from ftune.models.vision import is_vision_language, part_of
+    from ftune.models.vision import is_vision_language, outermost, part_of
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kind = getattr(getattr(base, "config", None), "model_type", None)
     if not is_vision_language(kind):
         return []
-    names = {name: p for name, p in base.named_parameters()}
-    if any(p.requires_grad for name, p in names.items() if part_of(name, kind) == "vision"):
+    params = dict(base.named_parameters())
+    if any(p.requires_grad for name, p in params.items() if part_of(name, kind) == "vision"):
         return []
-    parts: dict[str, set[str]] = {}
-    for name in names:
-        pieces = name.split(".")
-        for k in range(1, len(pieces)):
-            parts.setdefault(".".join(pieces[:k]), set()).add(part_of(name, kind))
-    pure = {n for n, found in parts.items() if found == {"vision"}}
     modules = dict(base.named_modules())
-    chosen: list[str] = []
-    for name in sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure):
-        chosen += _called(modules, name)
+    tops = outermost(list(params), kind, {"vision"})
+    chosen = [called for name in tops for called in _called(modules, name)]
     for name in chosen:
         module = modules[name]
         module.register_forward_pre_hook(_autograd_off)
         module.register_forward_hook(_autograd_back, always_call=True)
+    inside = {id(m) for top in tops for m in modules[top].modules()}
     for module in modules.values():  # the tower's own embeddings: no input-grad hook (transformers skips None)
         embeddings = getattr(module, "get_input_embeddings", None)
         try:
             found = embeddings() if module is not base and callable(embeddings) else None
         except (NotImplementedError, AttributeError):
             continue
-        if any(m is found for n, m in modules.items() if n in pure):
+        if found is not None and id(found) in inside:
             module.get_input_embeddings = _no_embeddings
     return chosen
 
