@@ -26,19 +26,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
-def samples(ds, n: int, task: str) -> list[dict]:
-    """The first `n` samples of `ds`; packed rows are split back into their samples (position restarts)."""
+def source_rows(report, split: str) -> list[str] | None:
+    """Each sample's source as `data.train[0] row 121 of data.jsonl` (the file's 1-based row, as data errors name
+    it), from the cache entry; None where the entry keeps none (packed rows, streamed data)."""
+    from ftune.dataset.pipeline import origins
+
+    found = origins(report.cache_path, split) if report.cache_path else None
+    if found is None:
+        return None
+    return [f"{report.sources[k].where} row {row + 1} of {report.sources[k].path}" for k, row in found]
+
+
+def samples(ds, n: int, task: str, sources: list[str] | None = None) -> list[dict]:
+    """The first `n` samples of `ds`; packed rows are split back into their samples (position restarts).
+    `sources`: each row's source file and row (`source_rows`)."""
     out: list[dict] = []
     rows = enumerate(ds) if not hasattr(ds, "__len__") else ((r, ds[r]) for r in range(len(ds)))  # a stream: in order
     for r, row in rows:
+        origin = {"source": sources[r]} if sources is not None else {}
         if task == "sequence-classification":
-            out.append({"row": r, "input_ids": row["input_ids"], "label": row["labels"]})
+            out.append({"row": r, **origin, "input_ids": row["input_ids"], "label": row["labels"]})
         else:
             pos = row.get("position_ids") or list(range(len(row["input_ids"])))
             starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
             for k, (s, e) in enumerate(zip(starts, starts[1:])):
                 trained = [i > s and lab != -100 for i, lab in enumerate(row["labels"][s:e], start=s)]
-                out.append({"row": r, "segment": k if len(starts) > 2 else None,
+                out.append({"row": r, **origin, "segment": k if len(starts) > 2 else None,
                             "input_ids": row["input_ids"][s:e], "trained": trained,
                             **({"images": row["images"]} if "images" in row else {})})
                 if len(out) >= n:
@@ -48,18 +61,19 @@ def samples(ds, n: int, task: str) -> list[dict]:
     return out[:n]
 
 
-def preference_samples(tok, ds, n: int) -> list[dict]:
+def preference_samples(tok, ds, n: int, sources: list[str] | None = None) -> list[dict]:
     """Preference rows as the trainer scores them: the prompt masked, then each completion (chosen and rejected,
     or the unpaired completion with its label) trained."""
     out: list[dict] = []
     for r in range(min(n, len(ds))):
         row = ds[r]
+        origin = {"source": sources[r]} if sources is not None else {}
         names = ["chosen", "rejected"] if "chosen" in row else ["completion"]
         for k, name in enumerate(names):
             prompt = tok(row["prompt"], add_special_tokens=False)["input_ids"]
             comp = tok(row[name], add_special_tokens=False)["input_ids"]
             kind = name if name != "completion" else ("desirable" if row["label"] else "undesirable")
-            out.append({"row": r, "completion": kind, "input_ids": prompt + comp,
+            out.append({"row": r, **origin, "completion": kind, "input_ids": prompt + comp,
                         "runs": [{"text": row["prompt"], "trained": False, "tokens": len(prompt)},
                                  {"text": row[name], "trained": True, "tokens": len(comp)}]})
     return out
@@ -135,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if "_row" in ds.column_names:
         shown = prompt_samples(tok, ds, args.n)
     elif "prompt" in ds.column_names:
-        shown = preference_samples(tok, ds, args.n)
+        shown = preference_samples(tok, ds, args.n, source_rows(bundle.report, args.split))
     else:
-        shown = samples(ds, args.n, recipe.model.task)
+        shown = samples(ds, args.n, recipe.model.task, source_rows(bundle.report, args.split))
     for s in shown:
         if "runs" in s:
             continue
@@ -173,7 +187,7 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
     console.print(Text.assemble(("legend: ", "bold"), (f"{mark[0]}trained{mark[1]}", TRAINED), " · ",
                                 ("masked (-100)", MASKED)))
     for i, s in enumerate(shown, start=1):
-        where = f"row {s['row']}"
+        where = s.get("source") or f"row {s['row']}"
         if s.get("completion") is not None:
             where += f", {s['completion']}"
         if s.get("segment") is not None:
@@ -184,7 +198,7 @@ def _print_text(recipe, bundle, shown: list[dict], split: str) -> None:
             console.print(s["text"])
             continue
         if "answer" in s:
-            console.print(Text(f"\n── {split} sample {i} ({where}: {s['source']}) · prompt of {len(s['input_ids'])} "
+            console.print(Text(f"\n── {split} sample {i} ({s['source'] or where}) · prompt of {len(s['input_ids'])} "
                                "tokens", style="bold"))
             console.print(Text(s["runs"][0]["text"], MASKED))
             console.print(Text.assemble(("answer: ", "bold"), repr(s["answer"]) if s["answer"] is not None

@@ -23,7 +23,8 @@ from ftune.outputs import publish_entry
 # 5: packing shards of 1M tokens (was 4M), pretokenized rows drop the padding under an attention mask;
 # 6: packed rows written shard by shard into the entry (Arrow files per ~32M tokens), shuffled within their shard;
 # 7: a chat template with its own `{% generation %}` tags trains its tagged text (the built-ins' labels are unchanged)
-FORMAT_VERSION = 7
+# 8: each sample's source and row kept in origins.npz (`ftune data` labels)
+FORMAT_VERSION = 8
 
 
 def sha(value) -> str:

@@ -28,6 +28,13 @@ from ftune.data.sources import Source, load
 from ftune.generation.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable", "_anomalies"]
+SOURCE_ROW = "_source_row"
+"""An encoder's column: the row of its source each encoded row came from (0-based); `assemble` folds it into
+ORIGIN with the source's index."""
+ORIGIN = "_origin"
+ORIGINS_FILE = "origins.npz"
+"""A cache entry's file: per split, each sample's source (its index in the report's sources) and row, as
+`source << 40 | row`; `ftune data` names the file and row a sample came from. Packed entries have none."""
 
 
 def features(task: str):
@@ -83,6 +90,7 @@ def encode_source(src: Source, ds, ctx: Context, recipe: Recipe, scratch: Path, 
         ds = ds.select(order, keep_in_memory=True)
     enc = map_source(ds, encoder(src, ctx, order), src, recipe, scratch, seed, src.spec.format, batched=True,
                      remove_columns=ds.column_names, features=features(recipe.model.task))
+    enc = enc.add_column(SOURCE_ROW, order.astype(np.int64))
     cols = numpy_columns(enc, BOOKKEEPING)
     keep = cols["_trainable"] > 0
     truncated = int((cols["_len"] > ctx.max_len).sum()) if ctx.max_len else 0
@@ -189,6 +197,7 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
     train_parts, eval_parts = [], []
     for i, (src, ds) in enumerate(train):
         enc, rep = encode(src, ds, seed + i)
+        enc = with_origin(enc, len(report.sources))
         if isinstance(data.eval, EvalSplit):
             enc, held = split_eval(enc, data.eval.split, seed + 1000 + i)
             eval_parts.append(held)
@@ -196,6 +205,7 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
         train_parts.append(enc)
     for i, src in enumerate(eval_srcs):
         enc, rep = encode(src, None, seed + 2000 + i)
+        enc = with_origin(enc, len(report.sources))
         report.sources.append(rep)
         eval_parts.append(enc)
     mixed, taken = mix(train_parts, [s.spec.weight for s, _ in train], seed, data.mix, data.mix_stopping)
@@ -216,6 +226,45 @@ def assemble(recipe: Recipe, train: list, eval_srcs: list[Source], encode, repor
                         hint="add rows, give data.eval its own sources (`data.eval: [{path: ...}]`), or remove "
                         "data.eval")
     return mixed, datasets.concatenate_datasets(eval_parts) if eval_parts else None
+
+
+def with_origin(enc, source: int):
+    """The encoded rows of source number `source` with their ORIGIN (the encoder's SOURCE_ROW folded in)."""
+    import numpy as np
+
+    if SOURCE_ROW not in enc.column_names:
+        return enc
+    rows = numpy_columns(enc, [SOURCE_ROW])[SOURCE_ROW].astype(np.int64)
+    return enc.remove_columns([SOURCE_ROW]).add_column(ORIGIN, (np.int64(source) << 40) | rows)
+
+
+def split_origins(scratch: Path, train, evals, write: bool = True):
+    """(train, evals) without their ORIGIN column, which goes to the entry's ORIGINS_FILE (unless not `write`)."""
+    import numpy as np
+
+    kept, found = [], {}
+    for name, ds in (("train", train), ("eval", evals)):
+        if ds is not None and ORIGIN in ds.column_names:
+            found[name] = numpy_columns(ds, [ORIGIN])[ORIGIN]
+            ds = ds.remove_columns([ORIGIN])
+        kept.append(ds)
+    if found and write:
+        np.savez(scratch / ORIGINS_FILE, **found)
+    return kept[0], kept[1]
+
+
+def origins(entry: Path, split: str) -> list[tuple[int, int]] | None:
+    """Each sample's (source index in the report's sources, 0-based row) for `split` of a cache entry; None when the
+    entry holds none (packed rows, streamed data, a format whose rows come from elsewhere)."""
+    import numpy as np
+
+    path = Path(entry) / ORIGINS_FILE
+    if not path.is_file():
+        return None
+    with np.load(path) as found:
+        if split not in found:
+            return None
+        return [(int(o >> 40), int(o & ((1 << 40) - 1))) for o in found[split]]
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source],
@@ -252,6 +301,7 @@ def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: l
     for k, v in length_stats(cols["_len"]).items():
         setattr(report, k, v)
     train = train.remove_columns(BOOKKEEPING)
+    train, evals = split_origins(scratch, train, evals, write=not packs)  # a packed row holds several samples
 
     if packs:  # packed straight into the entry's folders, shard by shard
         report.packed_rows, report.fill = packing.pack_to_disk(train, data.max_seq_length, scratch / "train", lengths,
@@ -284,6 +334,7 @@ def preprocess_text_rows(recipe: Recipe, train_srcs: list[Source], eval_srcs: li
     report.tokens, report.trainable_tokens = int(lengths.sum()), trained
     for k, v in length_stats(lengths).items():
         setattr(report, k, v)
+    train, evals = split_origins(scratch, train, evals)
     train.remove_columns(bookkeeping).save_to_disk(str(scratch / "train"))
     if evals is not None:
         evals.remove_columns(bookkeeping).save_to_disk(str(scratch / "eval"))

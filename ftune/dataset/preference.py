@@ -113,12 +113,12 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
     if src.spec.limit:
         order = order[: src.spec.limit]
     ds = ds.select(order, keep_in_memory=True)
-    from ftune.dataset.pipeline import map_source, truncation_report
+    from ftune.dataset.pipeline import SOURCE_ROW, map_source, truncation_report
 
     enc = map_source(ds, encoder(src, tok, template, recipe.data.max_prompt_length, order.tolist()), src, recipe,
                      scratch, seed, src.spec.format, batched=True, remove_columns=ds.column_names,
                      features=features(src.spec.format))
-    return enc, truncation_report(src, enc)
+    return enc.add_column(SOURCE_ROW, order.astype(np.int64)), truncation_report(src, enc)
 
 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,

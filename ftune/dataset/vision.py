@@ -170,7 +170,10 @@ def encode_source(src, rows: list[dict], order, s: Settings):
     features = datasets.Features({"input_ids": ints, "labels": ints, "images": datasets.List(datasets.Value("string")),
                                   "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32"),
                                   "_image_tokens": datasets.Value("int32"), "_sizes": ints})
-    return datasets.Dataset.from_dict(out, features=features), sorted(notes)
+    from ftune.dataset.pipeline import SOURCE_ROW
+
+    encoded = datasets.Dataset.from_dict(out, features=features)
+    return encoded.add_column(SOURCE_ROW, [int(r) for r in order]), sorted(notes)
 
 
 def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch: Path, max_images: int | None,
@@ -180,7 +183,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
 
     from ftune.data.sources import load
     from ftune.dataset.arrow import numpy_columns
-    from ftune.dataset.pipeline import _check_dropped, assemble, finish_entry
+    from ftune.dataset.pipeline import _check_dropped, assemble, finish_entry, split_origins
 
     data = recipe.data
     settings = Settings(processor, template, data.images, data.max_seq_length, data.train_on, max_images)
@@ -221,6 +224,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
                      "max_size": "x".join(map(str, by_area[-1])) if sizes else "-",
                      "tokens": int(cols["_image_tokens"].sum()), "all_tokens": report.tokens,
                      "notes": notes[:5] + ([f"... {len(notes) - 5} more"] if len(notes) > 5 else [])}
+    train, evals = split_origins(scratch, train, evals)
     train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
     if evals is not None:
         evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))

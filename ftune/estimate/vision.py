@@ -202,14 +202,7 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
     from ftune.estimate.memory import ActivationProfile
 
     images, peft = recipe.data.images, recipe.peft
-    modes = None
-    if peft.method == "lora":
-        from ftune.methods.lora import VisionModules
-
-        modules = peft.modules or VisionModules()
-        modes = {part: modules.of(part) for part in PARTS}
-    elif peft.method == "full":
-        modes = dict.fromkeys(PARTS, "full")
+    modes = peft.part_modes()
     facts, (layers, inputs, projector) = vision_facts(
         base_counts, model, config, max_pixels=images.max_pixels, images_per_sample=images.max_per_sample or 1,
         batch=batch, itemsize=itemsize, notes=notes, seq=seq, modes=modes)

@@ -23,6 +23,11 @@ class MethodConfig(BaseModel):
         adapter into the base), or None (it can't: the method adds computation that has no weights to fold into)."""
         return None if self.uses_peft_library else "copy"
 
+    def part_modes(self) -> dict[str, str] | None:
+        """What trains in each part of a vision-language model (vision, projector, language: `frozen`, `lora` or
+        `full`), as the method reads `peft.modules`; None for a method that doesn't split a model into parts."""
+        return None
+
 
 class VisionModules(BaseModel):
     """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the
@@ -38,6 +43,23 @@ class VisionModules(BaseModel):
     language: Literal["lora", "full", "frozen"] = "lora"
     """The language model (embeddings, decoder layers, head): `lora` on the linear layers `target_modules` names,
     `full`, or `frozen`."""
+
+    def of(self, part: str) -> str:
+        return getattr(self, part)
+
+
+class FullVisionModules(BaseModel):
+    """`peft.modules` under `peft.method: full`: which parts of a vision-language model train in full and which stay
+    `frozen` (bit-identical to the base); a part not written trains in full."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    vision: Literal["frozen", "full"] = "full"
+    """The vision tower (image encoder): trained in `full` (the default), or kept `frozen`."""
+    projector: Literal["frozen", "full"] = "full"
+    """The projector from image features to the language model's embeddings: `full` (the default) or `frozen`."""
+    language: Literal["frozen", "full"] = "full"
+    """The language model (embeddings, decoder layers, head): `full` (the default) or `frozen`."""
 
     def of(self, part: str) -> str:
         return getattr(self, part)

@@ -174,7 +174,7 @@ def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
     the `lora` parts that `target_modules` names (all of them with `all-linear`), the `full` parts' top modules saved
     whole (peft modules_to_save), the rest frozen. Targets are full module names, so no part leaks into another."""
     from ftune.methods._base import VisionModules
-    from ftune.models.vision import PARTS, part_of
+    from ftune.models.vision import PARTS, outermost, part_of
 
     kind = model.config.model_type
     modes = cfg.modules or VisionModules()
@@ -191,25 +191,12 @@ def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
                                        "name that part's layers in peft.target_modules (`all-linear`: every linear "
                                        f"layer), or set peft.modules.{part}: full or frozen"))
     whole = {p for p in PARTS if modes.of(p) == "full"}
-    tops = _outermost(model, kind, whole)
+    tops = outermost([n for n, _ in model.named_parameters()], kind, whole)
     if not chosen and not tops:
         problems.append(Problem.at("peft.modules", f"every part of {type(model).__name__} is frozen: nothing trains",
                                    "set at least one of peft.modules.vision / projector / language to lora or full"))
     extra = list(cfg.modules_to_save or [])
     return Targets(chosen, [], (tops + [m for m in extra if m not in tops]) or None, cfg.dropout), problems
-
-
-def _outermost(model, kind: str, parts: set[str]) -> list[str]:
-    """The outermost modules whose parameters all belong to one of `parts` (what peft's modules_to_save wraps)."""
-    from ftune.models.vision import part_of
-
-    of: dict[str, set[str]] = {}
-    for name, _ in model.named_parameters():
-        pieces = name.split(".")
-        for k in range(1, len(pieces)):
-            of.setdefault(".".join(pieces[:k]), set()).add(part_of(name, kind))
-    pure = {n for n, found in of.items() if len(found) == 1 and next(iter(found)) in parts}
-    return sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure)
 
 
 def _what(parameters: list[str]) -> str:

@@ -55,6 +55,10 @@ class Config(MethodConfig):
     def merge(self) -> str | None:
         return "merge"
 
+    def part_modes(self) -> dict[str, str]:
+        modules = self.modules or VisionModules()
+        return {part: modules.of(part) for part in ("vision", "projector", "language")}
+
 
 PEFT_TYPE = "LORA"
 """The peft_type of a saved adapter this method continues (`model.path` at an adapter folder)."""

@@ -97,3 +97,15 @@ def part_of(name: str, model_type: str | None) -> Part:
     if _has(name, layout.vision):
         return "vision"
     return "language"
+
+
+def outermost(parameters: list[str], model_type: str | None, parts: set[str]) -> list[str]:
+    """The outermost modules whose parameters (named in `parameters`) all belong to one of `parts`: what peft's
+    modules_to_save wraps for a `full` part, and what a frozen tower runs without autograd."""
+    of: dict[str, set[str]] = {}
+    for name in parameters:
+        pieces = name.split(".")
+        for k in range(1, len(pieces)):
+            of.setdefault(".".join(pieces[:k]), set()).add(part_of(name, model_type))
+    pure = {n for n, found in of.items() if len(found) == 1 and next(iter(found)) in parts}
+    return sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import math
+from contextlib import ExitStack, contextmanager
+from functools import partial
 
 from ftune.errors import FtuneError
 from ftune.plan.evaluation import with_perplexity
@@ -21,6 +23,37 @@ def _import(path: str):
         return getattr(importlib.import_module(module), name)
     except ImportError as err:
         raise FtuneError(f"{path} is not importable: {err}", hint=TRL_INSTALL) from err
+
+
+def trainer_class(plan):
+    """The Plan's trainer class, writing a whole model's checkpoints in the model's own parameter names.
+
+    transformers 5.23 saves a checkpoint with `save_pretrained`, in the layout the family was published in (LLaVA's
+    `model.language_model.x` as `language_model.model.x`), but resumes it (and loads the best one) with
+    `load_state_dict(strict=False)` in the model's names: for a family whose layout it converts, nothing would load
+    and the run would go on from the base, silently. final/ keeps the published layout (what `from_pretrained` and
+    the hub expect); a checkpoint is for resuming (from_pretrained reads either)."""
+    base = _import(plan.trainer_class)
+
+    class OwnNamesCheckpoints(base):
+        def _save_checkpoint(self, model, trial):
+            with ExitStack() as stack:
+                if hasattr(self.model, "get_parameter_or_buffer"):  # a whole transformers model, not a peft wrapper
+                    stack.enter_context(_own_names_on_save(self.model))
+                return super()._save_checkpoint(model, trial)
+
+    OwnNamesCheckpoints.__name__ = OwnNamesCheckpoints.__qualname__ = base.__name__
+    return OwnNamesCheckpoints
+
+
+@contextmanager
+def _own_names_on_save(model):
+    """`model.save_pretrained` writing the model's own names for the duration (`save_original_format=False`)."""
+    model.save_pretrained = partial(type(model).save_pretrained, model, save_original_format=False)
+    try:
+        yield
+    finally:
+        del model.save_pretrained
 
 
 def training_arguments(plan, **replace):
@@ -70,10 +103,10 @@ def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_mod
     if r.train.objective in RL_OBJECTIVES:
         from ftune.runtime import rl
 
-        return rl.build_trainer(plan, _import(plan.trainer_class), model, tokenizer, bundle, args, callbacks)
+        return rl.build_trainer(plan, trainer_class(plan), model, tokenizer, bundle, args, callbacks)
     if r.train.objective != "sft":
         return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks, ref_model)
-    Trainer = _import(plan.trainer_class)
+    Trainer = trainer_class(plan)
 
     offload = plan.recipe.train.activation_offloading
 
@@ -125,7 +158,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, r
 
     from ftune.runtime.precision import set_mixed_precision_policy
 
-    class PreferenceTrainer(_import(plan.trainer_class)):
+    class PreferenceTrainer(trainer_class(plan)):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             set_mixed_precision_policy(self.accelerator, plan)  # before TRL's reference or the policy is wrapped

@@ -31,6 +31,21 @@ def as_model_names(model, state: dict) -> dict:
     return {raw.get(k, k): v for k, v in state.items()}
 
 
+def as_saved(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The names and shapes `save_pretrained` writes for a whole model's tensors `shapes` (named as the model names
+    them): transformers 5 writes the layout the family was published in (its conversion mapping reverted: LLaVA's
+    `model.language_model.x` is saved as `language_model.model.x`, `lm_head` as `language_model.lm_head`) and a tied
+    weight once. Computed on meta tensors: nothing is copied."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    if hasattr(model, "get_parameter_or_buffer"):
+        state = revert_weight_conversion(model, remove_tied_weights_from_state_dict(state, model))
+    return {name: tuple(t.shape) for name, t in state.items()}
+
+
 PROMPT_EMBEDDINGS = "prompt_embeddings"
 """peft saves a prompt-learning method's encoder (prefix tuning) as this one tensor (its output when projected)."""
 

@@ -45,6 +45,7 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
     set_seed(recipe.train.seed)
     if plan.model_load.adapter is not None:
         model = continue_adapter(model, plan)
+        without_autograd(model)
         return model, count_parameters(model)
     module = method_module(recipe.peft.method)
     try:
@@ -59,7 +60,70 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
             raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",
                              hint=target_hint(model)) from err
         raise
+    without_autograd(model)
     return model, count_parameters(model)
+
+
+def without_autograd(model) -> list[str]:
+    """A vision-language model's frozen vision tower (nothing of it trains) runs under `torch.no_grad`: its
+    outermost modules (a tower that holds its projector, as Qwen's does, the modules beside it) switch autograd off
+    for their call, and the tower's patch embeddings take no input-grad hook. transformers' checkpointing
+    (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
+    too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
+    Returns the modules switched (none for a text model or a tower that trains)."""
+    from ftune.models.vision import is_vision_language, outermost, part_of
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kind = getattr(getattr(base, "config", None), "model_type", None)
+    if not is_vision_language(kind):
+        return []
+    params = dict(base.named_parameters())
+    if any(p.requires_grad for name, p in params.items() if part_of(name, kind) == "vision"):
+        return []
+    modules = dict(base.named_modules())
+    tops = outermost(list(params), kind, {"vision"})
+    chosen = [called for name in tops for called in _called(modules, name)]
+    for name in chosen:
+        module = modules[name]
+        module.register_forward_pre_hook(_autograd_off)
+        module.register_forward_hook(_autograd_back, always_call=True)
+    inside = {id(m) for top in tops for m in modules[top].modules()}
+    for module in modules.values():  # the tower's own embeddings: no input-grad hook (transformers skips None)
+        embeddings = getattr(module, "get_input_embeddings", None)
+        try:
+            found = embeddings() if module is not base and callable(embeddings) else None
+        except (NotImplementedError, AttributeError):
+            continue
+        if found is not None and id(found) in inside:
+            module.get_input_embeddings = _no_embeddings
+    return chosen
+
+
+def _called(modules: dict, name: str) -> list[str]:
+    """`name`, or the members of a container (ModuleList, ModuleDict: never called itself), recursively."""
+    import torch
+
+    if isinstance(modules[name], torch.nn.ModuleList | torch.nn.ModuleDict):
+        children = [n for n in modules if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+        return [c for child in children for c in _called(modules, child)]
+    return [name]
+
+
+def _autograd_off(module, args) -> None:
+    import torch
+
+    module._ftune_grad_enabled = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+
+
+def _autograd_back(module, args, output) -> None:
+    import torch
+
+    torch.set_grad_enabled(module.__dict__.pop("_ftune_grad_enabled", True))
+
+
+def _no_embeddings():
+    return None
 
 
 def continue_adapter(model, plan):

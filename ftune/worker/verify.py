@@ -10,7 +10,14 @@ from pathlib import Path
 from ftune.errors import RunError
 from ftune.runtime.saved import saved_tensors
 from ftune.worker.finite import nonfinite_saved
-from ftune.worker.names import PROMPT_EMBEDDINGS, adapter_saved_name, as_model_names, clean, without_adapter_name
+from ftune.worker.names import (
+    PROMPT_EMBEDDINGS,
+    adapter_saved_name,
+    as_model_names,
+    as_saved,
+    clean,
+    without_adapter_name,
+)
 from ftune.worker.stop import ADVICE
 
 
@@ -20,9 +27,8 @@ def expected_tensors(model, is_adapter: bool) -> dict[str, tuple[int, ...]]:
         from peft import get_peft_model_state_dict
 
         state = get_peft_model_state_dict(model)
-    else:
-        state = model.state_dict()
-    return {k: tuple(v.shape) for k, v in state.items()}
+        return {k: tuple(v.shape) for k, v in state.items()}
+    return as_saved(model, {k: tuple(v.shape) for k, v in model.state_dict().items()})
 
 
 def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, tuple[int, ...]]:
@@ -32,7 +38,7 @@ def expected_from_full_state(model, state: dict, is_adapter: bool) -> dict[str, 
     is what goes wrong under FSDP v1), so an empty or partial adapter fails the check.
     """
     if not is_adapter:
-        return {k: tuple(v.shape) for k, v in state.items()}
+        return as_saved(model, {k: tuple(v.shape) for k, v in state.items()})
     from peft import get_peft_model_state_dict
 
     trainable = {clean(n) for n, p in model.named_parameters() if p.requires_grad}

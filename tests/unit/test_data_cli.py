@@ -56,10 +56,36 @@ def test_text_output_has_legend_histogram_counts_and_fill(instruction_recipe, ca
     # An override works as for `ftune run`, and --split eval shows held-out samples.
     assert main(["data", instruction_recipe, "data.packing=false", "--split", "eval", "--n", "1"]) == 0
     out = capsys.readouterr().out
-    assert "── eval sample 1 (row 0)" in out and "packed into" not in out
+    assert f"── eval sample 1 (data.train[0] row " in out and "packed into" not in out  # the file's row: see below
     # the batching is the compiler's choice for the recipe: flash-attention flattens the packed rows
     assert main(["data", instruction_recipe, "model.attn_implementation=flash_attention_2", "--n", "1"]) == 0
     assert "attention kept per sample by padding_free (one row per micro-batch, no pad tokens)" in capsys.readouterr().out
+
+
+def test_each_sample_names_its_source_file_and_row(tmp_path, tiny_tokenizer_dir, capsys):
+    """Shuffled, mixed from two files and split: each sample shown is the row its label names (#40: a held-out
+    sample labelled "row 0" was row 120 of its file)."""
+    files = {}
+    for name, first, count in (("a.jsonl", 0, 30), ("b.jsonl", 100, 20)):
+        files[name] = [{"instruction": f"add {i} and 1", "input": "", "output": f"{i + 1}"}
+                       for i in range(first, first + count)]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in files[name]))
+    data = "".join(f"    - path: {tmp_path / name}\n      format: instruction\n      template: \"Q: {{instruction}}\\nA: \"\n"
+                   for name in files)
+    recipe = write_recipe(tmp_path, tiny_tokenizer_dir, f"  train:\n{data}  max_seq_length: 64\n  eval: {{split: 0.25}}\n")
+    for split, n in (("train", 37), ("eval", 13)):
+        assert main(["data", recipe, "--split", split, "--n", "50", "--format", "json"]) == 0
+        shown = json.loads(capsys.readouterr().out)["samples"]
+        assert len(shown) == n
+        for s in shown:
+            where, _, rest = s["source"].partition(" row ")
+            row, _, path = rest.partition(" of ")
+            expected = files[path.rsplit("/", 1)[-1]][int(row) - 1]  # 1-based, as data errors name rows
+            assert where == f"data.train[{0 if path.endswith('a.jsonl') else 1}]"
+            text = "".join(r["text"] for r in s["runs"])
+            assert text.startswith(f"Q: {expected['instruction']}\nA: {expected['output']}"), (s["source"], text)
+        assert [s["row"] for s in shown] == list(range(n))  # a source row, not the position: rows differ
+        assert [int(s["source"].split(" row ")[1].split(" of ")[0]) - 1 for s in shown] != list(range(n))
 
 
 def test_classification_samples_show_label_names(tmp_path, tiny_tokenizer_dir, capsys):

@@ -234,6 +234,13 @@ RULES = [
      "train.objective", "supervised fine-tuning (sft) only"),
     ("  path: m\n", "data:\n  train:\n    - {path: d.jsonl}\npeft:\n  modules: {vision: lora}\n", "peft.modules",
      "splits a vision-language model"),
+    ("  path: m\n", "data:\n  train:\n    - {path: d.jsonl}\npeft:\n  method: full\n  modules: {vision: frozen}\n",
+     "peft.modules", "splits a vision-language model"),
+    ("  path: m\n  task: image-text-to-text\n", "data:\n  train:\n    - {path: d.jsonl, format: vision-chat}\n"
+     "peft:\n  method: full\n  modules: {vision: frozen, projector: frozen, language: frozen}\n", "peft.modules",
+     "every part of the model is frozen under peft.method full"),
+    ("  path: m\n  task: image-text-to-text\n", "data:\n  train:\n    - {path: d.jsonl, format: vision-chat}\n"
+     "peft:\n  method: full\n  modules: {language: lora}\n", "peft.modules.language", "invalid value 'lora'"),  # hint: allowed values: frozen, full
     ("  path: m\n  task: image-text-to-text\n",
      "data:\n  images: {min_pixels: 100, max_pixels: 10}\n  train:\n    - {path: d.jsonl, format: vision-chat}\n",
      "data.images.min_pixels", "is above max_pixels"),

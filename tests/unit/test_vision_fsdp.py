@@ -75,7 +75,7 @@ def test_the_recipe_s_wrap_classes_win_and_a_text_model_keeps_its_own(tmp_path, 
 def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, vision):
     """The model the worker builds (load, then peft per `peft.modules`) checkpointed as the Trainer does it with
     the Plan's kwargs: every layer of both towers is flagged, and a step re-runs the vision encoder's layer in
-    backward when the tower trains (its activations were not kept)."""
+    backward when the tower trains (its activations were not kept); a frozen tower runs once, without autograd."""
     import torch
 
     from ftune.runtime.model import load_model
@@ -106,10 +106,45 @@ def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, visio
     model.train()
     out = model(**inputs, labels=inputs["input_ids"])
     out.loss.backward()
-    # every layer ran twice: forward, then recomputed in backward (its activations were not kept). A frozen tower
-    # too: transformers' activation_checkpointing_enable hooks every sub-model's input embeddings to require grad,
-    # the vision patch embeddings included, so backward runs through the frozen tower (docs/vision.md)
-    assert calls == {name: 2 for name in layers}, calls
+    # a checkpointed layer runs twice: forward, then recomputed in backward (its activations were not kept). A frozen
+    # tower runs once, without autograd (ftune.worker.peft.without_autograd): nothing of it is kept or recomputed
+    expected = {name: 1 if vision == "frozen" and "vision_tower" in name else 2 for name in layers}
+    assert calls == expected, calls
     tower = [p for n, p in model.named_parameters() if "vision_tower" in n and p.requires_grad]
     assert bool(tower) == (vision == "lora") and all(p.grad is not None for p in tower)
+    projector = [p for n, p in model.named_parameters() if "multi_modal_projector" in n and p.requires_grad]
+    assert projector and all(p.grad is not None for p in projector)  # the tower's output still trains it
     assert torch.isfinite(out.loss)
+
+
+def test_a_frozen_tower_that_holds_its_projector_runs_once_and_the_projector_trains():
+    """Qwen2-VL's tower holds its projector (`visual.merger`): under `peft.method: full` with `vision: frozen` and
+    checkpointing, the vision blocks run once (no autograd, nothing recomputed), the merger and the language model
+    get gradients, and no vision parameter does."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from ftune.methods import full
+    from ftune.worker.peft import without_autograd
+    from tests.unit.test_vision_parts import CONFIGS
+
+    config = AutoConfig.for_model("qwen2_vl", **CONFIGS["qwen2_vl"], image_token_id=299, vision_start_token_id=298,
+                                  vision_end_token_id=297, video_token_id=296)
+    torch.manual_seed(0)
+    model = full.inject(AutoModelForImageTextToText.from_config(config), full.Config(modules={"vision": "frozen"}),
+                        "image-text-to-text")
+    assert without_autograd(model) == ["model.visual.blocks.0", "model.visual.patch_embed"]  # not the merger
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    calls: dict[str, int] = {}
+    for name, m in model.named_modules():
+        if type(m).__name__ in ("Qwen2VLVisionBlock", "Qwen2VLDecoderLayer"):
+            m.mlp.register_forward_pre_hook(lambda *_, name=name: calls.__setitem__(name, calls.get(name, 0) + 1))
+    ids = torch.tensor([[1, 2, 298, 299, 297, 3, 4]])  # one image: 2x2 patches merged into one token
+    model.train()
+    out = model(input_ids=ids, mm_token_type_ids=(ids == 299).long(), pixel_values=torch.randn(4, 3 * 2 * 14 * 14),
+                image_grid_thw=torch.tensor([[1, 2, 2]]), labels=ids)
+    out.loss.backward()
+    assert calls == {"model.visual.blocks.0": 1, "model.language_model.layers.0": 2}, calls
+    grads = {n: p.grad is not None for n, p in model.named_parameters()}
+    assert all(grads[n] for n in grads if ".merger." in n or "language_model" in n)
+    assert not any(grads[n] for n in grads if ".visual." in n and ".merger." not in n)

@@ -27,7 +27,7 @@ def format_needs_a_vision_model(recipe: Recipe) -> Iterator[Problem]:
 
 def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if recipe.model.task != VLM:
-        if recipe.peft.method == "lora" and recipe.peft.modules is not None:
+        if getattr(recipe.peft, "modules", None) is not None:
             yield Problem.at("peft.modules", "peft.modules splits a vision-language model into its parts; "
                              f"model.task is '{recipe.model.task}'", "remove peft.modules (or set "
                              f"`model.task: {VLM}`)")
@@ -50,6 +50,10 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if d.images.min_pixels > d.images.max_pixels:
         yield Problem.at("data.images.min_pixels", f"min_pixels ({d.images.min_pixels}) is above max_pixels "
                          f"({d.images.max_pixels})", "make min_pixels <= max_pixels")
+    modes = recipe.peft.part_modes()
+    if recipe.peft.method == "full" and modes is not None and set(modes.values()) == {"frozen"}:
+        yield Problem.at("peft.modules", "every part of the model is frozen under peft.method full: nothing trains",
+                         "set at least one of peft.modules.vision / projector / language to full")
     if recipe.model.add_tokens:
         yield Problem.at("model.add_tokens", "added tokens are not supported on a vision-language model yet",
                          "remove model.add_tokens")
