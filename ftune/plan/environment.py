@@ -1,6 +1,6 @@
-"""Checks that need this machine, run by the compiler (`ftune plan`, `ftune run`) before anything launches:
-files and folders the recipe names, devices, and installed packages. Each returns `Problem`s; the compiler
-locates them all at once (`LoadedRecipe.error`). Recipe-only rules live in `ftune.recipe.rules`, checks that
+"""Checks that need this machine or the files the recipe names: the model folder, reward models, devices and
+installed packages, the run dir. Each returns `Problem`s; the table of checks (`ftune.plan.checks`) says which
+commands run each, and the compiler locates them all at once (`LoadedRecipe.error`). Recipe-only rules live in `ftune.recipe.rules`, checks that
 need the model's structure in `ftune.plan.preflight`.
 """
 
@@ -13,7 +13,6 @@ from pathlib import Path
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
-from ftune.plan.paths import missing_configs, missing_inputs
 from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import needs_package
@@ -23,9 +22,9 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
                     "trackio": "trackio"}
 
 
-def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
-    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
-    files exist."""
+def model_folder(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
+    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) holds config.json,
+    whole weights and a VLM's image processor (its absence: `ftune.plan.paths.missing_inputs`)."""
     found: list[Problem] = model_files(recipe) + image_processor(recipe)
     folder = Path(recipe.model.path).expanduser()
     if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
@@ -33,7 +32,7 @@ def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
         found.append(Problem.at("model.path", f"{recipe.model.path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
-    return found + missing_inputs(recipe, model_folder) + reward_models(recipe)
+    return found
 
 
 def reward_models(recipe: Recipe) -> list[Problem]:
@@ -291,8 +290,8 @@ def _cuda_lever(device: str, package: str, key: str, on_cpu: tuple[str, str],
     return []
 
 
-def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -> list[Problem]:
-    """GPUs, the distributed packages and the files the distributed section names."""
+def devices(recipe: Recipe, device: str, num_processes: int) -> list[Problem]:
+    """GPUs and the distributed packages (the config files the distributed section names: `ftune.plan.paths`)."""
     d = recipe.distributed
     found: list[Problem] = []
     if d.strategy == "deepspeed":
@@ -303,7 +302,6 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
         elif device == "cpu":
             found.append(Problem.at("distributed.strategy", "DeepSpeed needs GPUs; this machine has none",
                                     "use `distributed.strategy: fsdp` or `ddp` on CPU"))
-    found += missing_configs(recipe, recipe_dir)
     if device == "cuda" and d.strategy != "none":
         from ftune.plan.accelerate import visible_gpus
 
