@@ -12,7 +12,7 @@ Tiers, cheapest first:
 - `model`: the model on the meta device (`ftune.plan.preflight`, run by the compiler: it also yields decisions).
 
 `COMMANDS` says which tiers each command runs. `plan` and `data` run without the inputs on disk: a `files` row
-marked `inputs` is then listed by `plan`, not refused. Light module: no torch.
+about a missing path is then listed by `plan`, not refused (a folder that exists but can't load is refused). Light module: no torch.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _paths(job: Job) -> list[Problem]:
 def _model_folder(job: Job) -> list[Problem]:
     from ftune.plan import environment
 
-    return environment.model_folder(job.recipe, job.model_folder) if job.inputs else []
+    return environment.model_folder(job.recipe, job.model_folder)  # a folder that exists but can't load
 
 
 def _configs(job: Job) -> list[Problem]:

@@ -1,0 +1,125 @@
+"""The located-refusal corpus through every command that checks a recipe before launch (`ftune.plan.checks`):
+`validate` (recipe tier), `validate --check-paths` (+ files and data), `launch-script` (recipe tier on the flags'
+job shape), `plan` and `run --dry-run` (every tier). Each refuses exactly the problems of its tiers, in the same
+words, located at the same line; the light commands are called in-process here (test_light_imports checks that
+they import no torch)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from ftune.cli.main import main
+
+RECIPE, FILES, ENVIRONMENT, MODEL = "recipe", "files", "environment", "model"
+COMMANDS = {  # the tiers each command runs (ftune.plan.checks.COMMANDS)
+    "validate": {RECIPE},
+    "validate --check-paths": {RECIPE, FILES},
+    "launch-script": {RECIPE},
+    "plan": {RECIPE, FILES, ENVIRONMENT, MODEL},
+    "run --dry-run": {RECIPE, FILES, ENVIRONMENT, MODEL},
+}
+
+# name: (the recipe's change, [(tier, key, words of the message)])
+CORPUS = {
+    "one-process": ({"distributed": {"strategy": "none", "num_processes": 2}},
+                    [(RECIPE, "distributed.num_processes", "num_processes is 2 but distributed.strategy is 'none'")]),
+    "tp-lora": ({"distributed": {"strategy": "ddp", "num_processes": 2, "parallelism": {"tp": 2}},
+                 "checkpoint": {"strategy": "no"}},
+                [(RECIPE, "peft.method", "lora with tensor parallelism")]),
+    "sizes": ({"distributed": {"strategy": "fsdp", "num_processes": 2, "parallelism": {"dp_shard": 4}}},
+              [(RECIPE, "distributed.parallelism", "= 4, but the job has 2 process(es)")]),
+    "cp-length": ({"distributed": {"strategy": "fsdp", "num_processes": 4, "parallelism": {"dp_shard": 2, "cp": 2}},
+                   "data": {"max_seq_length": 30}},
+                  [(RECIPE, "data.max_seq_length", "max_seq_length 30 is not a multiple of it"),
+                   (ENVIRONMENT, "distributed.parallelism.cp", "context parallelism needs CUDA")]),
+    "missing-column": ({"data": {"format": "instruction"}},
+                       [(FILES, "data.train[0].fields.instruction", "instruction data needs field `instruction`"),
+                        (FILES, "data.train[0].fields.output", "instruction data needs field `output`")]),
+    "no-config": ({"model": {"path": "EMPTY"}}, [(FILES, "model.path", "has no config.json")]),
+    "reward-model": ({"train": {"objective": "grpo", "rl": {"num_generations": 2, "max_completion_length": 16, "rewards": [
+        {"name": "reward_model", "path": "MODEL"}]}}, "data": {"format": "prompt"}},
+                     [(FILES, "train.rl.rewards[0].path", "is not a sequence classifier")]),
+    "fp16-on-cpu": ({"train": {"mixed_precision": "fp16"}},
+                    [(ENVIRONMENT, "train.mixed_precision", "fp16 mixed precision needs a GPU")]),
+    "targets": ({"peft": {"method": "lora", "r": 4, "target_modules": ["nope_proj"]}},
+                [(MODEL, "peft.target_modules", "matches no module of the model")]),
+}
+
+
+def _write(tmp_path, model_dir, text_file, change: dict):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(8)))
+    empty = tmp_path / "empty-model"
+    empty.mkdir(exist_ok=True)
+    source = {"path": str(prompts if change.get("data", {}).get("format") == "prompt" else text_file)}
+    if "format" in change.get("data", {}):
+        source["format"] = change["data"]["format"]
+    recipe = {"name": "refused", "model": {"path": str(model_dir)},
+              "data": {"train": [source], **{k: v for k, v in change.get("data", {}).items() if k != "format"}},
+              "peft": {"method": "lora", "r": 4, "target_modules": ["q_proj"]},
+              "train": {"max_steps": 1, "per_device_batch_size": 2}, "output": {"dir": str(tmp_path / "runs" / "r")}}
+    for section, values in change.items():
+        if section != "data":
+            recipe[section] = {**recipe.get(section, {}), **values}
+    if recipe["model"]["path"] == "EMPTY":
+        recipe["model"]["path"] = str(empty)
+    for reward in recipe["train"].get("rl", {}).get("rewards", []):
+        reward["path"] = str(model_dir)  # a causal LM, not a sequence classifier
+    path = tmp_path / "recipe.yaml"
+    text = yaml.safe_dump(recipe, sort_keys=False)
+    path.write_text(text)
+    return path, text
+
+
+def _refusals(command: str, path, capsys) -> tuple[int, list[tuple[str, str, int]]]:
+    """(exit code, [(key, message, line)]) of one command on the recipe."""
+    if command.startswith("validate"):
+        code = main(["validate", str(path), *command.split()[1:], "--format", "json"])
+        errors = json.loads(capsys.readouterr().out)["files"][0]["errors"]
+        return code, [(e["path"], e["message"], e["line"]) for e in errors]
+    if command == "plan":
+        code = main(["plan", str(path), "--format", "json"])
+        out = capsys.readouterr().out
+        errors = json.loads(out).get("errors", []) if code else []
+        return code, [(e["path"], e["message"], e["line"]) for e in errors]
+    argv = (["launch-script", "slurm", str(path), "--nodes", "1"] if command == "launch-script"
+            else ["run", str(path), "--dry-run"])
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = re.findall(rf"{re.escape(str(path))}:(\d+):\d+: error: (\S+): (.*)", err)
+    return code, [(key, message, int(line)) for line, key, message in lines]
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_each_command_refuses_exactly_the_problems_of_its_tiers(name, tmp_path, tiny_model_dir, text_data_file,
+                                                                 capsys):
+    change, expected = CORPUS[name]
+    path, text = _write(tmp_path, tiny_model_dir, text_data_file, change)
+    words: dict[str, str] = {}  # key -> the message: the same words from every command that refuses it
+    lines: dict[str, int] = {}
+    for command, tiers in COMMANDS.items():
+        code, found = _refusals(command, path, capsys)
+        want = [(key, w) for tier, key, w in expected if tier in tiers]
+        assert code == (1 if want else 0), (command, found)
+        assert sorted(key for key, _, _ in found) == sorted(key for key, _ in want), (command, found)
+        for key, w in want:
+            [(message, line)] = [(m, n) for k, m, n in found if k == key]
+            assert w in message, (command, message)
+            assert words.setdefault(key, message) == message, (command, message, words[key])
+            assert lines.setdefault(key, line) == line, (command, key)
+    assert not (tmp_path / "runs").exists()  # refused (or dry) before a run dir was written
+
+
+def test_launch_script_checks_the_sizes_against_nodes_times_gpus(tmp_path, tiny_model_dir, text_data_file, capsys):
+    """dp_shard 4 on 2 GPUs per node: 2 nodes make the job, 3 nodes can't, and nothing is written then."""
+    path, _ = _write(tmp_path, tiny_model_dir, text_data_file, CORPUS["sizes"][0])
+    out = tmp_path / "job.sh"
+    assert main(["launch-script", "slurm", str(path), "--nodes", "2", "-o", str(out)]) == 0 and out.is_file()
+    out.unlink()
+    assert main(["launch-script", "slurm", str(path), "--nodes", "3", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "= 4, but the job has 6 process(es) (num_processes 2 x num_machines 3)" in err and not out.exists()
