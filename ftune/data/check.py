@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 from ftune.typed import not_text
@@ -81,7 +82,7 @@ def answer_readers(recipe: Recipe) -> list[str]:
     from ftune.rewards import available
 
     rl = recipe.train.rl
-    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+    if rl is None or not family_of(recipe).generates:
         return []
     known = available()
     return [r.name for r in rl.rewards if r.name in known and known[r.name].needs_answer]

@@ -307,7 +307,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
 
     layer_classes = _layer_classes(model, recipe)
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
-    rl = recipe.train.rl if recipe.train.objective in ("grpo", "rloo") else None
+    rl = recipe.train.rl  # set only under an rl-family objective (rules.rl.rl_section)
     if rl is not None and not seq_length:  # a row is a prompt plus a generated completion
         seq = (recipe.data.max_prompt_length or 0) + rl.max_completion_length or seq
         notes.append(f"{recipe.train.objective}: activations for rows of {seq} tokens "

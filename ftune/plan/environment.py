@@ -13,7 +13,7 @@ from pathlib import Path
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
-from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
+from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, family_of, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trainer_names import needs_package
 from ftune.rundir import RunDir, is_complete
@@ -42,7 +42,7 @@ def reward_models(recipe: Recipe) -> list[Problem]:
 
     rl = recipe.train.rl
     found: list[Problem] = []
-    for i, spec in enumerate(rl.rewards if rl is not None and recipe.train.objective != "sft" else []):
+    for i, spec in enumerate(rl.rewards if rl is not None and family_of(recipe).generates else []):
         path = spec.args.get("path")
         if spec.name != "reward_model" or not isinstance(path, str):
             continue
@@ -261,7 +261,7 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
                              ("flash_attention_2 needs the flash-attn package, which is not installed",
                               "pip install flash-attn --no-build-isolation   (or use `model.attn_implementation: "
                               "sdpa`)"))
-    rl = t.rl if t.objective in RL_OBJECTIVES else None
+    rl = t.rl if family_of(recipe).generates else None
     if rl is not None and rl.generation.backend == "vllm":
         found += _cuda_lever(device, "vllm", "train.rl.generation.backend",
                              ("vLLM generates on CUDA GPUs only; this run is on CPU",

@@ -15,6 +15,7 @@ from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
@@ -150,7 +151,7 @@ def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
     """grpo/rloo: the prompt (at most data.max_prompt_length tokens) plus max_completion_length past the model's
     positions: generation would run off the end. The data stage checks each prompt's real length."""
     rl = recipe.train.rl
-    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+    if rl is None or not family_of(recipe).generates:
         return []
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -496,7 +496,10 @@ class RLSection(Section):
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
 
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
+BUILTIN_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
+# a plugin objective joins one of ftune.recipe.objectives.FAMILIES; it can't shadow a built-in name
+OBJECTIVES = (*BUILTIN_OBJECTIVES,
+              *sorted(merged_plugins("objectives", BUILTIN_OBJECTIVES).keys() - set(BUILTIN_OBJECTIVES)))
 
 
 class TrainSection(Section):

@@ -158,7 +158,7 @@ def step_timer(trainer):
     return StepTimer()
 
 
-def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
+def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
     """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
     the recipe's rewards."""
     from transformers import PrinterCallback

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
 from ftune.recipe.schedule import eval_schedule, evaluates, save_schedule
 from ftune.recipe.sources import sources
@@ -239,7 +240,7 @@ def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
                 "set `model.task: sequence-classification` (with model.labels), or another data format",
             )
         elif task == "sequence-classification" and source.format != "classification" \
-                and not (recipe.train.objective == "reward" and source.format == "preference"):
+                and not (family_of(recipe).one_logit and source.format == "preference"):
             yield Problem.at(
                 path,
                 f"model.task is 'sequence-classification' but this source has format '{source.format}'"
@@ -258,7 +259,7 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
             "drop `num_labels` (it defaults to len(labels)) or make them agree",
         )
     if m.task == "sequence-classification" and m.num_labels is None and m.labels is None \
-            and recipe.train.objective != "reward":  # a reward model has one output
+            and not family_of(recipe).one_logit:  # a reward model has one output
         yield Problem.at(
             "model.task",
             "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",

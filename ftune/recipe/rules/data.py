@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from ftune.chat import BUILTIN, is_jinja, strip_generation_tags
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
 from ftune.recipe.schema import EvalSplit, Recipe
@@ -169,8 +170,8 @@ def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
         if src.limit is None:
             yield Problem.at(f"data.eval.{i}", "a streamed eval source needs a bound: every evaluation reads it "
                              "from the start", f"set data.eval[{i}].limit (rows read from each of its files)")
-    if t.objective != "sft" or recipe.model.task != "causal-lm":
-        where = "train.objective" if t.objective != "sft" else "model.task"
+    if not family_of(recipe).next_token_loss or recipe.model.task != "causal-lm":
+        where = "train.objective" if not family_of(recipe).next_token_loss else "model.task"
         yield Problem.at(where, "streaming feeds supervised causal-LM training only",
                          "set data.streaming: false (preprocess and cache the data)")
     if t.group_by_length:

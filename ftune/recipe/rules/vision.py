@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 
@@ -40,7 +41,7 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if d.streaming:
         yield Problem.at("data.streaming", "vision-chat data is not streamed yet (its images are checked and hashed "
                          "before training)", "set `data.streaming: false`")
-    if recipe.train.objective != "sft":
+    if not family_of(recipe).next_token_loss:
         yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' on a vision-language model "
                          "is not supported yet: ftune trains VLMs with supervised fine-tuning (sft) only",
                          "set `train.objective: sft` (DPO on vision pairs: see docs/vision.md)")
