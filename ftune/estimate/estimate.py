@@ -96,11 +96,11 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
     from ftune.methods import method_module
 
     cfg = recipe.peft
-    if cfg.method == "lora" and cfg.init != "default":
+    if cfg.adapts_linear_layers and cfg.init != "default":
         cfg = cfg.model_copy(update={"init": "default"})  # same shapes; PiSSA's SVD can't run on the meta device
     linear = linear_layer_names(model)
     try:
-        if trained_tokens and cfg.method == "lora":  # as the worker's peft stage
+        if trained_tokens and cfg.adapts_linear_layers:  # as the worker's peft stage
             return method_module(cfg.method).inject(model, cfg, recipe.model.task, trained_tokens=trained_tokens)
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
     except RecipeError:
@@ -285,7 +285,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     embedding = model.get_input_embeddings().weight.numel()
     vision_base = base_parts(recipe, model, config)  # a VLM's parts, before the method adds to them
     quantized = _quantize_layout(model, recipe)
-    if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
+    if recipe.peft.adapts_linear_layers:  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
 
         notes += resolve_targets(model, recipe.peft).notes
@@ -386,7 +386,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
                       largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes,
-                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.method == "full" else 0)
+                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.trains_whole_model else 0)
     if dist.strategy == "deepspeed":
         ds = dist.deepspeed
         stage = ds.stage if ds else 2

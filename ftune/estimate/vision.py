@@ -203,12 +203,12 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
 
     images, peft = recipe.data.images, recipe.peft
     modes = None
-    if peft.method == "lora":
+    if peft.adapts_linear_layers:
         from ftune.methods.lora import VisionModules
 
         modules = peft.modules or VisionModules()
         modes = {part: modules.of(part) for part in PARTS}
-    elif peft.method == "full":
+    elif peft.trains_whole_model:
         modes = dict.fromkeys(PARTS, "full")
     facts, (layers, inputs, projector) = vision_facts(
         base_counts, model, config, max_pixels=images.max_pixels, images_per_sample=images.max_per_sample or 1,

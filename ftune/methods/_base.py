@@ -23,6 +23,25 @@ class MethodConfig(BaseModel):
         adapter into the base), or None (it can't: the method adds computation that has no weights to fold into)."""
         return None if self.uses_peft_library else "copy"
 
+    # What the rest of ftune asks of a method (the parallelism rules, the estimator, the peft and save stages), so
+    # it dispatches on the method's answer instead of comparing its name; a plugin method answers for itself.
+    @property
+    def trains_whole_model(self) -> bool:
+        """Every weight trains (tensor parallelism can split it; the FSDP units hold gradients of their size)."""
+        return False
+
+    @property
+    def adapts_linear_layers(self) -> bool:
+        """Adapters go on the linear layers `target_modules` names, resolved on the model (LoRA: the preflight's
+        target check, the estimator's counts, added tokens' rows, a VLM's per-part modes)."""
+        return False
+
+    @property
+    def moves_base_weights(self) -> bool:
+        """The initialisation moves part of the base into the adapter: the save stage converts the final adapter
+        against the initial one (LoRA's pissa/olora)."""
+        return False
+
 
 class VisionModules(BaseModel):
     """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the

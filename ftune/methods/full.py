@@ -15,6 +15,10 @@ class Config(MethodConfig):
     def uses_peft_library(self) -> bool:
         return False
 
+    @property
+    def trains_whole_model(self) -> bool:
+        return True
+
 
 def inject(model, cfg: Config, task: str):
     for p in model.parameters():

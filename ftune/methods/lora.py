@@ -55,6 +55,14 @@ class Config(MethodConfig):
     def merge(self) -> str | None:
         return "merge"
 
+    @property
+    def adapts_linear_layers(self) -> bool:
+        return True
+
+    @property
+    def moves_base_weights(self) -> bool:
+        return self.init in MOVES_BASE_WEIGHTS
+
 
 PEFT_TYPE = "LORA"
 """The peft_type of a saved adapter this method continues (`model.path` at an adapter folder)."""

@@ -30,7 +30,8 @@ PADDING_FREE_ATTENTION = ("flash_attention_2",)
 
 def collator(recipe: Recipe) -> Collator:
     """The batching for `recipe`: see the module docstring."""
-    if recipe.model.task == "sequence-classification" or not recipe.data.packing or family_of(recipe).rows == "preference":
+    if (recipe.model.task == "sequence-classification" or not recipe.data.packing
+            or family_of(recipe).rows == "preference"):  # TRL batches preference rows itself
         return "padding"
     if recipe.model.attn_implementation in PADDING_FREE_ATTENTION:
         return "padding_free"

@@ -131,7 +131,7 @@ def _tp_problems(recipe: Recipe) -> list[Problem]:
     if recipe.quantization is not None:
         found.append(Problem.at("quantization", "tensor parallelism splits full-precision weights: a quantized "
                                 "(bitsandbytes) model can't be sharded by its tp_plan", "drop quantization, or tp"))
-    if recipe.peft.method != "full":
+    if not recipe.peft.trains_whole_model:
         found.append(Problem.at("peft.method", f"{recipe.peft.method} with tensor parallelism: peft 0.21 wraps the "
                                 "split (DTensor) layers without a plan for the adapter; measured with LoRA and tp 2 "
                                 "on CPU: the losses drift from one process's and saving final/ fails",

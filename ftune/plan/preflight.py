@@ -44,7 +44,7 @@ def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, mode
     attention and the experts: target_parameters) must be what the adapter adapts, since continuing can neither add
     nor drop targets. The light check (ftune.plan.adapter) can't tell without the model."""
     cfg = written.peft
-    if cfg.method != "lora" or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
+    if not cfg.adapts_linear_layers or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
         return []
     from ftune.errors import RecipeError
     from ftune.methods.lora import resolve_targets
@@ -103,7 +103,7 @@ def target_problems(model, recipe: Recipe) -> list[Problem]:
     target_modules entries match and others don't (a list written for another architecture, half of it silent),
     a warning names the ones that match nothing."""
     cfg = recipe.peft
-    if cfg.method != "lora":
+    if not cfg.adapts_linear_layers:
         return []
     from ftune.methods.lora import target_problems as lora_problems
 

@@ -271,7 +271,7 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
 
 def quantized_needs_adapter(recipe: Recipe) -> Iterator[Problem]:
     q, method = recipe.quantization, recipe.peft.method
-    if q is not None and method in ("full", "freeze"):
+    if q is not None and not recipe.peft.uses_peft_library:
         yield Problem.at(
             "quantization.bits",
             f"{q.bits}-bit quantized weights can't be trained directly with peft.method '{method}'",
