@@ -108,7 +108,7 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
     except FtuneError as e:  # e.g. freeze's "matches no parameter": at the key that says what to train
         if e.location is not None:
             raise
-        key = "peft.trainable" if cfg.method == "freeze" else "peft"
+        key = cfg.inject_errors_at
         raise RecipeError([Problem.at(key, e.message.removeprefix(f"{key} "), e.hint)]) from None
     except ValueError as e:
         if "target" not in str(e).lower() and "not found" not in str(e).lower():
@@ -155,25 +155,6 @@ def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
             )
         )
     return facts
-
-
-def _matched(model, recipe: Recipe) -> list[str]:
-    method = recipe.peft.method
-    if method == "lora":
-        names = getattr(model.base_model, "targeted_module_names", None) or [
-            n for n, m in model.named_modules() if hasattr(m, "lora_A")
-        ]
-        names = list(dict.fromkeys([*names, *getattr(model.base_model, "targeted_parameter_names", [])]))
-        return [n.removeprefix("base_model.model.") for n in names]
-    if method == "freeze":
-        return [n for n, p in model.named_parameters() if p.requires_grad]
-    if method == "llama-adapter":
-        return [n.removeprefix("base_model.model.") for n, m in model.named_modules() if type(m).__name__ ==
-                "AdaptedAttention"]
-    if method == "prefix":
-        c = recipe.peft
-        return [f"{c.num_virtual_tokens} virtual tokens x {model.config.num_hidden_layers} layers (keys, values)"]
-    return ["all parameters"]
 
 
 # ----------------------------------------------------------------------------------------- layout
@@ -365,7 +346,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
-        params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
+        params_trainable=trainable, matched_modules=recipe.peft.trained_names(model), world_size=world_size,
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,

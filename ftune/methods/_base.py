@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from ftune.errors import Problem
 
 
 class MethodConfig(BaseModel):
@@ -41,6 +43,25 @@ class MethodConfig(BaseModel):
         """The initialisation moves part of the base into the adapter: the save stage converts the final adapter
         against the initial one (LoRA's pissa/olora)."""
         return False
+
+    trains_new_token_rows: ClassVar[bool] = True
+    """Added tokens' embedding rows can train with this method (prefix tuning and LLaMA-Adapter train none)."""
+    trains_vision_models: ClassVar[bool] = False
+    """Supported on a vision-language model (`model.task: image-text-to-text`)."""
+    vllm_loads: ClassVar[bool] = False
+    """vLLM (`train.rl.generation.backend: vllm`) can load what this method trains."""
+    inject_errors_at: ClassVar[str] = "peft"
+    """The recipe key an `inject` error is located at (freeze: `peft.trainable`)."""
+    experts_hint: ClassVar[str] = "use peft.method lora or full"
+    """How to make the experts of an MoE train with this method (the estimator's note when none does)."""
+
+    def problems(self, recipe) -> list[Problem]:
+        """The method's own recipe rules (run with the rules when a recipe loads)."""
+        return []
+
+    def trained_names(self, model) -> list[str]:
+        """What the method trains on an injected (meta) model, as `ftune plan` lists it."""
+        return ["all parameters"]
 
 
 class VisionModules(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ftune.methods._base import MethodConfig
 
@@ -10,6 +10,8 @@ from ftune.methods._base import MethodConfig
 class Config(MethodConfig):
     method: Literal["full"] = "full"
     """Full fine-tuning: all parameters are trained."""
+    trains_vision_models: ClassVar[bool] = True
+    vllm_loads: ClassVar[bool] = True
 
     @property
     def uses_peft_library(self) -> bool:

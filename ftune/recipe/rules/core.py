@@ -135,13 +135,9 @@ def training_length(recipe: Recipe) -> Iterator[Problem]:
         )
 
 
-def lora_rank_positive(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.peft.method == "lora" and recipe.peft.r <= 0:
-        yield Problem.at(
-            "peft.r",
-            f"LoRA rank must be > 0, got {recipe.peft.r}",
-            "use a rank such as 8, 16 or 64",
-        )
+def method_rules(recipe: Recipe) -> Iterator[Problem]:
+    """The PEFT method's own rules (`MethodConfig.problems`: LoRA's rank and init, prefix tuning's packing)."""
+    yield from recipe.peft.problems(recipe)
 
 
 def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Problem]:
@@ -288,13 +284,6 @@ def packing_supported(recipe: Recipe) -> Iterator[Problem]:
             "packing applies to causal-lm; a classification row must hold exactly one sample",
             "set `data.packing: false`",
         )
-    if recipe.peft.method == "prefix":
-        yield Problem.at(
-            "data.packing",
-            "packing can't be combined with prefix tuning: the prefix is fed as a KV cache, which turns off the "
-            "packed-sample detection that keeps samples from attending to each other",
-            "set `data.packing: false`, or use `peft.method: lora`",
-        )
 
 
 RULES: list[Rule] = [
@@ -309,7 +298,7 @@ RULES: list[Rule] = [
     eval_steps_needs_steps,
     warmup_once,
     training_length,
-    lora_rank_positive,
+    method_rules,
     early_stopping_needs_eval,
     per_epoch_fits,
     load_best_needs_eval,

@@ -96,8 +96,7 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
                          f"data.max_prompt_length ({d.max_prompt_length}) + max_completion_length "
                          f"({rl.max_completion_length}) is longer than data.max_seq_length ({d.max_seq_length})",
                          "lower one of them, or raise data.max_seq_length")
-    if rl.generation.backend == "vllm" and recipe.peft.method not in (
-            "lora", "full", "freeze"):
+    if rl.generation.backend == "vllm" and not recipe.peft.vllm_loads:
         yield Problem.at("train.rl.generation.backend", f"vLLM can't load a {recipe.peft.method} adapter",
                          "use `backend: transformers`, or peft.method lora")
 

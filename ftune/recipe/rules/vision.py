@@ -28,7 +28,7 @@ def format_needs_a_vision_model(recipe: Recipe) -> Iterator[Problem]:
 
 def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if recipe.model.task != VLM:
-        if recipe.peft.method == "lora" and recipe.peft.modules is not None:
+        if getattr(recipe.peft, "modules", None) is not None:  # LoRA's per-part modes
             yield Problem.at("peft.modules", "peft.modules splits a vision-language model into its parts; "
                              f"model.task is '{recipe.model.task}'", "remove peft.modules (or set "
                              f"`model.task: {VLM}`)")
@@ -45,7 +45,7 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' on a vision-language model "
                          "is not supported yet: ftune trains VLMs with supervised fine-tuning (sft) only",
                          "set `train.objective: sft` (DPO on vision pairs: see docs/vision.md)")
-    if recipe.peft.method not in ("lora", "full"):
+    if not recipe.peft.trains_vision_models:
         yield Problem.at("peft.method", f"peft.method '{recipe.peft.method}' is not supported on a vision-language "
                          "model", "use `peft.method: lora` (with peft.modules per part) or `full`")
     if d.images.min_pixels > d.images.max_pixels:
