@@ -51,6 +51,10 @@ class Family:
     """Trains a one-logit sequence classifier on preference pairs (a reward model)."""
 
 
+# Each family's own modules (where its objectives' names may be compared, for per-objective settings): preference
+# and reward: plan/preference.py, recipe/rules/preference.py, dataset/preference.py, runtime/train.preference_trainer;
+# rl: plan/rl.py, recipe/rules/rl.py, dataset/prompt.py, runtime/rl.py; sft: the data stage's pipeline and
+# runtime/train.sft_trainer.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
