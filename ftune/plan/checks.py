@@ -148,8 +148,8 @@ CHECKS: tuple[Check, ...] = (
     Check("parallelism", "recipe", _layout, "the N-D sizes against the world, strategy, tp with LoRA, "
           "quantization or checkpoints, cp's sequence length (`ftune.plan.parallelism.problems`)"),
     Check("paths", "files", _paths, "the local model, tokenizer and data paths exist (`ftune.plan.paths`)"),
-    Check("model folder", "files", _model_folder, "the model folder holds config.json, whole safetensors and a "
-          "VLM's image processor (`ftune.plan.environment.model_folder`)"),
+    Check("model folder", "files", _model_folder, "the model folder holds config.json, whole safetensors, and a "
+          "VLM's image processor and chat template (`ftune.plan.environment.model_folder`)"),
     Check("configs", "files", _configs, "the accelerate and DeepSpeed configs the recipe names exist"),
     Check("data", "files", _data, "the data files' fields, formats, roles and preference pairs in their first "
           "rows (`ftune.data.check`)"),

@@ -25,7 +25,7 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 def model_folder(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) holds config.json,
     whole weights and a VLM's image processor (its absence: `ftune.plan.paths.missing_inputs`)."""
-    found: list[Problem] = model_files(recipe) + image_processor(recipe)
+    found: list[Problem] = model_files(recipe) + image_processor(recipe) + processor_chat_template(recipe)
     folder = Path(recipe.model.path).expanduser()
     if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
         # ftune.plan.adapter checks adapters
@@ -144,6 +144,33 @@ def image_processor(recipe: Recipe) -> list[Problem]:
                        "in processor_config.json): model.task image-text-to-text reads images through it",
                        "copy the processor files from the model's hub repository into the folder (or point "
                        "model.tokenizer at a folder holding them)")]
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TEMPLATE_CONFIGS = ("processor_config.json", "tokenizer_config.json")
+
+
+def processor_chat_template(recipe: Recipe) -> list[Problem]:
+    """A vision-language model's local folder holds the chat template vision-chat rows are rendered with, unless
+    `data.chat_template` names one (the data stage's `dataset.vision.template_of`, before launch, in its words)."""
+    import json
+
+    if recipe.model.task != "image-text-to-text" or recipe.data.chat_template:
+        return []
+    key = "model.tokenizer" if recipe.model.tokenizer else "model.path"
+    value = recipe.model.tokenizer or recipe.model.path
+    folder = Path(value).expanduser()
+    if not folder.is_dir() or is_adapter(folder) or any((folder / f).is_file() for f in TEMPLATE_FILES):
+        return []
+    for name in TEMPLATE_CONFIGS:
+        try:
+            if json.loads((folder / name).read_text()).get("chat_template"):
+                return []
+        except (OSError, ValueError, AttributeError):
+            continue
+    return [Problem.at(key, f"the processor of {value} has no chat template: vision-chat rows are rendered with it",
+                       "set data.chat_template to a Jinja template that renders image parts (`{type: image}`) as "
+                       "the model's image placeholder")]
 
 
 def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:

@@ -123,3 +123,33 @@ def test_launch_script_checks_the_sizes_against_nodes_times_gpus(tmp_path, tiny_
     assert main(["launch-script", "slurm", str(path), "--nodes", "3", "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "= 4, but the job has 6 process(es) (num_processes 2 x num_machines 3)" in err and not out.exists()
+
+
+def test_a_vlm_folder_without_a_chat_template_is_a_files_check(tmp_path, vlm_dir):
+    """Checked before launch (files tier) in the data stage's words, not found by the worker's data stage; the
+    tiny LLaVA's saved processor has a template (no false refusal), a copy stripped of it is refused."""
+    import shutil
+
+    from ftune.plan import checks
+    from ftune.recipe.schema import Recipe
+
+    def found(folder):
+        recipe = Recipe.model_validate({"name": "v", "model": {"path": str(folder), "task": "image-text-to-text"},
+                                        "data": {"train": [{"path": "rows.jsonl", "format": "vision-chat"}]},
+                                        "train": {"max_steps": 1}})
+        job = checks.Job(recipe, tmp_path)
+        return [(p.path, p.message) for p in checks.problems(job, checks.COMMANDS["validate --check-paths"])
+                if "chat template" in p.message]
+
+    assert found(vlm_dir) == []
+    bare = tmp_path / "bare"
+    shutil.copytree(vlm_dir, bare)
+    for f in bare.glob("chat_template.*"):
+        f.unlink()
+    for name in ("processor_config.json", "tokenizer_config.json"):
+        if (bare / name).is_file():
+            config = json.loads((bare / name).read_text())
+            config.pop("chat_template", None)
+            (bare / name).write_text(json.dumps(config))
+    assert found(bare) == [("model.path", f"the processor of {bare} has no chat template: vision-chat rows are "
+                                          "rendered with it")]
