@@ -113,9 +113,9 @@ def _configs(job: Job) -> list[Problem]:
 
 
 def _data(job: Job) -> list[Problem]:
-    from ftune.data.check import check_fields, preference_balance
+    from ftune.data.check import check_fields, eval_split_rows, preference_balance
 
-    return check_fields(job.recipe) + preference_balance(job.recipe)
+    return check_fields(job.recipe) + preference_balance(job.recipe) + eval_split_rows(job.recipe)
 
 
 def _reward_models(job: Job) -> list[Problem]:
@@ -152,7 +152,7 @@ CHECKS: tuple[Check, ...] = (
           "VLM's image processor and chat template (`ftune.plan.environment.model_folder`)"),
     Check("configs", "files", _configs, "the accelerate and DeepSpeed configs the recipe names exist"),
     Check("data", "files", _data, "the data files' fields, formats, roles and preference pairs in their first "
-          "rows (`ftune.data.check`)"),
+          "rows, an eval split that would hold out no row (`ftune.data.check`)"),
     Check("reward models", "files", _reward_models, "each `reward_model` reward is a one-logit sequence "
           "classifier, read from its config.json"),
     Check("precision", "environment", _precision, "the mixed precision this device can run"),

@@ -39,6 +39,8 @@ CORPUS = {
     "missing-column": ({"data": {"format": "instruction"}},
                        [(FILES, "data.train[0].fields.instruction", "instruction data needs field `instruction`"),
                         (FILES, "data.train[0].fields.output", "instruction data needs field `output`")]),
+    "eval-split": ({"data": {"path": "ONE_ROW", "eval": {"split": 0.5}}},
+                   [(FILES, "data.eval.split", "0.5 of 1 training row holds out no row for evaluation")]),
     "no-config": ({"model": {"path": "EMPTY"}}, [(FILES, "model.path", "has no config.json")]),
     "reward-model": ({"train": {"objective": "grpo", "rl": {"num_generations": 2, "max_completion_length": 16, "rewards": [
         {"name": "reward_model", "path": "MODEL"}]}}, "data": {"format": "prompt"}},
@@ -55,11 +57,15 @@ def _write(tmp_path, model_dir, text_file, change: dict):
     prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(8)))
     empty = tmp_path / "empty-model"
     empty.mkdir(exist_ok=True)
-    source = {"path": str(prompts if change.get("data", {}).get("format") == "prompt" else text_file)}
-    if "format" in change.get("data", {}):
-        source["format"] = change["data"]["format"]
+    one_row = tmp_path / "one.jsonl"
+    one_row.write_text(json.dumps({"text": "the only row"}) + "\n")
+    data = change.get("data", {})
+    source = {"path": str(prompts if data.get("format") == "prompt" else one_row if data.get("path") == "ONE_ROW"
+                          else text_file)}
+    if "format" in data:
+        source["format"] = data["format"]
     recipe = {"name": "refused", "model": {"path": str(model_dir)},
-              "data": {"train": [source], **{k: v for k, v in change.get("data", {}).items() if k != "format"}},
+              "data": {"train": [source], **{k: v for k, v in data.items() if k not in ("format", "path")}},
               "peft": {"method": "lora", "r": 4, "target_modules": ["q_proj"]},
               "train": {"max_steps": 1, "per_device_batch_size": 2}, "output": {"dir": str(tmp_path / "runs" / "r")}}
     for section, values in change.items():
