@@ -12,7 +12,8 @@ Tiers, cheapest first:
 - `model`: the model on the meta device (`ftune.plan.preflight`, run by the compiler: it also yields decisions).
 
 `COMMANDS` says which tiers each command runs. `plan` and `data` run without the inputs on disk: a `files` row
-about a missing path is then listed by `plan`, not refused (a folder that exists but can't load is refused). Light module: no torch.
+about a missing path is listed by `plan` instead, and the model folder's checks run in `plan` (its estimate
+reads the folder) but not in `data` (which reads a tokenizer folder as `model.path`). Light module: no torch.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class Job:
     num_processes: int | None = None
     mixed_precision: str | None = None
     inputs: bool = True
-    """Refuse missing inputs (`run`, `validate --check-paths`); `plan` and `data` list them instead."""
+    """Check the model inputs on disk (`run`, `validate --check-paths`); `plan` and `data` run without them (plan
+    lists the missing ones)."""
+    reads_model: bool = False
+    """The command reads the model folder without the other inputs (`plan`'s estimate): its checks run."""
     model_folder: bool = True
     """`model.path` is a folder to check (not a GGUF file, whose converted folder `ftune.plan.gguf` checks)."""
     machine: bool = False
@@ -103,7 +107,7 @@ def _paths(job: Job) -> list[Problem]:
 def _model_folder(job: Job) -> list[Problem]:
     from ftune.plan import environment
 
-    return environment.model_folder(job.recipe, job.model_folder)  # a folder that exists but can't load
+    return environment.model_folder(job.recipe, job.model_folder) if job.inputs or job.reads_model else []
 
 
 def _configs(job: Job) -> list[Problem]:

@@ -95,15 +95,18 @@ def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list
     return recipe.model_copy(update={"distributed": distributed}), found
 
 
-def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None) -> Plan:
+def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
+                 reads_model: bool = False) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
     the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
     files and data, this machine) and the model's structure on the meta device (`ftune.plan.preflight`; without
-    `check_inputs` only when the model's config is local). `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
-    instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
-    not checked then); `environ` is read for a launcher's variables (`ftune.plan.cluster`; default os.environ)."""
+    `check_inputs` only when the model's config is local). `check_inputs` checks model/data paths and the run
+    dir; `gpus` compiles for that many GPUs per machine instead of the visible ones (planning a GPU job on a
+    laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
+    variables (`ftune.plan.cluster`; default os.environ); `reads_model`: the model folder's checks run without
+    `check_inputs` (`plan`, whose estimate reads it)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
     recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
@@ -126,7 +129,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         if resume_from is not None:
             problems += environment.resume_compatible(recipe, Path(resume_from))
     shape = checks.Job(recipe, recipe_dir, world_size=world_size, device=device, num_processes=num_processes,
-                       mixed_precision=mp, inputs=check_inputs, model_folder=gguf_source is None, machine=gpus is None)
+                       mixed_precision=mp, inputs=check_inputs, reads_model=reads_model,
+                       model_folder=gguf_source is None, machine=gpus is None)
     # the recipe, files and environment tiers (the model tier is the preflight below); the job-shape rules only
     # on a shape the launcher's environment agrees with (its own problems say what contradicts)
     problems += checks.problems(shape, ("recipe", "files", "environment"),

@@ -14,13 +14,13 @@ import yaml
 
 from ftune.cli.main import main
 
-RECIPE, FILES, ENVIRONMENT, MODEL = "recipe", "files", "environment", "model"
-COMMANDS = {  # the tiers each command runs (ftune.plan.checks.COMMANDS)
-    "validate": {RECIPE},
-    "validate --check-paths": {RECIPE, FILES},
+RECIPE, FILES, INPUTS, ENVIRONMENT, MODEL = "recipe", "files", "inputs", "environment", "model"
+COMMANDS = {  # the tiers each command runs (ftune.plan.checks.COMMANDS); INPUTS: the model folder's checks, which
+    "validate": {RECIPE},  # `ftune data` runs without (its model.path may be a tokenizer folder)
+    "validate --check-paths": {RECIPE, FILES, INPUTS},
     "launch-script": {RECIPE},
-    "plan": {RECIPE, FILES, ENVIRONMENT, MODEL},
-    "run --dry-run": {RECIPE, FILES, ENVIRONMENT, MODEL},
+    "plan": {RECIPE, FILES, INPUTS, ENVIRONMENT, MODEL},
+    "run --dry-run": {RECIPE, FILES, INPUTS, ENVIRONMENT, MODEL},
 }
 
 # name: (the recipe's change, [(tier, key, words of the message)])
@@ -41,7 +41,7 @@ CORPUS = {
                         (FILES, "data.train[0].fields.output", "instruction data needs field `output`")]),
     "eval-split": ({"data": {"path": "ONE_ROW", "eval": {"split": 0.5}}},
                    [(FILES, "data.eval.split", "0.5 of 1 training row holds out no row for evaluation")]),
-    "no-config": ({"model": {"path": "EMPTY"}}, [(FILES, "model.path", "has no config.json")]),
+    "no-config": ({"model": {"path": "EMPTY"}}, [(INPUTS, "model.path", "has no config.json")]),
     "reward-model": ({"train": {"objective": "grpo", "rl": {"num_generations": 2, "max_completion_length": 16, "rewards": [
         {"name": "reward_model", "path": "MODEL"}]}}, "data": {"format": "prompt"}},
                      [(FILES, "train.rl.rewards[0].path", "is not a sequence classifier")]),

@@ -97,11 +97,13 @@ def check(req: Request):
     # the recipe tier of the checks (`ftune.plan.checks`) on the job's shape as node 0 will see it: the flags'
     # nodes x GPUs against the N-D sizes, machine_rank < num_machines, ... (the address comes from the scheduler)
     from ftune.plan import checks
+    from ftune.recipe import rules
 
     node0 = d.model_copy(update={"num_machines": req.nodes, "machine_rank": 0, "main_process_ip": "node0"})
     recipe = loaded.recipe.model_copy(update={"distributed": node0})
     job = checks.Job(recipe, Path(loaded.file).parent, world_size=checks.world_size(node0, gpus))
-    if found := checks.problems(job, checks.COMMANDS["launch-script"]):
+    # the rules again on that shape (one that reads the machines, e.g. grpo's whole generation groups), then the table
+    if found := rules.check(recipe) + checks.problems(job, checks.COMMANDS["launch-script"]):
         raise loaded.error(found)
     return loaded, overrides, gpus
 
