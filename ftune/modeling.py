@@ -28,6 +28,8 @@ def load_config(recipe, token: str | None = None, labels: list[str] | None = Non
             f"cannot load the model config from {path}: {str(err).splitlines()[0]}",
             hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
         ) from err
+    # the one name compared outside the objectives' modules: this room sits below ftune.recipe (the import graph),
+    # so it can't ask the objective's family (Family.one_logit) without importing upward
     if model.task == "sequence-classification" and recipe.train.objective == "reward":
         labels = ["reward"]  # one logit: the reward
     if model.task == "sequence-classification":

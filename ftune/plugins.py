@@ -62,11 +62,14 @@ class Plugin:
     """Method name -> module with `Config` (a MethodConfig with `method: Literal[name]`) and `inject`."""
     formats: dict[str, FormatPlugin] = field(default_factory=dict)
     rewards: dict[str, RewardPlugin] = field(default_factory=dict)
+    objectives: dict[str, Any] = field(default_factory=dict)
+    """Objective name -> `ftune.recipe.objectives.Objective` (its family, its config and trainer classes)."""
     version: str = ""
     """Set by discovery: the distribution's version (part of the data cache key for formats)."""
 
 
-KINDS = {"callbacks": "callback", "methods": "method", "formats": "format", "rewards": "reward"}
+KINDS = {"callbacks": "callback", "methods": "method", "formats": "format", "rewards": "reward",
+         "objectives": "objective"}
 """The registries a plugin can add to: a `Plugin` field -> the name of one entry in messages. A new registry
 (rewards, ...) is a field of `Plugin` and a row here; its built-in table reaches plugins only through `merged`,
 which refuses a plugin name that shadows a built-in one, so the guard comes with the registry."""
@@ -94,6 +97,10 @@ class Registry:
     @property
     def rewards(self) -> dict[str, RewardPlugin]:
         return self.by_kind["rewards"]
+
+    @property
+    def objectives(self) -> dict[str, Any]:
+        return self.by_kind["objectives"]
 
 
 class PluginError(FtuneError):

@@ -61,7 +61,7 @@ def _compile(loaded, gpus: int | None):
     """
     from ftune.plan.compile import compile_plan
 
-    return compile_plan(loaded, check_inputs=False, gpus=gpus or None)
+    return compile_plan(loaded, check_inputs=False, gpus=gpus or None, reads_model=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-paths",
         action="store_true",
-        help="also check that local model, tokenizer, data and config paths exist",
+        help="also check the files the recipe names: local model, tokenizer, data and config paths exist, the data "
+             "files' first rows, the model folder, reward models",
     )
 
 
@@ -111,15 +112,20 @@ def collect(paths: list[str]) -> tuple[list[Path], Skipped]:
     return files, Skipped(list(dict.fromkeys(skipped)), list(dict.fromkeys(named)), list(dict.fromkeys(runs)))
 
 
-def missing_paths(loaded) -> list[Problem]:
-    """--check-paths: local model/tokenizer/data/config paths that don't exist, located like other errors, in the
-    compiler's own words (`ftune.plan.paths`: `plan` and `run` refuse them alike)."""
-    from ftune.plan.paths import missing_configs, missing_inputs
+def tier_problems(loaded, check_paths: bool) -> list[Problem]:
+    """The checks of validate's tiers after the loader's rules (`ftune.plan.checks`): the recipe tier (the job's
+    shape and N-D layout as the recipe writes them), and with --check-paths the files tier (paths, the model folder,
+    configs, the data files' first rows, reward models), in the compiler's own words: `plan` and `run` refuse
+    them alike."""
+    from ftune.plan import checks
+    from ftune.plan.gguf import gguf_file
     from ftune.recipe.load import shown
 
     r = loaded.recipe
-    found = missing_inputs(r) + missing_configs(r, Path(loaded.file).parent)
-    return [shown(loaded.located(p)) for p in found]
+    job = checks.Job(r, Path(loaded.file).parent, world_size=checks.world_size(r.distributed),
+                     model_folder=gguf_file(r) is None)
+    tiers = checks.COMMANDS["validate --check-paths" if check_paths else "validate"]
+    return [shown(loaded.located(p)) for p in checks.problems(job, tiers)]
 
 
 def check_file(file: Path, check_paths: bool) -> Report:
@@ -135,18 +141,8 @@ def check_file(file: Path, check_paths: bool) -> Report:
         report.problems = [Problem(err.message, hint=err.hint, location=Location(report.file))]
         report.unreadable = True
         return report
-    if check_paths:
-        report.problems = missing_paths(loaded) + field_problems(loaded)
+    report.problems = tier_problems(loaded, check_paths)
     return report
-
-
-def field_problems(loaded) -> list[Problem]:
-    """--check-paths: the compiler's own check of the data files (`ftune.data.check`: fields, formats, roles in
-    their first rows), so `validate --check-paths` refuses the data `plan` and `run` refuse."""
-    from ftune.data.check import check_fields, preference_balance
-    from ftune.recipe.load import shown
-
-    return [shown(loaded.located(p)) for p in check_fields(loaded.recipe) + preference_balance(loaded.recipe)]
 
 
 def _github(value: str, prop: bool = False) -> str:

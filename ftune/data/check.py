@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.errors import Problem
-from ftune.recipe.schema import Recipe
+from ftune.recipe.objectives import family_of
+from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.recipe.sources import sources
 from ftune.typed import not_text
 from ftune.data.errors import DataError, chat_fields_hint, field_hint
@@ -119,12 +120,37 @@ def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list
     return problems, columns
 
 
+def eval_split_rows(recipe: Recipe) -> list[Problem]:
+    """`data.eval.split` holds out a share of each training source, but a source keeps at least one row for
+    training: when every source is a local file of at most one row, the split holds out none, which the data stage
+    would find only after launch (`dataset.pipeline.mix_sources`, the same words). Sources read lightly, up to 2
+    rows each; a hub source, a glob or a folder can't be counted here and passes."""
+    if not isinstance(recipe.data.eval, EvalSplit):
+        return []
+    rows = 0
+    for where, spec in sources(recipe):
+        if not where.startswith("data.train") or spec.type == "hub" or spec.is_glob:
+            return []
+        try:
+            src = resolve(spec, where)
+            peeked = peek(src, 2) if src.local and Path(src.path).is_file() else None
+        except DataError:
+            return []  # check_fields reports it
+        if peeked is None or len(peeked[1]) > 1:
+            return []
+        rows += len(peeked[1])
+    return [Problem.at("data.eval.split", f"data.eval.split: {recipe.data.eval.split} of {rows} training "
+                       f"row{'s' if rows != 1 else ''} holds out no row for evaluation (a source keeps at least one "
+                       "row for training)", "add rows, give data.eval its own sources (`data.eval: [{path: ...}]`), "
+                       "or remove data.eval")]
+
+
 def answer_readers(recipe: Recipe) -> list[str]:
     """The recipe's rewards that read the row's answer (online RL only)."""
     from ftune.rewards import available
 
     rl = recipe.train.rl
-    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+    if rl is None or not family_of(recipe).generates:
         return []
     known = available()
     return [r.name for r in rl.rewards if r.name in known and known[r.name].needs_answer]

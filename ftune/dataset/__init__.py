@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from ftune.plan.batching import DataPlan
 from ftune.plugins import installed
-from ftune.recipe.objectives import preference_data, rl_data
 from ftune.recipe.schema import Recipe
 from ftune.data.chat_rows import chat_template_of
 from ftune.data.errors import DataError
@@ -127,9 +126,9 @@ def build(
                 if vision:
                     report = vision_data.preprocess(recipe, processor, train_srcs, eval_srcs, template, scratch,
                                                     decided.max_images, log=log)
-                elif rl_data(recipe):
+                elif decided.rows == "prompt":  # the family's rows (Plan.data.rows)
                     report = prompt.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
-                elif preference_data(recipe):
+                elif decided.rows == "preference":
                     report = preference.preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch)
                 else:
                     report, _ = preprocess(recipe, tokenizer, train_srcs, eval_srcs, template, scratch,
@@ -145,7 +144,7 @@ def build(
         log(line)
 
     how = decided.collator
-    if preference_data(recipe) or rl_data(recipe):  # TRL tokenizes the text columns and brings its own collator
+    if decided.rows != "sft":  # TRL tokenizes the text columns and brings its own collator
         return DataBundle(train, evals, None, report, None, how)
     collate = _collator(recipe, tokenizer, decided, processor)
     return DataBundle(train, evals, collate, report, report.label_names, how, report.warnings())

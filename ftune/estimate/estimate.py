@@ -96,11 +96,11 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
     from ftune.methods import method_module
 
     cfg = recipe.peft
-    if cfg.method == "lora" and cfg.init != "default":
+    if cfg.adapts_linear_layers and cfg.init != "default":
         cfg = cfg.model_copy(update={"init": "default"})  # same shapes; PiSSA's SVD can't run on the meta device
     linear = linear_layer_names(model)
     try:
-        if trained_tokens and cfg.method == "lora":  # as the worker's peft stage
+        if trained_tokens and cfg.adapts_linear_layers:  # as the worker's peft stage
             return method_module(cfg.method).inject(model, cfg, recipe.model.task, trained_tokens=trained_tokens)
         return method_module(cfg.method).inject(model, cfg, recipe.model.task)
     except RecipeError:
@@ -108,7 +108,7 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
     except FtuneError as e:  # e.g. freeze's "matches no parameter": at the key that says what to train
         if e.location is not None:
             raise
-        key = "peft.trainable" if cfg.method == "freeze" else "peft"
+        key = cfg.inject_errors_at
         raise RecipeError([Problem.at(key, e.message.removeprefix(f"{key} "), e.hint)]) from None
     except ValueError as e:
         if "target" not in str(e).lower() and "not found" not in str(e).lower():
@@ -155,25 +155,6 @@ def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
             )
         )
     return facts
-
-
-def _matched(model, recipe: Recipe) -> list[str]:
-    method = recipe.peft.method
-    if method == "lora":
-        names = getattr(model.base_model, "targeted_module_names", None) or [
-            n for n, m in model.named_modules() if hasattr(m, "lora_A")
-        ]
-        names = list(dict.fromkeys([*names, *getattr(model.base_model, "targeted_parameter_names", [])]))
-        return [n.removeprefix("base_model.model.") for n in names]
-    if method == "freeze":
-        return [n for n, p in model.named_parameters() if p.requires_grad]
-    if method == "llama-adapter":
-        return [n.removeprefix("base_model.model.") for n, m in model.named_modules() if type(m).__name__ ==
-                "AdaptedAttention"]
-    if method == "prefix":
-        c = recipe.peft
-        return [f"{c.num_virtual_tokens} virtual tokens x {model.config.num_hidden_layers} layers (keys, values)"]
-    return ["all parameters"]
 
 
 # ----------------------------------------------------------------------------------------- layout
@@ -285,7 +266,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     embedding = model.get_input_embeddings().weight.numel()
     vision_base = base_parts(recipe, model, config)  # a VLM's parts, before the method adds to them
     quantized = _quantize_layout(model, recipe)
-    if recipe.peft.method == "lora":  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
+    if recipe.peft.adapts_linear_layers:  # what ftune decided about the targets (e.g. dropout 0 for expert tensors)
         from ftune.methods.lora import resolve_targets
 
         notes += resolve_targets(model, recipe.peft).notes
@@ -307,7 +288,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
 
     layer_classes = _layer_classes(model, recipe)
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
-    rl = recipe.train.rl if recipe.train.objective in ("grpo", "rloo") else None
+    rl = recipe.train.rl  # set only under an rl-family objective (rules.rl.rl_section)
     if rl is not None and not seq_length:  # a row is a prompt plus a generated completion
         seq = (recipe.data.max_prompt_length or 0) + rl.max_completion_length or seq
         notes.append(f"{recipe.train.objective}: activations for rows of {seq} tokens "
@@ -365,7 +346,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
-        params_trainable=trainable, matched_modules=_matched(model, recipe), world_size=world_size,
+        params_trainable=trainable, matched_modules=recipe.peft.trained_names(model), world_size=world_size,
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
@@ -386,7 +367,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
                       fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
                       largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes,
-                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.method == "full" else 0)
+                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.trains_whole_model else 0)
     if dist.strategy == "deepspeed":
         ds = dist.deepspeed
         stage = ds.stage if ds else 2

@@ -37,9 +37,7 @@ def moe_facts(model, recipe, counts, embedding: int, notes: list[str]) -> MoeFac
     if not parts.get("experts"):
         share = 100.0 * counts.experts / counts.total
         trained = " and ".join(k for k in parts) or "nothing"
-        fix = {"lora": "set `peft.experts: true` (or target_modules: all-linear)",
-               "freeze": "name them in peft.trainable (e.g. `mlp\\.experts\\.`)"}.get(recipe.peft.method,
-                                                                                    "use peft.method lora or full")
+        fix = recipe.peft.experts_hint
         notes.append(f"MoE: no expert trains, only {trained}: the {counts.num_experts} experts x "
                      f"{counts.layers} layers hold {share:.0f}% of the parameters; {fix}")
     return MoeFacts(num_experts=counts.num_experts, top_k=counts.top_k, moe_layers=counts.layers,

@@ -38,13 +38,13 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
     if not spec.eight_bit and spec.states:
         consider("use train.optimizer: adamw_8bit", per_device(facts, profile, replace(layout,
                                                                                        optimizer="adamw_8bit")))
-    if recipe.quantization is None and recipe.peft.method in ("lora", "llama-adapter", "prefix"):
+    if recipe.quantization is None and recipe.peft.uses_peft_library:
         q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
         consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
     if layout.reference_copy:
         consider("use train.preference.reference: precomputed (no reference copy in memory)",
                  per_device(facts, profile, replace(layout, reference_copy=None)))
-    if recipe.peft.method == "full":
+    if recipe.peft.trains_whole_model:
         frozen = [replace(f, trainable=False) for f in facts]
         consider("use peft.method: lora (gradients and optimizer states shrink to the adapters', ~0"
                  + (", and the reference is the base: no copy" if layout.reference_copy else "") + ")",

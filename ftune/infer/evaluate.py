@@ -15,7 +15,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune import adapter
     from ftune.infer.load import load_trained
     from ftune.plan.evaluation import with_perplexity
-    from ftune.recipe.objectives import objective, rl_data
+    from ftune.recipe.objectives import FAMILIES, objective
     from ftune import generation
     from ftune import dataset as data
     from ftune.dataset import tokenizer
@@ -28,7 +28,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
-    if rl_data(plan.recipe):
+    if FAMILIES[plan.family].generates:
         # online RL has no fixed eval loss: the recipe's rewards on greedy completions of the eval prompts
         from ftune.runtime.rl import eval_rewards
 

@@ -103,20 +103,17 @@ def _sample_inputs(plan, tokenizer, processor=None) -> tuple[list[dict], str, in
     """A few eval rows (train rows when there is no eval split) as the run tokenized them, as model inputs
     (`input_ids`, and a vision-language run's pixel inputs); fixed texts (with a drawn image) when the data is gone.
     Also: where they came from, and the number of images they show."""
-    from ftune import dataset as data
+    from ftune.data.sample import first_rows
 
     if processor is not None:
         return _image_samples(plan, processor)
     fixed = [{"input_ids": _ids(tokenizer(t)["input_ids"][:SAMPLE_TOKENS])} for t in FALLBACK_TEXTS]
-    try:
-        bundle = data.build(plan.recipe, tokenizer, plan.data, log=lambda *a, **k: None)
-    except (FtuneError, OSError):
-        return fixed, "fixed texts (data unavailable)", 0
-    rows, where = _rows(bundle)
-    picked = [_row_ids(rows[i], tokenizer)[:SAMPLE_TOKENS] for i in range(min(SAMPLES, len(rows)))]
-    picked = [{"input_ids": _ids(ids)} for ids in picked if ids]
+    # the first rows read directly, tokenized as the run did: never the whole data stage (a cold cache would
+    # re-preprocess every row for 4 of them)
+    rows, where = first_rows(plan.recipe, tokenizer, SAMPLES, plan.data.rows)
+    picked = [{"input_ids": _ids(ids[:SAMPLE_TOKENS])} for ids in rows]
     if not picked:
-        return fixed, "fixed texts (no text in the rows)", 0
+        return fixed, "fixed texts (no local row with text)", 0
     return picked, f"{len(picked)} {where} rows", 0
 
 
@@ -181,17 +178,6 @@ def _drawn_sample(plan, processor) -> dict:
                                          add_generation_prompt=True)
     enc = processor(text=[text], images=[[image]], add_special_tokens=False, return_tensors="pt")
     return {k: v for k, v in enc.items() if k != "attention_mask" and hasattr(v, "dtype")}
-
-
-TEXT_COLUMNS = ("prompt", "chosen", "completion", "answer")
-"""Rows the run left untokenized (TRL tokenizes preference and prompt rows itself): their text, in this order."""
-
-
-def _row_ids(row: dict, tokenizer) -> list[int]:
-    if "input_ids" in row:
-        return list(row["input_ids"])
-    text = "".join(row[k] for k in TEXT_COLUMNS if isinstance(row.get(k), str))
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 def _logits(model, samples: list[dict]) -> list:

@@ -14,7 +14,10 @@ from types import ModuleType
 from ftune.methods._base import MethodConfig
 from ftune.plugins import merged
 
-__all__ = ["BUILTIN", "METHODS", "MethodConfig", "config_classes", "method_module"]
+__all__ = ["BUILTIN", "DEFAULT", "METHODS", "MethodConfig", "config_classes", "method_module"]
+
+DEFAULT = "lora"
+"""The method of a `peft:` section that names none (the loader fills it in)."""
 
 # method name (as written in recipes) -> module path. Order is the order shown in docs and errors.
 BUILTIN: dict[str, str] = {

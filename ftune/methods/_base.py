@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from ftune.errors import Problem
 
 
 class MethodConfig(BaseModel):
@@ -27,6 +29,44 @@ class MethodConfig(BaseModel):
         """What trains in each part of a vision-language model (vision, projector, language: `frozen`, `lora` or
         `full`), as the method reads `peft.modules`; None for a method that doesn't split a model into parts."""
         return None
+
+    # What the rest of ftune asks of a method (the parallelism rules, the estimator, the peft and save stages), so
+    # it dispatches on the method's answer instead of comparing its name; a plugin method answers for itself.
+    @property
+    def trains_whole_model(self) -> bool:
+        """Every weight trains (tensor parallelism can split it; the FSDP units hold gradients of their size)."""
+        return False
+
+    @property
+    def adapts_linear_layers(self) -> bool:
+        """Adapters go on the linear layers `target_modules` names, resolved on the model (LoRA: the preflight's
+        target check, the estimator's counts, added tokens' rows, a VLM's per-part modes)."""
+        return False
+
+    @property
+    def moves_base_weights(self) -> bool:
+        """The initialisation moves part of the base into the adapter: the save stage converts the final adapter
+        against the initial one (LoRA's pissa/olora)."""
+        return False
+
+    trains_new_token_rows: ClassVar[bool] = True
+    """Added tokens' embedding rows can train with this method (prefix tuning and LLaMA-Adapter train none)."""
+    trains_vision_models: ClassVar[bool] = False
+    """Supported on a vision-language model (`model.task: image-text-to-text`)."""
+    vllm_loads: ClassVar[bool] = False
+    """vLLM (`train.rl.generation.backend: vllm`) can load what this method trains."""
+    inject_errors_at: ClassVar[str] = "peft"
+    """The recipe key an `inject` error is located at (freeze: `peft.trainable`)."""
+    experts_hint: ClassVar[str] = "use peft.method lora or full"
+    """How to make the experts of an MoE train with this method (the estimator's note when none does)."""
+
+    def problems(self, recipe) -> list[Problem]:
+        """The method's own recipe rules (run with the rules when a recipe loads)."""
+        return []
+
+    def trained_names(self, model) -> list[str]:
+        """What the method trains on an injected (meta) model, as `ftune plan` lists it."""
+        return ["all parameters"]
 
 
 class VisionModules(BaseModel):

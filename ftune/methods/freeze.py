@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -15,6 +15,12 @@ class Config(MethodConfig):
     """Partial fine-tuning: everything frozen except `trainable`."""
     trainable: list[str] = Field(min_length=1)
     """Regular expressions searched in parameter names (e.g. `layers\\.3[01]\\.`, `lm_head`); matches train."""
+    vllm_loads: ClassVar[bool] = True
+    inject_errors_at: ClassVar[str] = "peft.trainable"
+    experts_hint: ClassVar[str] = "name them in peft.trainable (e.g. `mlp\\.experts\\.`)"
+
+    def trained_names(self, model) -> list[str]:
+        return [n for n, p in model.named_parameters() if p.requires_grad]
 
     @field_validator("trainable")
     @classmethod

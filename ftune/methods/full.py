@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ftune.methods._base import FullVisionModules, MethodConfig
 
@@ -16,6 +16,9 @@ class Config(MethodConfig):
     language}` each `full` (the default) or `frozen`; `{vision: frozen}` keeps the image encoder as the base has it
     and trains the projector and the language model (docs/vision.md)."""
 
+    trains_vision_models: ClassVar[bool] = True
+    vllm_loads: ClassVar[bool] = True
+
     @property
     def uses_peft_library(self) -> bool:
         return False
@@ -23,6 +26,10 @@ class Config(MethodConfig):
     def part_modes(self) -> dict[str, str]:
         modules = self.modules or FullVisionModules()
         return {part: modules.of(part) for part in ("vision", "projector", "language")}
+
+    @property
+    def trains_whole_model(self) -> bool:
+        return True
 
 
 def inject(model, cfg: Config, task: str):

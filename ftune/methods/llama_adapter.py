@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,11 @@ class Config(MethodConfig):
     """Number of adaption prompt tokens per adapted layer."""
     adapter_layers: int | None = Field(None, gt=0)
     """How many of the top layers get adaption prompts; default: all layers."""
+    trains_new_token_rows: ClassVar[bool] = False
+
+    def trained_names(self, model) -> list[str]:
+        return [n.removeprefix("base_model.model.") for n, m in model.named_modules()
+                if type(m).__name__ == "AdaptedAttention"]
 
 
 PEFT_TYPE = "ADAPTION_PROMPT"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ftune.errors import Problem
 from ftune.methods._base import MethodConfig, VisionModules
 
 
@@ -58,6 +59,50 @@ class Config(MethodConfig):
     def part_modes(self) -> dict[str, str]:
         modules = self.modules or VisionModules()
         return {part: modules.of(part) for part in ("vision", "projector", "language")}
+
+    @property
+    def adapts_linear_layers(self) -> bool:
+        return True
+
+    trains_vision_models: ClassVar[bool] = True
+    vllm_loads: ClassVar[bool] = True
+    experts_hint: ClassVar[str] = "set `peft.experts: true` (or target_modules: all-linear)"
+
+    def problems(self, recipe) -> list[Problem]:
+        """The rank, and an init that rewrites the base (pissa, olora, loftq) against what else the recipe asks."""
+        found = []
+        if self.r <= 0:
+            found.append(Problem.at("peft.r", f"LoRA rank must be > 0, got {self.r}", "use a rank such as 8, 16 or 64"))
+        if self.init in ("default", "gaussian"):
+            return found
+        if self.init == "loftq":
+            return found + [Problem.at(
+                "peft.init", "peft.init 'loftq' replaces the base weights with their LoftQ quantization, and the "
+                "adapter only fits that new base, which ftune does not save (and peft runs LoftQ only on a CUDA "
+                "device with bitsandbytes)", "use `peft.init: pissa` (or `olora`), or QLoRA (`quantization: {bits: "
+                "4}`) with the default init")]
+        if recipe.quantization is not None:
+            found.append(Problem.at("peft.init", f"peft.init '{self.init}' rewrites the base weights, which a "
+                                    f"{recipe.quantization.bits}-bit base can't take",
+                                    "remove `quantization`, or use `peft.init: default`"))
+        if recipe.distributed.strategy in ("fsdp", "deepspeed"):
+            found.append(Problem.at("peft.init", f"peft.init '{self.init}' saves an adapter converted against the "
+                                    f"initial one, which ftune does not gather under {recipe.distributed.strategy}",
+                                    "use `distributed.strategy: ddp` (or none), or `peft.init: default`"))
+        if self.use_dora:
+            found.append(Problem.at("peft.init", f"peft.init '{self.init}' can't be combined with use_dora",
+                                    "use one of them"))
+        return found
+
+    def trained_names(self, model) -> list[str]:
+        names = getattr(model.base_model, "targeted_module_names", None) or [
+            n for n, m in model.named_modules() if hasattr(m, "lora_A")]
+        names = list(dict.fromkeys([*names, *getattr(model.base_model, "targeted_parameter_names", [])]))
+        return [n.removeprefix("base_model.model.") for n in names]
+
+    @property
+    def moves_base_weights(self) -> bool:
+        return self.init in MOVES_BASE_WEIGHTS
 
 
 PEFT_TYPE = "LORA"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ftune.errors import Problem
 from ftune.methods._base import MethodConfig
 
 
@@ -16,6 +17,17 @@ class Config(MethodConfig):
     """Number of virtual prefix tokens per layer."""
     prefix_projection: bool = False
     """Reparameterise the prefix through a small MLP (more parameters, often more stable)."""
+    trains_new_token_rows: ClassVar[bool] = False
+
+    def problems(self, recipe) -> list[Problem]:
+        if not recipe.data.packing:
+            return []
+        return [Problem.at("data.packing", "packing can't be combined with prefix tuning: the prefix is fed as a KV "
+                           "cache, which turns off the packed-sample detection that keeps samples from attending to "
+                           "each other", "set `data.packing: false`, or use `peft.method: lora`")]
+
+    def trained_names(self, model) -> list[str]:
+        return [f"{self.num_virtual_tokens} virtual tokens x {model.config.num_hidden_layers} layers (keys, values)"]
 
 
 PEFT_TYPE = "PREFIX_TUNING"

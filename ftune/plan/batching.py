@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ftune.recipe.objectives import preference_data
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import Recipe
 
 Collator = Literal["padding", "position_ids", "block_mask", "padding_free"]
@@ -30,7 +30,8 @@ PADDING_FREE_ATTENTION = ("flash_attention_2",)
 
 def collator(recipe: Recipe) -> Collator:
     """The batching for `recipe`: see the module docstring."""
-    if recipe.model.task == "sequence-classification" or not recipe.data.packing or preference_data(recipe):
+    if (recipe.model.task == "sequence-classification" or not recipe.data.packing
+            or family_of(recipe).rows == "preference"):  # TRL batches preference rows itself
         return "padding"
     if recipe.model.attn_implementation in PADDING_FREE_ATTENTION:
         return "padding_free"
@@ -58,6 +59,9 @@ class DataPlan(BaseModel):
     many load-balanced chunks)."""
     max_images: int | None = None
     """vision-chat: the most images a row may carry (`data.images.max_per_sample`, else the family's limit)."""
+    rows: str = "sft"
+    """The rows the objective's family trains on (`Family.rows`): `sft` (tokenized, masked, packed by ftune),
+    `preference` (pairs TRL tokenizes) or `prompt` (prompts the trainer completes)."""
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -74,7 +78,7 @@ def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
     layout = recipe.distributed.parallelism
     return DataPlan(collator=collator(recipe), packing=packs, cache=str(cache_root(recipe.data.cache_dir)),
                     step_samples=step_samples, pad_to_multiple_of=2 * layout.cp if layout and layout.cp > 1 else None,
-                    max_images=max_images(recipe))
+                    max_images=max_images(recipe), rows=family_of(recipe).rows)
 
 
 def max_images(recipe: Recipe) -> int | None:

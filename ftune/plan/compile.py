@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 from ftune import __version__, adapter
-from ftune.data.check import check_fields, preference_balance
 from ftune.errors import Problem
-from ftune.plan import (accelerate, batching, cluster, ddp, environment, gguf, parallelism, preference, preflight,
-                        quantization, rl)
+from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
+                        preflight, quantization, rl)
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -96,21 +95,26 @@ def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list
     return recipe.model_copy(update={"distributed": distributed}), found
 
 
-def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None) -> Plan:
+def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
+                 reads_model: bool = False) -> Plan:
     """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
 
-    Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: the
-    environment (`ftune.plan.environment`), the data files' fields (`ftune.data.check`) and the model's
-    structure on the meta device (`ftune.plan.preflight`; without `check_inputs` only when the model's config is
-    local). `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine
-    instead of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are
-    not checked then); `environ` is read for a launcher's variables (`ftune.plan.cluster`; default os.environ)."""
+    Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
+    the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
+    files and data, this machine) and the model's structure on the meta device (`ftune.plan.preflight`; without
+    `check_inputs` only when the model's config is local). `check_inputs` checks model/data paths and the run
+    dir; `gpus` compiles for that many GPUs per machine instead of the visible ones (planning a GPU job on a
+    laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
+    variables (`ftune.plan.cluster`; default os.environ); `reads_model`: the model folder's checks run without
+    `check_inputs` (`plan`, whose estimate reads it)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
     recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
     problems += adapter_problems
     notes: list[str] = []
-    recipe, job = _from_launcher(recipe, environ, problems, notes)
+    before = len(problems)
+    recipe, job = _from_launcher(recipe, environ, problems, notes)  # before any check reads the job's shape
+    launcher_agrees = len(problems) == before
     if gpus is None:  # preprocessing runs here: no more processes than this machine's cores
         recipe, capped = cap_num_proc(recipe, usable_cores())
         problems += capped
@@ -128,18 +132,16 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     run = RunDir(Path(recipe.output.dir or f"runs/{recipe.name}").expanduser().resolve())
     resume_from = _resolve_resume(recipe, run, problems, notes)
     if check_inputs:
-        problems += environment.inputs(recipe, model_folder=gguf_source is None) + environment.run_dir(recipe, run)
+        problems += environment.run_dir(recipe, run)
         if resume_from is not None:
             problems += environment.resume_compatible(recipe, Path(resume_from))
-    if gpus is None:
-        problems += (environment.precision(recipe, device, mp) + environment.packages(recipe)
-                     + environment.kernels(recipe, device) + environment.devices(recipe, device, num_processes,
-                                                                                    recipe_dir))
-    elif device == "cpu":
-        problems += environment.precision(recipe, device, mp)
-    problems += parallelism.problems(recipe, device, world_size)
-    problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
-    problems += preference_balance(recipe)  # pairs that teach nothing: refused, or warned below the share
+    shape = checks.Job(recipe, recipe_dir, world_size=world_size, device=device, num_processes=num_processes,
+                       mixed_precision=mp, inputs=check_inputs, reads_model=reads_model,
+                       model_folder=gguf_source is None, machine=gpus is None)
+    # the recipe, files and environment tiers (the model tier is the preflight below); the job-shape rules only
+    # on a shape the launcher's environment agrees with (its own problems say what contradicts)
+    problems += checks.problems(shape, ("recipe", "files", "environment"),
+                                skip=() if launcher_agrees else ("job shape",))
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
@@ -203,6 +205,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
+        family=obj.family,
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,

@@ -1,6 +1,6 @@
-"""Checks that need this machine, run by the compiler (`ftune plan`, `ftune run`) before anything launches:
-files and folders the recipe names, devices, and installed packages. Each returns `Problem`s; the compiler
-locates them all at once (`LoadedRecipe.error`). Recipe-only rules live in `ftune.recipe.rules`, checks that
+"""Checks that need this machine or the files the recipe names: the model folder, reward models, devices and
+installed packages, the run dir. Each returns `Problem`s; the table of checks (`ftune.plan.checks`) says which
+commands run each, and the compiler locates them all at once (`LoadedRecipe.error`). Recipe-only rules live in `ftune.recipe.rules`, checks that
 need the model's structure in `ftune.plan.preflight`.
 """
 
@@ -13,8 +13,7 @@ from pathlib import Path
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
-from ftune.plan.paths import missing_configs, missing_inputs
-from ftune.recipe.objectives import RL_OBJECTIVES, TRL_INSTALL, TRL_PACKAGE, objective
+from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, family_of, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trackers import TRACKERS
 from ftune.recipe.trainer_names import needs_package
@@ -22,17 +21,17 @@ from ftune.rundir import RunDir, is_complete
 
 
 
-def inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
-    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) and local data
-    files exist."""
-    found: list[Problem] = model_files(recipe) + image_processor(recipe)
+def model_folder(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
+    """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) holds config.json,
+    whole weights and a VLM's image processor (its absence: `ftune.plan.paths.missing_inputs`)."""
+    found: list[Problem] = model_files(recipe) + image_processor(recipe) + processor_chat_template(recipe)
     folder = Path(recipe.model.path).expanduser()
     if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
         # ftune.plan.adapter checks adapters
         found.append(Problem.at("model.path", f"{recipe.model.path} has no config.json",
                                 "model.path must be a Hugging Face model folder (save_pretrained output), or a "
                                 "run's final/ adapter to continue"))
-    return found + missing_inputs(recipe, model_folder) + reward_models(recipe)
+    return found
 
 
 def reward_models(recipe: Recipe) -> list[Problem]:
@@ -42,7 +41,7 @@ def reward_models(recipe: Recipe) -> list[Problem]:
 
     rl = recipe.train.rl
     found: list[Problem] = []
-    for i, spec in enumerate(rl.rewards if rl is not None and recipe.train.objective != "sft" else []):
+    for i, spec in enumerate(rl.rewards if rl is not None and family_of(recipe).generates else []):
         path = spec.args.get("path")
         if spec.name != "reward_model" or not isinstance(path, str):
             continue
@@ -144,6 +143,33 @@ def image_processor(recipe: Recipe) -> list[Problem]:
                        "in processor_config.json): model.task image-text-to-text reads images through it",
                        "copy the processor files from the model's hub repository into the folder (or point "
                        "model.tokenizer at a folder holding them)")]
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TEMPLATE_CONFIGS = ("processor_config.json", "tokenizer_config.json")
+
+
+def processor_chat_template(recipe: Recipe) -> list[Problem]:
+    """A vision-language model's local folder holds the chat template vision-chat rows are rendered with, unless
+    `data.chat_template` names one (the data stage's `dataset.vision.template_of`, before launch, in its words)."""
+    import json
+
+    if recipe.model.task != "image-text-to-text" or recipe.data.chat_template:
+        return []
+    key = "model.tokenizer" if recipe.model.tokenizer else "model.path"
+    value = recipe.model.tokenizer or recipe.model.path
+    folder = Path(value).expanduser()
+    if not folder.is_dir() or is_adapter(folder) or any((folder / f).is_file() for f in TEMPLATE_FILES):
+        return []
+    for name in TEMPLATE_CONFIGS:
+        try:
+            if json.loads((folder / name).read_text()).get("chat_template"):
+                return []
+        except (OSError, ValueError, AttributeError):
+            continue
+    return [Problem.at(key, f"the processor of {value} has no chat template: vision-chat rows are rendered with it",
+                       "set data.chat_template to a Jinja template that renders image parts (`{type: image}`) as "
+                       "the model's image placeholder")]
 
 
 def run_dir(recipe: Recipe, run: RunDir) -> list[Problem]:
@@ -270,7 +296,7 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
                              ("flash_attention_2 needs the flash-attn package, which is not installed",
                               "pip install flash-attn --no-build-isolation   (or use `model.attn_implementation: "
                               "sdpa`)"))
-    rl = t.rl if t.objective in RL_OBJECTIVES else None
+    rl = t.rl if family_of(recipe).generates else None
     if rl is not None and rl.generation.backend == "vllm":
         found += _cuda_lever(device, "vllm", "train.rl.generation.backend",
                              ("vLLM generates on CUDA GPUs only; this run is on CPU",
@@ -299,8 +325,8 @@ def _cuda_lever(device: str, package: str, key: str, on_cpu: tuple[str, str],
     return []
 
 
-def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -> list[Problem]:
-    """GPUs, the distributed packages and the files the distributed section names."""
+def devices(recipe: Recipe, device: str, num_processes: int) -> list[Problem]:
+    """GPUs and the distributed packages (the config files the distributed section names: `ftune.plan.paths`)."""
     d = recipe.distributed
     found: list[Problem] = []
     if d.strategy == "deepspeed":
@@ -311,7 +337,6 @@ def devices(recipe: Recipe, device: str, num_processes: int, recipe_dir: Path) -
         elif device == "cpu":
             found.append(Problem.at("distributed.strategy", "DeepSpeed needs GPUs; this machine has none",
                                     "use `distributed.strategy: fsdp` or `ddp` on CPU"))
-    found += missing_configs(recipe, recipe_dir)
     if device == "cuda" and d.strategy != "none":
         from ftune.plan.accelerate import visible_gpus
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import Recipe
 
 PERPLEXITY_CAP = 50.0
@@ -19,7 +20,7 @@ PERPLEXITY_CAP = 50.0
 def has_perplexity(recipe: Recipe) -> bool:
     """Perplexity is exp of the mean token NLL: a causal LM's SFT loss is one; a preference or RL objective's loss
     and a classifier's loss over its labels are not."""
-    return recipe.train.objective == "sft" and recipe.model.task == "causal-lm"
+    return family_of(recipe).next_token_loss and recipe.model.task == "causal-lm"
 
 
 def perplexity(mean_token_nll: float) -> float:

@@ -103,6 +103,9 @@ class Plan(BaseModel):
     for the preference objectives (`ftune.recipe.objectives`)."""
     trainer_class: str = "transformers.Trainer"
     """The trainer the worker builds: transformers' Trainer, or TRL's for `train.objective`."""
+    family: str
+    """The objective's family (`ftune.recipe.objectives.FAMILIES`: sft, preference, reward, rl): the worker, the
+    data stage and `eval` dispatch on it (its trainer builder, its rows)."""
     uses_bitsandbytes: bool = True
     """Whether the run needs bitsandbytes (a quantized model, or a bitsandbytes optimizer). When it doesn't, the
     worker keeps it from being imported: transformers' Trainer and peft import it whenever it is installed, which

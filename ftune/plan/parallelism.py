@@ -69,15 +69,17 @@ def data_parallel(recipe: Recipe, world_size: int) -> int:
     return world_size if p is None else max(world_size // (p.tp * p.cp), 1)
 
 
-def problems(recipe: Recipe, device: str, world_size: int) -> list[Problem]:
-    """Every problem of the layout against the strategy, the world, the device and the other recipe keys."""
+def problems(recipe: Recipe, device: str | None, world_size: int | None) -> list[Problem]:
+    """Every problem of the layout against the strategy, the world, the device and the other recipe keys. A world
+    or device not known yet (`None`: `validate`, `launch-script` without a GPU count) skips the checks that read it:
+    the recipe tier of `ftune.plan.checks`."""
     p = decide(recipe)
     if p is None:
         return []
     d = recipe.distributed
     found: list[Problem] = []
     sizes = f"dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x tp {p.tp} x cp {p.cp} = {p.total}"
-    if p.total != world_size:
+    if world_size is not None and p.total != world_size:
         found.append(Problem.at(WHERE, f"{sizes}, but the job has {world_size} process(es) (num_processes "
                                 f"{world_size // d.num_machines} x num_machines {d.num_machines})",
                                 "make the sizes multiply to num_processes x num_machines"))
@@ -129,7 +131,7 @@ def _tp_problems(recipe: Recipe) -> list[Problem]:
     if recipe.quantization is not None:
         found.append(Problem.at("quantization", "tensor parallelism splits full-precision weights: a quantized "
                                 "(bitsandbytes) model can't be sharded by its tp_plan", "drop quantization, or tp"))
-    if recipe.peft.method != "full":
+    if not recipe.peft.trains_whole_model:
         found.append(Problem.at("peft.method", f"{recipe.peft.method} with tensor parallelism: peft 0.21 wraps the "
                                 "split (DTensor) layers without a plan for the adapter; measured with LoRA and tp 2 "
                                 "on CPU: the losses drift from one process's and saving final/ fails",
@@ -139,7 +141,7 @@ def _tp_problems(recipe: Recipe) -> list[Problem]:
 
 def _cp_problems(recipe: Recipe, p: Parallel, device: str) -> list[Problem]:
     found: list[Problem] = []
-    if device == "cpu":
+    if device == "cpu":  # None: not known yet
         found.append(Problem.at(f"{WHERE}.cp", f"context parallelism needs CUDA: torch 2.13's ring attention has no "
                                 f"sharding rule for the CPU attention kernel ({CPU_SDPA}), measured",
                                 "run it on GPUs (tests/gpu), or set cp: 1 on CPU"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftune.recipe.objectives import KTO_KL_LOSSES, objective
+from ftune.recipe.objectives import KTO_KL_LOSSES, family_of, objective
 from ftune.recipe.schema import Recipe
 
 SIMPO_BETA = 2.0  # the SimPO paper's range is 2.0-2.5; TRL's CPOConfig default (0.1) is CPO's
@@ -54,9 +54,9 @@ def reference_copy(recipe: Recipe) -> bool:
     """Whether training holds a frozen copy of the model as the reference (dpo and kto with full fine-tuning, the
     reference scored during training; grpo and rloo with beta > 0): the weights once more in memory, which
     `ftune plan` counts."""
-    from ftune.recipe.objectives import RL_OBJECTIVES, rl_setting
+    from ftune.recipe.objectives import rl_setting
 
-    if recipe.train.objective in RL_OBJECTIVES:
+    if family_of(recipe).generates:
         return recipe.train.rl is not None and rl_setting(recipe, "beta") > 0 and not recipe.peft.uses_peft_library
     p = recipe.train.preference
     return (objective(recipe.train.objective).uses_reference and not recipe.peft.uses_peft_library
@@ -75,7 +75,7 @@ def fsdp_mixed_precision(recipe: Recipe, mixed_precision: str) -> dict[str, str 
     processes: log 2 logged as 0.6914, a margin of 0.0548 as 0.0625). The outputs are left as computed; the
     parameters still compute, and the gradients reduce, in the low precision, as accelerate sets them."""
     d = recipe.distributed
-    if (recipe.train.objective == "sft" or mixed_precision not in LOW_PRECISION or d.strategy != "fsdp"
+    if (not family_of(recipe).on_trl or mixed_precision not in LOW_PRECISION or d.strategy != "fsdp"
             or (d.fsdp is not None and d.fsdp.version != 2)):
         return None
     low = LOW_PRECISION[mixed_precision]

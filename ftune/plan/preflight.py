@@ -15,6 +15,7 @@ from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import FsdpSection, Recipe
 
 
@@ -43,7 +44,7 @@ def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, mode
     attention and the experts: target_parameters) must be what the adapter adapts, since continuing can neither add
     nor drop targets. The light check (ftune.plan.adapter) can't tell without the model."""
     cfg = written.peft
-    if cfg.method != "lora" or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
+    if not cfg.adapts_linear_layers or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
         return []
     from ftune.errors import RecipeError
     from ftune.methods.lora import resolve_targets
@@ -102,7 +103,7 @@ def target_problems(model, recipe: Recipe) -> list[Problem]:
     target_modules entries match and others don't (a list written for another architecture, half of it silent),
     a warning names the ones that match nothing."""
     cfg = recipe.peft
-    if cfg.method != "lora":
+    if not cfg.adapts_linear_layers:
         return []
     from ftune.methods.lora import target_problems as lora_problems
 
@@ -150,7 +151,7 @@ def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
     """grpo/rloo: the prompt (at most data.max_prompt_length tokens) plus max_completion_length past the model's
     positions: generation would run off the end. The data stage checks each prompt's real length."""
     rl = recipe.train.rl
-    if rl is None or recipe.train.objective not in ("grpo", "rloo"):
+    if rl is None or not family_of(recipe).generates:
         return []
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftune.recipe.objectives import RL_OBJECTIVES, rl_setting
+from ftune.recipe.objectives import family_of, rl_setting
 from ftune.recipe.schema import Recipe
 
 GRPO_LOSS = "dapo"
@@ -19,7 +19,7 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
     """`train.objective` + `train.rl` → GRPOConfig/RLOOConfig's own kwargs ({} for the other objectives)."""
     name = recipe.train.objective
     rl = recipe.train.rl
-    if name not in RL_OBJECTIVES or rl is None:
+    if not family_of(recipe).generates or rl is None:
         return {}
     out: dict[str, Any] = {
         "num_generations": rl_setting(recipe, "num_generations"),
@@ -52,7 +52,7 @@ def generation_batch(recipe: Recipe, world_size: int) -> tuple[int, int]:
 
 def notes(recipe: Recipe, world_size: int, continued: bool) -> list[str]:
     """What an RL run does per step and what its reference costs, for `plan.notes`."""
-    if recipe.train.objective not in RL_OBJECTIVES or recipe.train.rl is None:
+    if not family_of(recipe).generates or recipe.train.rl is None:
         return []
     rl = recipe.train.rl
     prompts, completions = generation_batch(recipe, world_size)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftune.errors import Location, Problem, key
+from ftune.methods import DEFAULT as DEFAULT_METHOD
 from ftune.recipe import _yaml
 from ftune.recipe._schema import did_you_mean
 from ftune.recipe._yaml import Marks
@@ -87,7 +88,7 @@ def _refusal(rel: str, base: Path, ctx: LoadContext) -> tuple[str, str] | None:
     return None
 def _method_changes(path: KeyPath, base: dict, top: dict) -> bool:
     """A `peft:` section naming another method replaces the base's instead of merging into it."""
-    return path == ("peft",) and "method" in top and base.get("method", "lora") != top["method"]
+    return path == ("peft",) and "method" in top and base.get("method", DEFAULT_METHOD) != top["method"]
 
 
 def _merge(base: dict, top: dict, path: KeyPath, replaced: set[KeyPath]) -> dict:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ftune.errors import Location, UsageError, key_path
+from ftune.methods import DEFAULT as DEFAULT_METHOD
 from ftune.recipe import _yaml
 from ftune.recipe._schema import check_key
 from ftune.recipe._secrets import shown_override
@@ -70,7 +71,7 @@ def apply_overrides(data: dict, marks: dict[KeyPath, Marks], overrides: list[Ove
     """Apply overrides in order to (data, marks); problems go to ctx (quoting the argument)."""
     last_method = next((o.value for o in reversed(overrides) if o.parts == ("peft", "method")), None)
     peft = data.get("peft")
-    method = last_method or (peft.get("method") if isinstance(peft, dict) else None) or "lora"
+    method = last_method or (peft.get("method") if isinstance(peft, dict) else None) or DEFAULT_METHOD
     for o in overrides:
         if isinstance(o.value, _Refused):
             ctx.add(f"{o.value.reason} (override '{shown_override(o.arg)}')", o.parts, "recipes are data, never code", OVERRIDE)
@@ -96,7 +97,7 @@ def apply_overrides(data: dict, marks: dict[KeyPath, Marks], overrides: list[Ove
             if o.delete:
                 if isinstance(node, dict):
                     node.pop(last, None)
-            elif o.parts == ("peft", "method") and node and node.get(last, "lora") != o.value:
+            elif o.parts == ("peft", "method") and node and node.get(last, DEFAULT_METHOD) != o.value:
                 data["peft"] = {"method": o.value}  # another method: the old method's keys don't apply
                 gone = {("peft",)}
             else:

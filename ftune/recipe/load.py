@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ftune.errors import Location, Problem, RecipeError, UsageError, key, key_path
+from ftune.methods import DEFAULT as DEFAULT_METHOD
 from ftune.recipe._extends import (
     MAX_EXTENDS_DEPTH,
     KeyPath,
@@ -248,7 +249,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     data, marks = copy.deepcopy(composed[0]), dict(composed[1])
     apply_overrides(data, marks, parsed, ctx)
     if isinstance(data.get("peft"), dict) and "method" not in data["peft"]:
-        data["peft"] = {"method": "lora", **data["peft"]}  # a peft section without a method is LoRA
+        data["peft"] = {"method": DEFAULT_METHOD, **data["peft"]}  # a peft section without a method
     raw = data
     data, issues = interpolate(data)
     masked = mask_secrets(raw, data)

@@ -1,7 +1,9 @@
 """The training objectives: which TRL trainer runs each, the data it reads and the settings it takes.
 
 One table, read by the recipe rules (what is refused), the compiler (the config kwargs and class names in the
-Plan) and the worker (which trainer to build). Light: names only; nothing here imports trl.
+Plan) and the worker (which trainer to build). Each objective belongs to a `Family` (sft, preference, reward, rl)
+that owns its data rows, its trainer builder and what the rest of the code asks of it; plugins add objectives to a
+family. Light: names only; nothing here imports trl.
 """
 
 from __future__ import annotations
@@ -26,8 +28,48 @@ RL_COMMON = ("rewards", "num_generations", "max_completion_length", "temperature
 
 
 @dataclass(frozen=True)
+class Family:
+    """A kind of training, owned whole: the rows its data stage builds, the function that builds its trainer and
+    what the rest of ftune asks of it. Every objective belongs to one; the Plan names it (`Plan.family`), and the
+    compiler, the data stage, the worker, `eval` and the estimator dispatch on it instead of comparing names."""
+
+    name: str
+    rows: str
+    """The data stage's preprocessor (`ftune.dataset.build`): `sft` (tokenized, masked and packed by ftune),
+    `preference` (pairs TRL tokenizes), `prompt` (prompts the trainer completes)."""
+    trainer: str
+    """'module:function' building the trainer: (plan, trainer_class, model, tokenizer, bundle, args, callbacks,
+    ref_model) -> a transformers Trainer."""
+    next_token_loss: bool = False
+    """The loss is the mean next-token NLL (perplexity, streaming, VLMs, generation metrics can read it)."""
+    on_trl: bool = False
+    """Runs on a TRL trainer that scores sequences (its float32 outputs stay float32 under FSDP; rewards in the
+    progress line)."""
+    generates: bool = False
+    """Online RL: completions are generated while training and scored by `train.rl.rewards`."""
+    one_logit: bool = False
+    """Trains a one-logit sequence classifier on preference pairs (a reward model)."""
+
+
+# Each family's own modules (where its objectives' names may be compared, for per-objective settings): preference
+# and reward: plan/preference.py, recipe/rules/preference.py, dataset/preference.py, runtime/train.preference_trainer;
+# rl: plan/rl.py, recipe/rules/rl.py, dataset/prompt.py, runtime/rl.py; sft: the data stage's pipeline and
+# runtime/train.sft_trainer.
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("sft", "sft", "ftune.runtime.train:sft_trainer", next_token_loss=True),
+        Family("preference", "preference", "ftune.runtime.train:preference_trainer", on_trl=True),
+        Family("reward", "preference", "ftune.runtime.train:preference_trainer", on_trl=True, one_logit=True),
+        Family("rl", "prompt", "ftune.runtime.rl:build_trainer", on_trl=True, generates=True),
+    )
+}
+
+
+@dataclass(frozen=True)
 class Objective:
-    """How one `train.objective` runs."""
+    """How one `train.objective` runs. A plugin registers one as `Plugin(objectives={name: Objective(...)})`, in
+    one of the `FAMILIES`, naming its own config and trainer classes (docs/plugins.md)."""
 
     name: str
     module: str
@@ -42,6 +84,8 @@ class Objective:
     loss_types: tuple[str, ...] = ()
     uses_reference: bool = False
     """Whether a reference model is scored (dpo, kto); orpo and simpo are reference-free."""
+    family: str = "sft"
+    """The `FAMILIES` row this objective belongs to."""
 
     @property
     def config_path(self) -> str:
@@ -61,22 +105,24 @@ OBJECTIVES: dict[str, Objective] = {
     for o in (
         Objective("sft", "transformers", "TrainingArguments", "Trainer", None, ()),
         Objective("dpo", "trl", "DPOConfig", "DPOTrainer", "preference",
-                  ("beta", "loss_type", "label_smoothing", "reference"), DPO_LOSSES, uses_reference=True),
-        Objective("orpo", "trl.experimental.orpo", "ORPOConfig", "ORPOTrainer", "preference", ("beta",)),
+                  ("beta", "loss_type", "label_smoothing", "reference"), DPO_LOSSES, uses_reference=True,
+                  family="preference"),
+        Objective("orpo", "trl.experimental.orpo", "ORPOConfig", "ORPOTrainer", "preference", ("beta",),
+                  family="preference"),
         Objective("kto", "trl", "KTOConfig", "KTOTrainer", "unpaired-preference",
                   ("beta", "loss_type", "reference", "desirable_weight", "undesirable_weight"), KTO_LOSSES,
-                  uses_reference=True),
+                  uses_reference=True, family="preference"),
         # SimPO is TRL's CPO trainer with loss_type=simpo and no behaviour-cloning term (cpo_alpha=0)
         Objective("simpo", "trl.experimental.cpo", "CPOConfig", "CPOTrainer", "preference",
-                  ("beta", "label_smoothing", "gamma")),
+                  ("beta", "label_smoothing", "gamma"), family="preference"),
         # a reward model: a one-logit sequence classifier scored pairwise (chosen above rejected)
-        Objective("reward", "trl", "RewardConfig", "RewardTrainer", "preference", ()),
+        Objective("reward", "trl", "RewardConfig", "RewardTrainer", "preference", (), family="reward"),
         # online RL: `settings` are the train.rl keys
-        Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards")),
-        Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON),
+        Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards"),
+                  family="rl"),
+        Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON, family="rl"),
     )
 }
-RL_OBJECTIVES = ("grpo", "rloo")
 RL_DEFAULTS = {"grpo": {"num_generations": 8, "beta": 0.0}, "rloo": {"num_generations": 2, "beta": 0.05}}
 """TRL 1.16's defaults where GRPOConfig and RLOOConfig differ (the recipe leaves them unset)."""
 
@@ -89,16 +135,23 @@ def rl_setting(recipe, key: str):
 PREFERENCE_FORMATS = ("preference", "unpaired-preference")
 
 
-def preference_data(recipe) -> bool:
-    """Whether the recipe trains on preference rows (TRL tokenizes and batches them); the rules make every source
-    agree with `train.objective`, so the first one tells."""
-    return recipe.data.train[0].format in PREFERENCE_FORMATS
+def registered() -> dict[str, Objective]:
+    """The built-in objectives, then the installed plugins' (`Plugin.objectives`; a built-in name can't be taken)."""
+    from ftune.plugins import PluginError, installed, merged
 
-
-def rl_data(recipe) -> bool:
-    """Whether the recipe trains by online RL on prompt rows (the completions are generated during training)."""
-    return recipe.train.objective in RL_OBJECTIVES
+    table = merged("objectives", OBJECTIVES)
+    for name, o in table.items():
+        if not isinstance(o, Objective) or o.family not in FAMILIES:
+            raise PluginError(f"plugin {installed().versions.get(name, '')} registers objective '{name}' that is not "
+                              f"an Objective of a known family", hint="register Objective(..., family=...) with a "
+                              f"family of ftune.recipe.objectives.FAMILIES: {', '.join(FAMILIES)}")
+    return table
 
 
 def objective(name: str) -> Objective:
-    return OBJECTIVES[name]
+    return OBJECTIVES[name] if name in OBJECTIVES else registered()[name]
+
+
+def family_of(recipe) -> Family:
+    """The family `train.objective` belongs to (the compiler records its name as `Plan.family`)."""
+    return FAMILIES[objective(recipe.train.objective).family]

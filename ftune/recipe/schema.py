@@ -542,7 +542,10 @@ class RLSection(Section):
     the row, after a checkpoint of the last complete step."""
 
 
-OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
+BUILTIN_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
+# a plugin objective joins one of ftune.recipe.objectives.FAMILIES; it can't shadow a built-in name
+OBJECTIVES = (*BUILTIN_OBJECTIVES,
+              *sorted(merged_plugins("objectives", BUILTIN_OBJECTIVES).keys() - set(BUILTIN_OBJECTIVES)))
 
 
 class TrainSection(Section):

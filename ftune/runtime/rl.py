@@ -186,7 +186,7 @@ def check_total(per_func, weights, names) -> None:
                        "train.rl.rewards, or make the rewards smaller")
 
 
-def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list):
+def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
     """TRL's GRPOTrainer / RLOOTrainer (`trainer_class`, the Plan's) on the model ftune loaded and adapted, with
     the recipe's rewards."""
     from transformers import PrinterCallback

@@ -10,12 +10,14 @@ from functools import partial
 
 from ftune.errors import FtuneError
 from ftune.plan.evaluation import with_perplexity
-from ftune.recipe.objectives import OBJECTIVES, RL_OBJECTIVES, TRL_INSTALL
+from ftune.recipe.objectives import FAMILIES, TRL_INSTALL, registered
 
 
 def _import(path: str):
-    """A class the Plan names; only the classes of `ftune.recipe.objectives` (a plan is never code)."""
-    known = {o.config_path for o in OBJECTIVES.values()} | {o.trainer_path for o in OBJECTIVES.values()}
+    """A class the Plan names; only the classes of the registered objectives (`ftune.recipe.objectives`, plugins'
+    included: a plan is never code)."""
+    objectives = registered().values()
+    known = {o.config_path for o in objectives} | {o.trainer_path for o in objectives}
     if path not in known:
         raise FtuneError(f"plan names an unknown trainer class {path!r}", hint="recompile the plan with this ftune")
     module, _, name = path.rpartition(".")
@@ -95,19 +97,20 @@ def classification_metrics(eval_pred) -> dict:
 
 
 def build_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
-    """The trainer for the Plan's objective. `ref_model`: a preference objective's reference model when it is not
-    the one TRL derives (`ftune eval` of a full model: the base the run started from)."""
+    """The trainer for the Plan's objective, built by its family's builder (`Family.trainer`, `Plan.family`).
+    `ref_model`: a preference objective's reference model when it is not the one TRL derives (`ftune eval` of a
+    full model: the base the run started from)."""
+    module, _, name = FAMILIES[plan.family].trainer.partition(":")
+    builder = getattr(importlib.import_module(module), name)
+    return builder(plan, trainer_class(plan), model, tokenizer, bundle, args, callbacks, ref_model)
+
+
+def sft_trainer(plan, Trainer, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
+    """The sft family's trainer: the objective's Trainer class (transformers' own, or a plugin's subclass) with
+    perplexity in its logs and activation offloading."""
     from transformers import PrinterCallback
 
     r = plan.recipe
-    if r.train.objective in RL_OBJECTIVES:
-        from ftune.runtime import rl
-
-        return rl.build_trainer(plan, trainer_class(plan), model, tokenizer, bundle, args, callbacks)
-    if r.train.objective != "sft":
-        return _preference_trainer(plan, model, tokenizer, bundle, args, callbacks, ref_model)
-    Trainer = trainer_class(plan)
-
     offload = plan.recipe.train.activation_offloading
 
     class FtuneTrainer(Trainer):
@@ -147,7 +150,7 @@ def _early_stopping(plan, args) -> list:
     return [EarlyStoppingCallback(early_stopping_patience=es.patience, early_stopping_threshold=es.threshold)]
 
 
-def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
+def preference_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks: list, ref_model=None):
     """TRL's trainer for `train.objective` on the model ftune loaded and adapted; TRL computes the loss.
 
     With a PEFT adapter TRL adds a frozen copy of it named `ref` as the reference. A fresh adapter's copy equals
@@ -158,7 +161,7 @@ def _preference_trainer(plan, model, tokenizer, bundle, args, callbacks: list, r
 
     from ftune.runtime.precision import set_mixed_precision_policy
 
-    class PreferenceTrainer(trainer_class(plan)):
+    class PreferenceTrainer(trainer_class):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             set_mixed_precision_policy(self.accelerator, plan)  # before TRL's reference or the policy is wrapped

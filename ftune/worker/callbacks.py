@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ftune.clock import clock
+from ftune.recipe.objectives import FAMILIES
 from ftune.rundir import mark_complete
 from ftune.worker.stop import STOP, is_finite, nonfinite
 
@@ -111,7 +112,7 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
         callbacks.append(LiveReport())
     if console is not None and console.is_terminal:
         callbacks.append(_rich_progress(TrainerCallback, console, tokens_per_step,
-                                        preference=plan.recipe.train.objective != "sft"))
+                                        preference=FAMILIES[plan.family].on_trl))
     elif console is not None:  # a log file, a pipe, CI, Slurm: no bar to redraw, one plain line per logging step
         callbacks.append(_plain_progress(TrainerCallback, console, tokens_per_step))
     return callbacks

@@ -49,12 +49,12 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
         return model, count_parameters(model)
     module = method_module(recipe.peft.method)
     try:
-        if trained_tokens and recipe.peft.method == "lora":
+        if trained_tokens and recipe.peft.adapts_linear_layers:
             model = module.inject(model, recipe.peft, recipe.model.task, trained_tokens=trained_tokens)
         else:  # full trains every row; the rules refuse added tokens with the other adapters
             model = module.inject(model, recipe.peft, recipe.model.task)
     except ValueError as err:
-        if "target" in str(err).lower() and recipe.peft.method == "lora":
+        if "target" in str(err).lower() and recipe.peft.adapts_linear_layers:
             from ftune.plan.preflight import target_hint
 
             raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",

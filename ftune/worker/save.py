@@ -42,10 +42,7 @@ def save_adapter(model, state: dict, folder: Path) -> None:
 def converts_initial(plan) -> bool:
     """peft.init pissa/olora moved part of the base weights into the adapter: the final adapter is converted
     against the initial one, so it applies to the original base (at twice the rank)."""
-    from ftune.methods.lora import MOVES_BASE_WEIGHTS
-
-    peft = plan.recipe.peft
-    return peft.method == "lora" and peft.init in MOVES_BASE_WEIGHTS
+    return plan.recipe.peft.moves_base_weights
 
 
 def save_initial_adapter(model, folder: Path) -> None:

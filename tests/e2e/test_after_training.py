@@ -105,7 +105,8 @@ def test_generation_metrics_at_the_end_of_the_run_and_in_eval(lora_run, capsys, 
 def test_merge_is_verified_sharded_and_loads_without_peft(lora_run, merged, tiny_model_dir):
     out = Path(merged["out"])
     assert out == lora_run / "merged" and merged["action"] == "merged" and merged["base"] == "unquantized float32"
-    assert merged["max_diff"] <= 1e-4 and merged["sample_source"] == "4 eval rows"
+    # data.eval is a split (no eval source): the first train rows, read directly, encoded as the run did
+    assert merged["max_diff"] <= 1e-4 and merged["sample_source"] == "4 train rows"
     names = set(merged["files"])
     assert {"model.safetensors.index.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"} <= names
     assert sum(n.endswith(".safetensors") for n in names) > 1  # re-sharded at 100KB

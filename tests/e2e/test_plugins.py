@@ -1,6 +1,6 @@
 """Plugins without forking: a package (tests/data/plugin, put on PYTHONPATH with its dist-info, as pip would
-install it) registers a callback, a data format and a PEFT method; a recipe names all three; `validate` knows
-them (and suggests near matches), and a real run uses them."""
+install it) registers a callback, a data format, a PEFT method and an objective; a recipe names all four;
+`validate` knows them (and suggests near matches), and a real run uses them."""
 
 from __future__ import annotations
 
@@ -44,6 +44,11 @@ def test_validate_knows_installed_plugins(tmp_path, tiny_model_dir):
     assert "data.train[0].format: invalid value 'qa'" in without.text  # the schema's choices include plugins'
     assert "embed-only" in without.text and "methods: lora, prefix, llama-adapter, full, freeze" in without.text
     bad = yaml.safe_load(path.read_text())
+    bad["train"]["objective"] = "counted-sf"
+    path.write_text(yaml.safe_dump(bad, sort_keys=False))
+    res = ftune("validate", str(path), cwd=tmp_path, env=_env())
+    assert res.code == 1 and "train.objective: invalid value 'counted-sf'" in res.text and "counted-sft" in res.text
+    bad = yaml.safe_load(path.read_text())
     bad["train"]["callbacks"] = [{"name": "step-logg", "args": {"every": 0}}, {"name": "step-log", "args": {"every": 0}}]
     path.write_text(yaml.safe_dump(bad, sort_keys=False))
     res = ftune("validate", str(path), cwd=tmp_path, env=_env())
@@ -55,11 +60,14 @@ def test_validate_knows_installed_plugins(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_a_run_uses_the_plugin_callback_format_and_method(tmp_path, tiny_model_dir):
-    path = _recipe(tmp_path, tiny_model_dir)
+def test_a_run_uses_the_plugin_callback_format_method_and_objective(tmp_path, tiny_model_dir):
+    path = _recipe(tmp_path, tiny_model_dir, objective="counted-sft")
     res = ftune("run", str(path), cwd=tmp_path, env=_env())
     assert res.code == 0, res.text[-3000:]
     assert (tmp_path / "steps.log").read_text().split() == ["2", "4", "6"]  # the callback ran
+    assert (tmp_path / "objective.log").read_text().split() == ["loss"] * 6  # the objective's trainer, each step
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert (plan["family"], plan["trainer_class"]) == ("sft", "ftune_testplugin.objective.CountingTrainer")
     curve = losses(tmp_path / "run")
     assert curve[-1] < curve[0]
     params = json.loads((tmp_path / "run" / "params.json").read_text())

@@ -212,7 +212,8 @@ def test_module_is_light():
 
 # ------------------------------------------------------------------------------ rules
 def paths(r: Recipe) -> dict[str, str]:
-    return {v.path: v.message for v in check(r)}
+    """The loader's rules and the job-shape rules (`rules.JOB_RULES`, in the checks' recipe tier)."""
+    return {v.path: v.message for v in [*check(r), *(p for rule in rules.JOB_RULES for p in rule(r))]}
 
 
 @pytest.mark.parametrize(
@@ -243,14 +244,14 @@ def test_valid_recipes_pass_rules():
     for d in ({"strategy": "ddp", "num_processes": 2},
               {"strategy": "fsdp", "fsdp": {"version": 1}},  # full fine-tuning below: v1 allowed
               {"strategy": "ddp", "num_machines": 2, "machine_rank": 1, "main_process_ip": "h"}):
-        assert not [v for v in check(recipe(d, peft={"method": "full"})) if v.path.startswith("distributed")]
+        assert not [k for k in paths(recipe(d, peft={"method": "full"})) if k.startswith("distributed")]
 
 
 def test_environment_checks(monkeypatch, tmp_path):
     from ftune.plan import environment
 
     def found(r, device, n):
-        return {p.path: p.message for p in environment.devices(r, device, n, tmp_path)}
+        return {p.path: p.message for p in environment.devices(r, device, n)}
 
     monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: None)
     assert "needs the deepspeed package" in found(recipe({"strategy": "deepspeed"}), "cpu", 2)["distributed.strategy"]
@@ -260,7 +261,10 @@ def test_environment_checks(monkeypatch, tmp_path):
     got = found(recipe({"strategy": "fsdp", "fsdp": {"cpu_ram_efficient_loading": True},
                         "accelerate_config": "x.yaml"}), "cpu", 2)
     assert "needs GPUs" in got["distributed.fsdp.cpu_ram_efficient_loading"]
-    assert "accelerate config not found" in got["distributed.accelerate_config"]
+    from ftune.plan.paths import missing_configs  # the files tier (ftune.plan.checks), not this machine's
+
+    [missing] = missing_configs(recipe({"strategy": "fsdp", "accelerate_config": "x.yaml"}), tmp_path)
+    assert missing.path == "distributed.accelerate_config" and "accelerate config not found" in missing.message
 
 
 # ------------------------------------------------------------------------------ compiled TrainingArguments

@@ -147,6 +147,10 @@ def test_check_paths(tree, capsys):
     (tree / "models" / "tiny").mkdir(parents=True)
     (tree / "data").mkdir()
     (tree / "data" / "train.jsonl").write_text('{"text": "hello"}\n')
+    code, out, _ = run(capsys, "local.yaml", "--check-paths", "--format", "json")
+    assert code == 1  # the model folder's extras too, in the compiler's words
+    assert [e["message"] for e in json.loads(out)["files"][0]["errors"]] == ["./models/tiny has no config.json"]
+    (tree / "models" / "tiny" / "config.json").write_text("{}")
     code, _, _ = run(capsys, "local.yaml", "--check-paths")
     assert code == 0  # org/hub-set looks like a hub dataset: not a local path
 
@@ -154,6 +158,7 @@ def test_check_paths(tree, capsys):
 def test_check_paths_reads_the_first_rows_for_fields(tree, capsys):
     (tree / "data").mkdir()
     (tree / "data" / "train.jsonl").write_text('{"prompt": "a", "answer": "b"}\n')
+    (tree / "config.json").write_text("{}")  # model.path `.` is a model folder
     (tree / "local.yaml").write_text(
         "name: t\nmodel: {path: .}\ndata:\n  train:\n    - path: data/train.jsonl\n      format: instruction\n"
         "train: {max_steps: 5}\n"

@@ -178,3 +178,32 @@ def test_nodes_share_one_run_dir(tmp_path):
     assert err.value.exit_code == 5 and "(node 1)" in err.value.message
     node0.release()
     node1.release()
+
+
+def test_a_two_machine_recipe_runs_under_kubeflow(tmp_path, monkeypatch, capsys):
+    """The launcher's environment is applied before the rules read the job's shape: `num_machines: 2` without
+    main_process_ip plans under PET_NNODES=2 (PET_MASTER_ADDR gives the address); PET_NNODES=4 contradicts the
+    recipe, and the refusal names both the key and the variable."""
+    from ftune.cli.main import main
+
+    two = {"strategy": "ddp", "num_processes": 1, "num_machines": 2}
+    loaded = _recipe(tmp_path, two)  # loads: the address is the launcher's to give
+    pod = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "trainjob-node-0-0",
+           "PET_MASTER_PORT": "29400"}
+    for name, value in pod.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", str(tmp_path / "recipe.yaml"), "--dry-run", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["world_size"] == 2 and plan["launch"]["accelerate_config"]["main_process_ip"] == "trainjob-node-0-0"
+    assert plan["launch"]["accelerate_config"]["machine_rank"] == 1
+    with pytest.raises(RecipeError) as err:
+        compile_plan(loaded, environ={**pod, "PET_NNODES": "4"})
+    [problem] = err.value.problems
+    text = (tmp_path / "recipe.yaml").read_text().splitlines()
+    assert problem.path == "distributed.num_machines" and text[problem.location.line - 1].strip() == "num_machines: 2"
+    assert problem.message.startswith("the recipe says distributed.num_machines: 2, but the Kubeflow Trainer (PET_*) "
+                                      "environment says PET_NNODES=4")
+    for name in pod:  # outside the launcher the recipe's shape is its own: it needs machine 0's address
+        monkeypatch.delenv(name)
+    assert main(["run", str(tmp_path / "recipe.yaml"), "--dry-run"]) == 1
+    assert "a 2-machine job needs the address of machine 0" in capsys.readouterr().err

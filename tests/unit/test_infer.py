@@ -267,7 +267,7 @@ def test_merge_check_samples_rows_the_run_left_untokenized(tiny_tokenizer_dir):
     so their text is tokenized here (a GRPO run's merge failed with KeyError 'input_ids')."""
     from transformers import AutoTokenizer
 
-    from ftune.infer.merge import _row_ids
+    from ftune.data.sample import row_ids as _row_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
     assert _row_ids({"input_ids": [5, 6, 7], "labels": [1]}, tok) == [5, 6, 7]
@@ -275,3 +275,30 @@ def test_merge_check_samples_rows_the_run_left_untokenized(tiny_tokenizer_dir):
     assert _row_ids({"prompt": "Q: cat\nA:", "answer": " sun", "_row": "row 1"}, tok) == expected  # grpo/rloo
     assert _row_ids({"prompt": "Q: cat\nA:", "chosen": " sun", "rejected": " dog"}, tok) == expected  # preference
     assert _row_ids({"prompt": [{"role": "user", "content": "hi"}]}, tok) == []  # no text: fixed texts instead
+
+
+def test_merge_check_rows_are_read_directly_as_the_data_stage_encodes_them(tmp_path, tiny_tokenizer_dir,
+                                                                         instruction_data_file):
+    """`ftune merge` reads the eval source's first rows itself (never the whole data stage): each one's token ids are
+    those of a row the data stage builds for the same recipe; a split (no eval source) reads the train rows."""
+    from transformers import AutoTokenizer
+
+    from ftune.data.sample import first_rows
+    from ftune.recipe.schema import Recipe
+    from tests.data_stage import build
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(instruction_data_file.read_text().splitlines(keepends=True)[:6]))
+    data = {"train": [{"path": str(instruction_data_file), "format": "instruction"}],
+            "eval": [{"path": str(evals), "format": "instruction"}], "max_seq_length": 256,
+            "cache_dir": str(tmp_path / "cache")}
+    recipe = Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": data})
+    rows, where = first_rows(recipe, tok, 4)
+    staged = {tuple(r["input_ids"]) for r in build(recipe, tok, log=lambda _: None).eval}
+    assert where == "eval" and len(rows) == 4 and all(tuple(ids) in staged for ids in rows)
+    split = recipe.model_copy(update={"data": recipe.data.model_copy(update={"eval": None})})
+    assert first_rows(split, tok, 4)[1] == "train"
+    hub = Recipe.model_validate({"name": "t", "model": {"path": "unused"},
+                                 "data": {"train": [{"path": "org/set", "type": "hub"}]}})
+    assert first_rows(hub, tok, 4) == ([], "train")  # nothing local: the merge check uses its fixed texts

@@ -76,9 +76,11 @@ def test_a_resumed_run_does_not_evaluate_its_start_again(tmp_path):
     """eval.on_start evaluates the model before training; a resumed run's start was evaluated (and logged) by the
     run it continues, and a second evaluation there would count for early stopping as one without improvement."""
     on_start = ["eval.on_start=true", "data.eval.split=0.5"]
-    assert compile_plan(load_recipe(_recipe(tmp_path), on_start)).trainer["eval_on_start"] is True
+    recipe = _recipe(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n' * 2)  # one row would hold out none: refused
+    assert compile_plan(load_recipe(recipe, on_start)).trainer["eval_on_start"] is True
     _checkpoint(tmp_path / "runs" / "unit", 4, complete=True)
-    plan = compile_plan(load_recipe(_recipe(tmp_path), on_start))
+    plan = compile_plan(load_recipe(recipe, on_start))
     assert plan.resume_from is not None and plan.trainer["eval_on_start"] is False
 
 

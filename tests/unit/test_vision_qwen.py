@@ -20,6 +20,7 @@ def recipe_file(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     (model / "preprocessor_config.json").write_text("{}")  # an image processor is there: only torchvision lacks
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")  # and a template
     (tmp_path / "d.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
                                                                {"role": "assistant", "content": "y"}]}) + "\n")
     path = tmp_path / "recipe.yaml"

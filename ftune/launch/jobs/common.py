@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ftune.errors import FtuneError, UsageError
 from ftune.recipe.schema import MAX_NODES, MAX_PROCESSES_PER_NODE
@@ -109,12 +110,20 @@ def check(req: Request):
                  "distributed.strategy=fsdp after the recipe",
             location=loaded.locate("distributed.strategy"),
         )
-    # the job's shape, checked once as node 0 will see it (machine_rank < num_machines, an address, ...)
-    load_recipe(req.recipe, [*overrides, f"distributed.num_machines={req.nodes}", "distributed.machine_rank=0",
-                             "distributed.main_process_ip=node0"])
     gpus = req.gpus_per_node
     if gpus is None and isinstance(d.num_processes, int) and d.num_processes > 1:
         gpus = d.num_processes
+    # the recipe tier of the checks (`ftune.plan.checks`) on the job's shape as node 0 will see it: the flags'
+    # nodes x GPUs against the N-D sizes, machine_rank < num_machines, ... (the address comes from the scheduler)
+    from ftune.plan import checks
+    from ftune.recipe import rules
+
+    node0 = d.model_copy(update={"num_machines": req.nodes, "machine_rank": 0, "main_process_ip": "node0"})
+    recipe = loaded.recipe.model_copy(update={"distributed": node0})
+    job = checks.Job(recipe, Path(loaded.file).parent, world_size=checks.world_size(node0, gpus))
+    # the rules again on that shape (one that reads the machines, e.g. grpo's whole generation groups), then the table
+    if found := rules.check(recipe) + checks.problems(job, checks.COMMANDS["launch-script"]):
+        raise loaded.error(found)
     return loaded, overrides, gpus
 
 

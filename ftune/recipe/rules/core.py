@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
 from ftune.recipe.schedule import eval_schedule, evaluates, save_schedule
 from ftune.recipe.sources import sources
@@ -134,13 +135,9 @@ def training_length(recipe: Recipe) -> Iterator[Problem]:
         )
 
 
-def lora_rank_positive(recipe: Recipe) -> Iterator[Problem]:
-    if recipe.peft.method == "lora" and recipe.peft.r <= 0:
-        yield Problem.at(
-            "peft.r",
-            f"LoRA rank must be > 0, got {recipe.peft.r}",
-            "use a rank such as 8, 16 or 64",
-        )
+def method_rules(recipe: Recipe) -> Iterator[Problem]:
+    """The PEFT method's own rules (`MethodConfig.problems`: LoRA's rank and init, prefix tuning's packing)."""
+    yield from recipe.peft.problems(recipe)
 
 
 def early_stopping_needs_eval(recipe: Recipe) -> Iterator[Problem]:
@@ -239,7 +236,7 @@ def task_matches_format(recipe: Recipe) -> Iterator[Problem]:
                 "set `model.task: sequence-classification` (with model.labels), or another data format",
             )
         elif task == "sequence-classification" and source.format != "classification" \
-                and not (recipe.train.objective == "reward" and source.format == "preference"):
+                and not (family_of(recipe).one_logit and source.format == "preference"):
             yield Problem.at(
                 path,
                 f"model.task is 'sequence-classification' but this source has format '{source.format}'"
@@ -258,7 +255,7 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
             "drop `num_labels` (it defaults to len(labels)) or make them agree",
         )
     if m.task == "sequence-classification" and m.num_labels is None and m.labels is None \
-            and recipe.train.objective != "reward":  # a reward model has one output
+            and not family_of(recipe).one_logit:  # a reward model has one output
         yield Problem.at(
             "model.task",
             "sequence-classification needs the classes: set `model.labels` or `model.num_labels`",
@@ -270,7 +267,7 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
 
 def quantized_needs_adapter(recipe: Recipe) -> Iterator[Problem]:
     q, method = recipe.quantization, recipe.peft.method
-    if q is not None and method in ("full", "freeze"):
+    if q is not None and not recipe.peft.uses_peft_library:
         yield Problem.at(
             "quantization.bits",
             f"{q.bits}-bit quantized weights can't be trained directly with peft.method '{method}'",
@@ -287,13 +284,6 @@ def packing_supported(recipe: Recipe) -> Iterator[Problem]:
             "packing applies to causal-lm; a classification row must hold exactly one sample",
             "set `data.packing: false`",
         )
-    if recipe.peft.method == "prefix":
-        yield Problem.at(
-            "data.packing",
-            "packing can't be combined with prefix tuning: the prefix is fed as a KV cache, which turns off the "
-            "packed-sample detection that keeps samples from attending to each other",
-            "set `data.packing: false`, or use `peft.method: lora`",
-        )
 
 
 RULES: list[Rule] = [
@@ -308,7 +298,7 @@ RULES: list[Rule] = [
     eval_steps_needs_steps,
     warmup_once,
     training_length,
-    lora_rank_positive,
+    method_rules,
     early_stopping_needs_eval,
     per_epoch_fits,
     load_best_needs_eval,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from ftune.chat import BUILTIN, is_jinja, strip_generation_tags
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
 from ftune.recipe.schema import EvalSplit, Recipe
@@ -91,34 +92,10 @@ def tokens_fit(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("model.add_tokens", "added tokens train through the LM head; model.task is "
                                              f"'{m.task}'", "remove `model.add_tokens`")
     method = recipe.peft.method
-    if method in ("prefix", "llama-adapter"):
+    if not recipe.peft.trains_new_token_rows:
         yield Problem.at("model.add_tokens" if added else "model.special_tokens",
                          f"new token rows can't train with peft.method '{method}' (it trains no embedding)",
                          "use `peft.method: lora` (the rows train with the adapter) or `full`")
-
-
-def lora_init_fits(recipe: Recipe) -> Iterator[Problem]:
-    p = recipe.peft
-    if p.method != "lora" or p.init in ("default", "gaussian"):
-        return
-    if p.init == "loftq":
-        yield Problem.at("peft.init", "peft.init 'loftq' replaces the base weights with their LoftQ quantization, and "
-                                      "the adapter only fits that new base, which ftune does not save (and peft "
-                                      "runs LoftQ only on a CUDA device with bitsandbytes)",
-                         "use `peft.init: pissa` (or `olora`), or QLoRA (`quantization: {bits: 4}`) with the "
-                         "default init")
-        return
-    if recipe.quantization is not None:
-        yield Problem.at("peft.init", f"peft.init '{p.init}' rewrites the base weights, which a "
-                                      f"{recipe.quantization.bits}-bit base can't take",
-                         "remove `quantization`, or use `peft.init: default`")
-    if recipe.distributed.strategy in ("fsdp", "deepspeed"):
-        yield Problem.at("peft.init", f"peft.init '{p.init}' saves an adapter converted against the initial one, "
-                                      f"which ftune does not gather under {recipe.distributed.strategy}",
-                         "use `distributed.strategy: ddp` (or none), or `peft.init: default`")
-    if p.use_dora:
-        yield Problem.at("peft.init", f"peft.init '{p.init}' can't be combined with use_dora",
-                         "use one of them")
 
 
 def trackers_asked(recipe: Recipe) -> Iterator[Problem]:
@@ -181,8 +158,8 @@ def streaming_fits(recipe: Recipe) -> Iterator[Problem]:
         if src.limit is None:
             yield Problem.at(f"data.eval.{i}", "a streamed eval source needs a bound: every evaluation reads it "
                              "from the start", f"set data.eval[{i}].limit (rows read from each of its files)")
-    if t.objective != "sft" or recipe.model.task != "causal-lm":
-        where = "train.objective" if t.objective != "sft" else "model.task"
+    if not family_of(recipe).next_token_loss or recipe.model.task != "causal-lm":
+        where = "train.objective" if not family_of(recipe).next_token_loss else "model.task"
         yield Problem.at(where, "streaming feeds supervised causal-LM training only",
                          "set data.streaming: false (preprocess and cache the data)")
     if t.group_by_length:
@@ -211,6 +188,5 @@ RULES: list[Rule] = [
     as_chat_needs_instruction,
     split_syntax,
     tokens_fit,
-    lora_init_fits,
     trackers_asked,
 ]

@@ -1,6 +1,9 @@
 """Distributed rules: strategy vs. processes and machines, FSDP and DeepSpeed options.
 
-`RULES` read only the recipe (light, run by `ftune validate`). Checks that need the device and the
+`RULES` read only the recipe (light, run when a recipe loads). `JOB_RULES` read the job's shape (machines, this
+machine's rank, machine 0's address), which a launcher's environment may set (`ftune.plan.cluster`): they run in
+the recipe tier of `ftune.plan.checks`, after the compiler applied that environment (and in `validate` and
+`launch-script`, on the shape the recipe or the flags give). Checks that need the device and the
 installed packages are in `ftune.plan.environment`; the wrap-class check needs the model's structure
 and lives with the meta-device preflight (`ftune.plan.preflight`).
 `fsdp` options with another strategy are a core rule (`core.fsdp_options_need_fsdp`).
@@ -113,11 +116,14 @@ def expert_parallel_refused(recipe: Recipe) -> Iterator[Problem]:
 
 
 RULES: list[Rule] = [
-    one_process_without_strategy,
-    multi_node_needs_address,
-    machine_rank_in_range,
     no_8bit_with_fsdp,
     fsdp_options_fit_version,
     deepspeed_options_consistent,
     expert_parallel_refused,
+]
+
+JOB_RULES: list[Rule] = [
+    one_process_without_strategy,
+    multi_node_needs_address,
+    machine_rank_in_range,
 ]

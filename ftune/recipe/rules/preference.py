@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
-from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, objective
+from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, family_of, objective
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
 from ftune.recipe.schema import Recipe
@@ -71,12 +71,12 @@ def settings_fit_objective(recipe: Recipe) -> Iterator[Problem]:
 
 def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
     t, d = recipe.train, recipe.data
-    if t.objective == "sft":
+    if family_of(recipe).next_token_loss:
         if d.max_prompt_length is not None:
             yield Problem.at("data.max_prompt_length", "max_prompt_length truncates the prompts of preference data; "
                              "train.objective is 'sft'", "remove it, or use data.max_seq_length")
         return
-    if t.objective == "reward":
+    if family_of(recipe).one_logit:
         if recipe.model.task != "sequence-classification":
             yield Problem.at("model.task", "a reward model is a sequence classifier with one output (its logit "
                              f"scores a text); model.task is '{recipe.model.task}'",

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from pydantic import ValidationError
 
 from ftune.errors import Problem
-from ftune.recipe.objectives import RL_OBJECTIVES, objective, rl_setting
+from ftune.recipe.objectives import family_of, objective, rl_setting
 from ftune.recipe.rules import Rule
 from ftune.recipe.schema import Recipe
 
 
 def rl_section(recipe: Recipe) -> Iterator[Problem]:
     t = recipe.train
-    if t.objective not in RL_OBJECTIVES:
+    if not family_of(recipe).generates:
         if t.rl is not None:
             yield Problem.at("train.rl", f"train.rl sets online RL options, but train.objective is '{t.objective}'",
                              "set `train.objective: grpo` (or rloo), or remove train.rl")
@@ -42,7 +42,7 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
     from ftune.rewards import available, where
 
     rl = recipe.train.rl
-    if recipe.train.objective not in RL_OBJECTIVES or rl is None:
+    if not family_of(recipe).generates or rl is None:
         return
     known = available()
     seen: set[str] = set()
@@ -86,7 +86,7 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
     """TRL samples `num_generations` completions per prompt in every generation batch (per-device batch x
     accumulation x processes completions): the batch must hold whole groups."""
     t, rl = recipe.train, recipe.train.rl
-    if t.objective not in RL_OBJECTIVES or rl is None or not rl.rewards:
+    if not family_of(recipe).generates or rl is None or not rl.rewards:
         return
     n = recipe.distributed.num_processes
     world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
@@ -107,8 +107,7 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
                          f"data.max_prompt_length ({d.max_prompt_length}) + max_completion_length "
                          f"({rl.max_completion_length}) is longer than data.max_seq_length ({d.max_seq_length})",
                          "lower one of them, or raise data.max_seq_length")
-    if rl.generation.backend == "vllm" and recipe.peft.method not in (
-            "lora", "full", "freeze"):
+    if rl.generation.backend == "vllm" and not recipe.peft.vllm_loads:
         yield Problem.at("train.rl.generation.backend", f"vLLM can't load a {recipe.peft.method} adapter",
                          "use `backend: transformers`, or peft.method lora")
 
@@ -117,7 +116,7 @@ def reference_buildable(recipe: Recipe) -> Iterator[Problem]:
     """beta > 0 scores a reference: the disabled adapter (PEFT methods) or a frozen copy loaded from model.path
     (full, freeze), which a randomly initialised model doesn't have."""
     t = recipe.train
-    if t.objective not in RL_OBJECTIVES or t.rl is None:
+    if not family_of(recipe).generates or t.rl is None:
         return
     beta = rl_setting(recipe, "beta")
     if beta == 0:
@@ -133,7 +132,7 @@ def head_not_adapted(recipe: Recipe) -> Iterator[Problem]:
     """TRL's online trainers compute the log-probabilities from the output head's weight directly, so an adapter
     on it would never train (TRL refuses it at init, after launch): refused here, at the key."""
     targets = getattr(recipe.peft, "target_modules", None)
-    if recipe.train.objective not in RL_OBJECTIVES or not isinstance(targets, list):
+    if not family_of(recipe).generates or not isinstance(targets, list):
         return
     for i, name in enumerate(targets):
         if name.rsplit(".", 1)[-1] == "lm_head":

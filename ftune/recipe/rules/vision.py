@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 
@@ -40,11 +41,11 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if d.streaming:
         yield Problem.at("data.streaming", "vision-chat data is not streamed yet (its images are checked and hashed "
                          "before training)", "set `data.streaming: false`")
-    if recipe.train.objective != "sft":
+    if not family_of(recipe).next_token_loss:
         yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' on a vision-language model "
                          "is not supported yet: ftune trains VLMs with supervised fine-tuning (sft) only",
                          "set `train.objective: sft` (DPO on vision pairs: see docs/vision.md)")
-    if recipe.peft.method not in ("lora", "full"):
+    if not recipe.peft.trains_vision_models:
         yield Problem.at("peft.method", f"peft.method '{recipe.peft.method}' is not supported on a vision-language "
                          "model", "use `peft.method: lora` (with peft.modules per part) or `full`")
     if d.images.min_pixels > d.images.max_pixels:

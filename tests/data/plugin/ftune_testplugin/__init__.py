@@ -1,9 +1,11 @@
 """A plugin package the test suite puts on PYTHONPATH (a dist-info folder makes it "installed"): one callback,
-one data format and one PEFT method, registered for ftune by name. Light: nothing heavy at import."""
+one data format, one PEFT method and one objective (in the sft family), registered for ftune by name. Light:
+nothing heavy at import."""
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.plugins import CallbackPlugin, FormatPlugin, Plugin
+from ftune.recipe.objectives import Objective
 
 
 class StepLogArgs(BaseModel):
@@ -16,4 +18,6 @@ PLUGIN = Plugin(
     callbacks={"step-log": CallbackPlugin("ftune_testplugin.callbacks:make_step_log", args=StepLogArgs)},
     methods={"embed-only": "ftune_testplugin.embed_only"},
     formats={"qa": FormatPlugin(fields=("question", "answer"), encode="ftune_testplugin.qa:encode")},
+    objectives={"counted-sft": Objective("counted-sft", "ftune_testplugin.objective", "TrainingArguments",
+                                         "CountingTrainer", None, (), family="sft")},
 )
