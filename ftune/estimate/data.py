@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune import hub
 from ftune.recipe.sources import sources
 
 
@@ -148,6 +149,8 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
     """
     data, train = recipe.data, recipe.train
     samples, tokens, approximate = 0, 0, False
+    # a hub id counts with its cached snapshot's tokenizer (`hf download` on a login node, the job offline)
+    tokenizer_path = str(hub.folder(tokenizer_path, recipe.model.revision, "tokenizer.json") or tokenizer_path)
     tok = _tokenizer(tokenizer_path)
     render = None
     for _, source in sources(recipe, splits=("train",)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ftune import hub
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
@@ -19,8 +20,11 @@ from ftune.recipe.schema import FsdpSection, Recipe
 
 
 def config_is_local(recipe: Recipe) -> bool:
-    """The model's config can be read without a hub: `model.path` is a folder holding config.json."""
-    return (Path(recipe.model.path).expanduser() / "config.json").is_file()
+    """The model's config can be read without a hub: `model.path` is a folder holding config.json, or, offline, a
+    hub id whose snapshot in the cache holds one (transformers reads it from there)."""
+    m = recipe.model
+    return (Path(m.path).expanduser() / "config.json").is_file() or (
+        hub.offline() and hub.cached_file(m.path, "config.json", m.revision) is not None)
 
 
 def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None
