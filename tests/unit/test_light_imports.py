@@ -59,6 +59,19 @@ sys.exit(code)
 """
 
 
+def test_check_paths_asks_the_hf_cache_without_the_training_stack(tmp_path):
+    """`validate --check-paths` looks a hub id up in the Hugging Face cache (ftune.hub: huggingface_hub's cache
+    lookup, no torch): offline, the id the cache lacks is refused, naming the folder searched."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    argv = ["validate", "--check-paths", "recipes/llama7b-lora.yaml"]
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.stderr.strip().splitlines()[-1] == "HEAVY=", proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    searched = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-2-7b-hf"
+    assert f"model meta-llama/Llama-2-7b-hf: not in the Hugging Face cache (searched {searched})" in proc.stdout
+
+
 @pytest.mark.parametrize("command", ["run", "plan", "data", "eval", "merge", "generate", "chat"])
 def test_heavy_command_without_the_stack_names_the_extra(command):
     """As on a light install: the stack is looked up (find_spec) before the command's module is imported."""
