@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-paths",
         action="store_true",
-        help="also check that local model, tokenizer, data and config paths exist",
+        help="also check that local model, tokenizer, data and config paths exist (and, offline, that hub ids "
+        "are in the Hugging Face cache)",
     )
 
 

@@ -51,8 +51,8 @@ class SpecialTokens(Section):
 
 class ModelSection(Section):
     path: str
-    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; a
-    `.gguf` file (see `gguf_file`); or a
+    """Local folder with config.json (and weights unless `init: random`), or a hub id (from the hub; with
+    `HF_HUB_OFFLINE=1`, from the Hugging Face cache only: docs/distributed.md); a `.gguf` file (see `gguf_file`); or a
     saved adapter folder (a run's `final/`): that adapter is trained on, over the base it names (`peft:` keys left
     unset are taken from it, set ones must agree); a merged folder (`ftune merge`) is a plain model."""
     gguf_file: str | None = None
@@ -71,7 +71,8 @@ class ModelSection(Section):
     init: Literal["pretrained", "random"] = "pretrained"
     """`pretrained` loads the weights; `random` builds the model from the folder's config (from-scratch runs)."""
     revision: str | None = None
-    """Hub revision (branch, tag or commit) when `path` is a hub id."""
+    """Hub revision (branch, tag or commit) when `path` is a hub id; offline, the cache's snapshot at that
+    revision (the tokenizer's too)."""
     config: str | None = None
     """A local config.json (or a folder holding one) that `ftune plan` builds the model from when `path` has
     none of its own: `path` as a local folder, then the offline HF cache, then this, then the bundled catalog."""
