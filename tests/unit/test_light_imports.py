@@ -28,7 +28,7 @@ sys.exit(code)
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["validate", "recipes/"], ["show", "recipes/llama7b-lora.yaml"], ["show", "recipes/llama7b-qlora.yaml", "--origin"],
-     ["import", "axolotl", "tests/data/import/axolotl/qlora.yml"],
+     ["import", "axolotl", "tests/data/import/axolotl/qlora.yml", "--accept-changes"],
      ["launch-script", "slurm", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2"],
      ["launch-script", "kubernetes", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--image", "img"],
      ["launch-script", "skypilot", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--accelerators", "H100:8"]],
