@@ -242,7 +242,7 @@ class DataSection(Section):
     repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
-    qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
+    qwen, qwen3, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
     streaming: bool = False
     """Read, tokenize and pack the training rows while training runs (a `datasets.IterableDataset`), with no cache
     and no pass over the data first: for data too large to preprocess. Needs `train.max_steps`; several processes
