@@ -25,14 +25,12 @@ def offline(environ=None) -> bool:
     return any(env.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def cache_root(environ=None) -> Path:
-    """The hub cache huggingface_hub reads, from the environment as it is now (huggingface_hub fixes its own at
-    import): HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
-    env = os.environ if environ is None else environ
-    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
-    return Path(home).expanduser() / "hub"
+def cache_root() -> Path:
+    """The hub cache huggingface_hub, and so transformers, reads in this process (HF_HUB_CACHE, else $HF_HOME/hub,
+    else ~/.cache/huggingface/hub, as the environment was when it was imported)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def repo_folder(repo_id: str) -> Path:
