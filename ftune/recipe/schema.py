@@ -224,7 +224,8 @@ class DataSection(Section):
     eval: EvalSplit | list[DataSource] | None = None
     """Eval data: `{split: 0.05}` of train, or a list of sources like `train`."""
     max_seq_length: int | None = Field(None, gt=0)
-    """Truncate (and pack) to this many tokens; for preference data, prompt + completion."""
+    """Truncate (and pack) to this many tokens; for preference data, prompt + completion. Unset: rows are not
+    truncated, and `ftune plan` sizes activations for the longest tokenized row of the local data (docs/plan.md)."""
     max_prompt_length: int | None = Field(None, gt=0)
     """Preference data: keep at most this many prompt tokens (the end of the prompt, next to the completion)."""
     packing: bool = False
