@@ -91,7 +91,7 @@ def test_an_id_the_cache_lacks_is_refused_alike_naming_the_folder_searched(cache
     folder, _ = cached
     monkeypatch.chdir(folder)
     hub = Path(os.environ["HF_HOME"]) / "hub"
-    absent = f"model acme-e2e/absent: not in the Hugging Face cache (searched {hub / 'models--acme-e2e--absent'})"
+    absent = f"model acme-e2e/absent: no such folder here, and not in the Hugging Face cache (searched {hub / 'models--acme-e2e--absent'})"
     for command in (["validate", "--check-paths"], ["run"]):
         code, out = cli(*command, "absent.yaml", capsys=capsys)
         assert code == 1 and f"model.path: {absent}; the hub is offline (HF_HUB_OFFLINE=1)" in out, (command, out)
@@ -125,7 +125,7 @@ def test_a_run_whose_base_left_the_cache_is_refused_alike(cached, trained, capsy
     hidden = repo.with_name("hidden")
     repo.rename(hidden)  # the trained run's base leaves the cache
     try:
-        gone = f"acme-e2e/tiny-cached: not in the Hugging Face cache (searched {repo})"
+        gone = f"acme-e2e/tiny-cached: no such folder here, and not in the Hugging Face cache (searched {repo})"
         code, out = cli("eval", "recipe.yaml", capsys=capsys)
         assert code == 1 and f"cannot load the tokenizer: model {gone}" in out, out
         for command in (["merge", "runs/c", "--out", "merged2"], ["export", "gguf", "runs/c", "--out", "c.gguf"]):
