@@ -137,3 +137,27 @@ def test_a_run_whose_base_left_the_cache_is_refused_alike(cached, trained, capsy
         assert not any((folder / name).exists() for name in ("merged2", "c.gguf", "x.gguf"))
     finally:
         hidden.rename(repo)
+
+
+@pytest.mark.extended
+def test_a_cached_adapter_id_is_continued_over_its_cached_base(cached, trained, capsys, monkeypatch):
+    """model.path at an adapter's hub id: its snapshot is the adapter continued, its base (a hub id too) is looked
+    up in the cache the same way."""
+    folder, _ = cached
+    monkeypatch.chdir(folder)
+    repo = cache_layout(trained / "final", "acme-e2e/tiny-adapter")
+    try:
+        code, out = cli("plan", "recipe.yaml", "model.path=acme-e2e/tiny-adapter", "output.dir=runs/ad",
+                        "--format", "json", capsys=capsys)
+        assert code == 0, out
+        load = json.loads(out)["model_load"]
+        assert (load["path"], load["adapter"]) == (MODEL_ID, str(repo / "snapshots" / SHA))
+        import yaml
+
+        spec = yaml.safe_load((folder / "recipe.yaml").read_text())
+        spec["model"]["path"] = "acme-e2e/tiny-adapter"
+        write_recipe(folder, spec, "adapter.yaml")
+        code, out = cli("validate", "--check-paths", "adapter.yaml", capsys=capsys)
+        assert code == 0, out
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
