@@ -75,7 +75,8 @@ def missing(key: str, value: str, revision: str | None = None, what: str = "mode
     repo = repo_folder(value)
     if not repo.is_dir():
         why = f"no such folder here, and not in the Hugging Face cache (searched {repo})"
-    elif revision is not None and not ((repo / "refs" / revision).is_file() or (repo / "snapshots" / revision).is_dir()):
+    elif revision is not None and not ((repo / "refs" / revision).is_file()
+                                       or (repo / "snapshots" / revision).is_dir()):
         why = f"the Hugging Face cache ({repo}) holds no revision {revision}"
     else:
         why = (f"its snapshot{f' at revision {revision}' if revision else ''} in the Hugging Face cache ({repo}) "

@@ -91,7 +91,8 @@ def test_an_id_the_cache_lacks_is_refused_alike_naming_the_folder_searched(cache
     folder, _ = cached
     monkeypatch.chdir(folder)
     hub = Path(os.environ["HF_HOME"]) / "hub"
-    absent = f"model acme-e2e/absent: no such folder here, and not in the Hugging Face cache (searched {hub / 'models--acme-e2e--absent'})"
+    absent = ("model acme-e2e/absent: no such folder here, and not in the Hugging Face cache "
+              f"(searched {hub / 'models--acme-e2e--absent'})")
     for command in (["validate", "--check-paths"], ["run"]):
         code, out = cli(*command, "absent.yaml", capsys=capsys)
         assert code == 1 and f"model.path: {absent}; the hub is offline (HF_HUB_OFFLINE=1)" in out, (command, out)

@@ -37,7 +37,7 @@ def test_every_built_in_trains_each_answer_through_its_end_of_turn(tok, name):
     """Prefix-stable rendering: each assistant span is the answer plus the template's end-of-turn marker."""
     full, spans = render_with_spans(ChatRenderer(tok, builtin(name)), CONVERSATION)
     answers = [full[a:b].strip() for a, b in spans]
-    think = "<think>\n\n</think>\n\n" if name == "qwen3" else ""  # Qwen3's empty thought is trained, as LLaMA-Factory does
+    think = "<think>\n\n</think>\n\n" if name == "qwen3" else ""  # Qwen3's empty thought: trained, as in LLaMA-Factory
     assert answers == [f"{think}hello{END[name]}", f"{think}5{END[name]}"]
     assert "be brief" in full and "add 2 and 3" in full
 

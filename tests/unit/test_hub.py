@@ -34,7 +34,8 @@ def test_a_revision_pins_the_snapshot_and_a_missing_one_is_named():
     assert hub.missing("model.path", "acme-hub/pinned", "v2", markers=hub.TOKENIZER_FILES) is None
     p = hub.missing("model.path", "acme-hub/pinned", None, markers=hub.TOKENIZER_FILES)  # main has no tokenizer
     assert p.message == (f"model acme-hub/pinned: its snapshot in the Hugging Face cache ({repo}) has none of "
-                         "tokenizer.json, tokenizer_config.json, tokenizer.model; the hub is offline (HF_HUB_OFFLINE=1)")
+                         "tokenizer.json, tokenizer_config.json, tokenizer.model; the hub is offline "
+                         "(HF_HUB_OFFLINE=1)")
     p = hub.missing("model.path", "acme-hub/pinned", "v3")
     assert p.message == (f"model acme-hub/pinned: the Hugging Face cache ({repo}) holds no revision v3; the hub is "
                          "offline (HF_HUB_OFFLINE=1)")

@@ -69,7 +69,8 @@ def test_check_paths_asks_the_hf_cache_without_the_training_stack(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == "HEAVY=", proc.stderr
     assert proc.returncode == 1, proc.stdout + proc.stderr
     searched = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-2-7b-hf"
-    assert f"model meta-llama/Llama-2-7b-hf: no such folder here, and not in the Hugging Face cache (searched {searched})" in proc.stdout
+    assert ("model meta-llama/Llama-2-7b-hf: no such folder here, and not in the Hugging Face cache "
+            f"(searched {searched})") in proc.stdout
 
 
 @pytest.mark.parametrize("command", ["run", "plan", "data", "eval", "merge", "generate", "chat"])
