@@ -61,3 +61,29 @@ def linear_layer_names(model) -> list[str]:
 
     names = {name.rpartition(".")[2] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
     return sorted(names)
+
+
+STRETCHING_ROPE = ("linear", "dynamic", "yarn")
+"""Rope scalings that stretch the positions a model was trained on by `factor`, written over an unchanged
+max_position_embeddings (Qwen's YaRN configs); llama3 and longrope write the stretched length there themselves."""
+
+
+def positions(config) -> tuple[int, str] | None:
+    """The longest sequence the model's positions cover, and how it was found (for messages): a config object or
+    its dict (a vision-language model's text config); None when the config names no length."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    if get("max_position_embeddings") is None and get("text_config") is not None:
+        return positions(get("text_config"))
+    length = get("max_position_embeddings")
+    if not isinstance(length, int) or length <= 0:
+        return None
+    rope = get("rope_parameters") or get("rope_scaling")
+    rope = rope if isinstance(rope, dict) else {}
+    factor = rope.get("factor")
+    if rope.get("rope_type", rope.get("type")) in STRETCHING_ROPE and isinstance(factor, int | float) and factor > 1:
+        original = rope.get("original_max_position_embeddings") or length
+        stretched = int(original * factor)
+        if stretched > length:
+            return stretched, (f"{original} positions x {rope.get('rope_type', rope.get('type'))} rope scaling factor "
+                               f"{factor:g}")
+    return length, "max_position_embeddings"

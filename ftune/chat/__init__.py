@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-BUILTIN: tuple[str, ...] = ("llama3", "chatml", "mistral", "gemma", "phi3", "qwen", "alpaca")
+BUILTIN: tuple[str, ...] = ("llama3", "chatml", "mistral", "gemma", "phi3", "qwen", "qwen3", "alpaca")
 
 # The token that ends an assistant turn in each built-in template (eos_token where the template writes it),
 # i.e. the token generation must learn to emit so that it stops.
@@ -18,6 +18,7 @@ END_OF_TURN: dict[str, str] = {
     "llama3": "<|eot_id|>",
     "chatml": "<|im_end|>",
     "qwen": "<|im_end|>",
+    "qwen3": "<|im_end|>",
     "mistral": "eos_token",
     "gemma": "<end_of_turn>",
     "phi3": "<|end|>",

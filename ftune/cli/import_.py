@@ -2,8 +2,9 @@
 
 Every key with an ftune equivalent is translated; every other key is listed on stderr with its line
 and the reason, and as comments at the top of the recipe. The recipe is checked with ftune's own
-loader before it is written. Exit codes: 0 written (even with unmapped keys), 1 the file can't be
-read or parsed, or the imported recipe doesn't validate (it is still written, to be fixed by hand).
+loader before it is written. Exit codes: 0 written (harmless keys may be left out); 1 the file can't be read or
+parsed, the imported recipe doesn't validate, or a key left out changes what is trained ("CHANGES BEHAVIOUR":
+the recipe is still written, to be fixed by hand; `--accept-changes` exits 0 for it, so a script can go on).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the peer's YAML config")
     parser.add_argument("-o", "--output", metavar="OUT", help="write the recipe here (default: stdout)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it is a recipe `ftune import` wrote")
+    parser.add_argument("--accept-changes", action="store_true",
+                        help="exit 0 although keys that change what is trained were left out (they stay listed)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,5 +61,10 @@ def run(args: argparse.Namespace) -> int:
 
         print("the imported recipe does not validate yet; fix these by hand:", file=sys.stderr)
         print_problems(problems, sys.stderr)
+        return EXIT_INVALID
+    if changes and not args.accept_changes:
+        print(f"exit 1: the recipe trains differently from the {args.peer} config in {changes} way"
+              f"{'s' if changes != 1 else ''} listed above (CHANGES BEHAVIOUR); fix them in the recipe, or pass "
+              "--accept-changes to accept them", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK

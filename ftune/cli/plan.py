@@ -85,6 +85,25 @@ def errors_json(recipe_file: str, err: FtuneError) -> dict:
     return {"recipe": file, "errors": [{k: v for k, v in p.as_json().items() if k in fields} for p in problems]}
 
 
+def sequence_length(recipe, data: DataCount | None) -> int | None:
+    """The tokens per row the plan sizes activations for when data.max_seq_length is unset: the longest tokenized
+    row of the local data (the run truncates nothing then). Unset and unreadable (a hub dataset, a tokenizer not on
+    this machine): a RecipeError at data.max_seq_length, since the model's maximum (131,072 tokens for Llama 3.1)
+    would plan hundreds of GiB for short rows. An RL objective sizes its rows from its prompt and completion."""
+    from ftune.errors import Problem, RecipeError
+    from ftune.recipe.objectives import RL_OBJECTIVES
+
+    if recipe.data.max_seq_length is not None or recipe.train.objective in RL_OBJECTIVES:
+        return None
+    if data is not None and data.longest is not None:
+        return data.longest
+    why = "a data source is not a local file" if data is None else "the tokenizer is not on this machine"
+    raise RecipeError([Problem.at("data.max_seq_length", f"unset, and the plan can't find the longest row ({why}): "
+                                  "the model's maximum would size activations for rows far longer than most data",
+                                  "set data.max_seq_length to the longest row the run trains on (rows past it are "
+                                  "truncated), or run `ftune plan` where the data and tokenizer are")])
+
+
 def _plan(args: argparse.Namespace) -> int:
     from ftune.errors import RecipeError
     from ftune.estimate.estimate import estimate, parse_bytes
@@ -101,15 +120,33 @@ def _plan(args: argparse.Namespace) -> int:
     recipe = plan.recipe  # as it runs: a continued adapter's base and peft section
     block_bitsandbytes()  # planning never quantizes
     device = "cuda" if gpus else plan.device
-    try:
-        est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
-                       gpu_memory=gpu_memory, device=device)
-    except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
-        raise loaded.error(err.problems) from None
     from ftune.plan.parallelism import data_parallel
     from ftune.plan.paths import missing_inputs
 
     data = count_data(recipe, data_parallel(recipe, plan.world_size), plan.tokenizer_path, plan.trainer["num_train_epochs"])
+    unsized: list = []  # data.max_seq_length unset and no longest row: refused with the estimate's own problems
+    try:
+        seq = sequence_length(recipe, data)
+    except RecipeError as err:
+        seq, unsized = None, err.problems
+    try:
+        est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
+                       gpu_memory=gpu_memory, device=device, seq_length=seq)
+    except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
+        raise loaded.error(err.problems + unsized) from None
+    if unsized:
+        raise loaded.error(unsized)
+    from ftune.estimate.meta import resolve_config
+    from ftune.plan.preflight import length_problems
+
+    # the length against the model's positions, as the compiler's preflight checks a local config, for a config
+    # from the cache, model.config or the catalog too, and for the data's longest row
+    config = json.loads(resolve_config(recipe)[0].read_text())
+    if too_long := length_problems(recipe, config, longest=seq):
+        raise loaded.error(too_long)
+    if seq is not None:
+        est.notes.append(f"data.max_seq_length unset: activations for the longest tokenized row, {seq:,} tokens"
+                         + (" (≈: counted on a sample or without the prompt template)" if data.approximate else ""))
     missing = missing_inputs(loaded.recipe)  # plan runs without the inputs; it names the ones `run` would refuse
     if args.format == "json":
         out = {

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-paths",
         action="store_true",
-        help="also check the files the recipe names: local model, tokenizer, data and config paths exist, the data "
-             "files' first rows, the model folder, reward models",
+        help="also check the files the recipe names: local model, tokenizer, data and config paths exist (offline: "
+             "hub ids in the Hugging Face cache), the data files' first rows, the model folder, reward models",
     )
 
 

@@ -27,6 +27,7 @@ def load(path: str, recipe, token: str | None = None):
             raise FtuneError(f"cannot load the tokenizer: the folder {path} does not exist (moved or deleted?)",
                              hint="put the model back at that path, or set model.path (or model.tokenizer) to where "
                              "it is now") from None
+        _not_cached(path, recipe, "tokenizer")
         raise FtuneError(
             f"cannot load the tokenizer from {path}: {str(err).splitlines()[0]}",
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
@@ -67,6 +68,18 @@ def load_tokenizer(plan):
     return load(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"))
 
 
+def _not_cached(path: str, recipe, what: str) -> None:
+    """A hub id offline that the Hugging Face cache doesn't hold: the folder searched and the download command, as
+    `validate --check-paths` and `run` say it (`ftune.hub`)."""
+    from ftune import hub
+
+    key = "model.tokenizer" if recipe.model.tokenizer else "model.path"
+    problem = hub.missing(key, path, recipe.model.revision, "model" if key == "model.path" else "tokenizer",
+                          hub.TOKENIZER_FILES)
+    if problem is not None:
+        raise FtuneError(f"cannot load the {what}: {problem.message}", hint=problem.hint) from None
+
+
 PROCESSOR_HINT = ("a vision-language model's folder holds its processor: preprocessor_config.json (the image "
                   "processor), the tokenizer files and the chat template (set model.tokenizer where they live apart)")
 
@@ -80,6 +93,7 @@ def load_processor_at(path: str, recipe, token: str | None = None):
         proc = AutoProcessor.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code,
                                              revision=recipe.model.revision, token=token)
     except (OSError, ValueError, TypeError, AttributeError) as err:
+        _not_cached(path, recipe, "processor")
         raise FtuneError(f"cannot load the processor from {path}: {str(err).splitlines()[0]}",
                          hint=PROCESSOR_HINT) from err
     if getattr(proc, "image_processor", None) is None or getattr(proc, "tokenizer", None) is None:

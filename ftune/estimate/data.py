@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune import hub
 from ftune.recipe.sources import sources
 
 
@@ -28,6 +29,9 @@ class DataCount:
     effective_batch: int
     approximate: bool
     """Tokens counted on a sample of rows, or packed rows derived from token counts."""
+    longest: int | None = None
+    """The longest tokenized row, before truncation (None when the tokenizer is not local): the plan's sequence
+    length when data.max_seq_length is unset. Over the first MAX_TOKENIZED_ROWS rows of each source."""
 
 
 MAX_TOKENIZED_ROWS = 20_000
@@ -147,7 +151,9 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
     a local file.
     """
     data, train = recipe.data, recipe.train
-    samples, tokens, approximate = 0, 0, False
+    samples, tokens, approximate, longest = 0, 0, False, 0
+    # a hub id counts with its cached snapshot's tokenizer (`hf download` on a login node, the job offline)
+    tokenizer_path = str(hub.folder(tokenizer_path, recipe.model.revision, "tokenizer.json") or tokenizer_path)
     tok = _tokenizer(tokenizer_path)
     render = None
     for _, source in sources(recipe, splits=("train",)):
@@ -178,6 +184,7 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
             if all(t is not None for t in rendered):  # the template writes BOS/EOS itself
                 texts, special = rendered, False
         lengths = [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=special)]
+        longest = max([longest, *lengths])
         if data.max_seq_length and not data.packing:
             lengths = [min(x, data.max_seq_length) for x in lengths]
         tokens += round(sum(lengths) * n / max(len(subset), 1))
@@ -198,4 +205,5 @@ def count_data(recipe, world_size: int, tokenizer_path: str, epochs: float) -> D
         steps_per_epoch = max(batches // ga + int(batches % ga > 0), 1)  # as transformers' Trainer counts
         total = train.max_steps or math.ceil(epochs * steps_per_epoch)
     return DataCount(samples, tokens if tok is not None else None, rows_iterated, steps_per_epoch, total, epochs,
-                     train.per_device_batch_size * ga * world_size, approximate)
+                     train.per_device_batch_size * ga * world_size, approximate,
+                     longest if tok is not None and longest else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ftune import hub
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate import catalog
 from ftune.recipe.schema import Recipe
@@ -28,14 +29,9 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
         return local / "config.json", f"local {local}"
     if local.is_file() and local.name.endswith(".json"):
         return local, f"local {local}"
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json", revision=recipe.model.revision)
-    except Exception:  # not a valid repo id: fall through to the catalog and its error
-        cached = None
-    if isinstance(cached, str):
-        return Path(cached), f"hf-cache {cached}"
+    cached = hub.cached_file(path, "config.json", recipe.model.revision)
+    if cached is not None:
+        return cached, f"hf-cache {cached}"
     if recipe.model.config is not None:
         return _own_config(recipe.model.config)
     vision = recipe.model.task == catalog.VISION_TASK
@@ -65,7 +61,8 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
     guess = f"did you mean {' or '.join(filter(None, [', '.join(near[:-1]), near[-1]]))}? Otherwise " if near else ""
     raise RecipeError([Problem.at(
         "model.path",
-        f"no config found for {path!r}: not a local folder, not in the HF cache, not in the catalog",
+        f"no config found for {path!r}: not a local folder, not in the HF cache (searched {hub.repo_folder(path)}"
+        + (f" at revision {recipe.model.revision}" if recipe.model.revision else "") + "), not in the catalog",
         f"{guess}set model.config to a local config.json of the model, or fetch it once "
         f"(`hf download {path} config.json`); the catalog (docs/plan.md) matches a name under its own org "
         f"or a mirror ({', '.join(catalog.MIRROR_ORGS)})",

@@ -209,6 +209,9 @@ def run_name(*candidates: Any) -> str:
 
 def finish_common(ctx: Context) -> None:
     """Cross-key facts every peer shares, applied after its own finish."""
+    if "seed" in ctx.config and ctx.config["seed"] is None:  # skipped as unset by apply_table: say what it becomes
+        ctx.note(("seed",), f"seed: null draws a new seed each {ctx.peer} run; the recipe keeps ftune's train.seed "
+                 "(42: runs repeat); set train.seed to vary it")
     strategy = ctx.get("distributed.strategy")
     if strategy is None and ctx.get("distributed.fsdp") is not None:  # fsdp_config / fsdp_version alone mean FSDP
         strategy = "fsdp"

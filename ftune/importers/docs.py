@@ -134,9 +134,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         'pref_loss': '`sigmoid` → dpo; `orpo`, `simpo` → `train.objective`; others → `train.preference.loss_type`',
         'pref_ftx': '0: nothing; otherwise **changes behaviour**, not imported (ftune adds no SFT term)',
         'template': (
-            '`data.chat_template` (llama3, chatml, qwen, mistral, gemma/gemma3 → gemma, phi → phi3, '
-            "alpaca; qwen3 → the tokenizer's own) and `as_chat: true` on instruction sources; other "
-            'names **change behaviour**, not imported'
+            '`data.chat_template` where the built-in renders the same text (tested row by row): llama3, chatml, '
+            'qwen3, qwen3_nothink → chatml, gemma/gemma2/gemma3 → gemma, phi → phi3, alpaca; and `as_chat: true` on '
+            'instruction sources; other names (qwen and mistral differ from ftune\'s by a system line or a space) '
+            '**change behaviour**, not imported'
         ),
         'enable_liger_kernel': '`train.kernels: liger`',
         'adam_beta1': "`train.optimizer_args.betas` (the other beta at transformers' default)",
@@ -144,6 +145,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         'adam_epsilon': '`train.optimizer_args.eps`',
     },
     'torchtune': {
+        'loss._component_': (
+            'not imported: ftune trains the model\'s own cross-entropy; `CEWithChunkedOutputLoss` and '
+            '`LinearCrossEntropyLoss` (the same loss in less memory) point at `train.kernels: liger`'
+        ),
         'model._component_': (
             "`qlora_*` → `peft.method: lora` + 4-bit NF4 with double quantization (torchao's NF4); "
             '`lora_*` → `lora`; other builders → `full`'

@@ -75,11 +75,18 @@ def pref_ftx(value: Any, ctx: Context, path: PeerPath) -> Any:
                            "no such term, so the run optimises the preference loss alone")
 
 
-# LLaMA-Factory template names -> ftune's built-in chat templates (same turn format); None: the tokenizer's own,
-# which is the model's template (Qwen3's for qwen3).
-TEMPLATE_NAMES: dict[str, str | None] = {"llama3": "llama3", "chatml": "chatml", "qwen": "qwen", "mistral": "mistral",
-                                         "gemma": "gemma", "gemma3": "gemma", "phi": "phi3", "alpaca": "alpaca",
-                                         "qwen3": None}
+# LLaMA-Factory template names -> ftune's built-in chat templates that render the same text (tested: rows rendered
+# both ways, tests/unit/test_import_templates.py). llama3 and gemma trim each turn's surrounding whitespace, which
+# LLaMA-Factory keeps: rows whose turns start or end with spaces or newlines differ by them.
+TEMPLATE_NAMES: dict[str, str] = {"llama3": "llama3", "chatml": "chatml", "qwen3": "qwen3", "qwen3_nothink": "chatml",
+                                  "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi": "phi3",
+                                  "alpaca": "alpaca"}
+# Near misses: a built-in of the same family whose text differs
+NOT_EQUAL: dict[str, str] = {
+    "qwen": "LLaMA-Factory's qwen adds the system turn 'You are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.', ftune's qwen 'You are a helpful assistant.'",
+    "mistral": "LLaMA-Factory's mistral writes '[INST] question[/INST]', ftune's mistral '[INST] question [/INST]'",
+}
 
 
 def template(value: Any, ctx: Context, path: PeerPath) -> Any:
@@ -88,11 +95,12 @@ def template(value: Any, ctx: Context, path: PeerPath) -> Any:
     if ctx.config.get("stage") == "pt":
         return NOTHING  # plain text: no template is applied
     if value not in TEMPLATE_NAMES:
-        raise ChangesBehaviour(f"template {value!r} has no ftune built-in ({', '.join(sorted(n for n in TEMPLATE_NAMES))}"
-                               "): the rows would be rendered differently; set data.chat_template (a name or "
-                               "Jinja text) by hand")
+        why = f" ({NOT_EQUAL[value]})" if value in NOT_EQUAL else ""
+        raise ChangesBehaviour(f"template {value!r} has no ftune built-in that renders the same text{why} (imported: "
+                               f"{', '.join(sorted(TEMPLATE_NAMES))}): the rows would be rendered differently; set "
+                               "data.chat_template (a name or Jinja text) by hand")
     ctx.set("data.as_chat", True)  # read (and removed) by finish
-    return TEMPLATE_NAMES[value] or NOTHING
+    return TEMPLATE_NAMES[value]
 
 
 def finetuning_type(value: Any, ctx: Context, path: PeerPath) -> Any:

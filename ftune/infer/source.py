@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftune import adapter
+from ftune import adapter, hub
 from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
 from ftune.outputs import PARTIAL  # noqa: F401  (a merge writes into `.<name>.partial-<pid>`, then renames it)
+from ftune.recipe.load import looks_local
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
 
 
@@ -68,10 +69,14 @@ def _final(run: RunDir, plan) -> Target:
 
 
 def _base_present(plan, final: Path) -> None:
-    """The base an adapter goes on is where the run found it (else transformers reads the path as a repo id)."""
-    from ftune.recipe.load import looks_local
-
-    base = str(plan.recipe.model.path)
+    """The base an adapter goes on is where the run found it (else transformers reads the path as a repo id); a
+    hub id offline, in the Hugging Face cache (`ftune.hub`: the folder searched, the download command)."""
+    base, revision = str(plan.recipe.model.path), plan.recipe.model.revision
+    if not looks_local(base) and (problem := hub.missing("model.path", base, revision, "base model")) is not None:
+        raise FtuneError(f"the adapter in {final} needs its {problem.message}",
+                         hint=f"download it into this cache: `{hub.download_command(base, revision)}`; or pass the "
+                         "run's recipe with model.path=LOCAL_FOLDER",
+                         location=Location(file=str(final / adapter.ADAPTER_CONFIG)))
     if looks_local(base) and not Path(base).expanduser().exists():
         raise FtuneError(f"the adapter in {final} goes on the base model {base}, which is no longer there (moved or "
                          "deleted)", hint="put the base back at that path, or pass the run's recipe with "
@@ -113,6 +118,11 @@ def resolve(arg: str, overrides: list[str] | tuple[str, ...] = (), *, allow_mode
     """The target `arg` names: a recipe file, a run dir, a run's final/, a merged folder, or (with
     `allow_model`) any HF model folder."""
     path = Path(arg).expanduser()
+    if allow_model and not path.exists() and not looks_local(arg):  # a hub id: its snapshot in the HF cache
+        if (cached := hub.folder(arg)) is not None:
+            return Target(cached)
+        if (problem := hub.missing("model", arg)) is not None:
+            raise UsageError(problem.message, hint=problem.hint)
     if not path.exists():
         raise UsageError(f"{arg}: no such file or folder",
                          hint="pass a run dir (runs/NAME), its recipe file" + (", or a model folder" if allow_model else ""))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ftune import adapter
+from ftune import adapter, hub
 from ftune.errors import FtuneError, Problem
 from ftune.methods import METHODS, method_module
 from ftune.plan.environment import safetensors_problem
@@ -27,8 +27,9 @@ NEW_ADAPTER = "or point model.path at a base model to train a new adapter"
 
 def continue_adapter(recipe: Recipe) -> tuple[Recipe, str | None, list[Problem]]:
     """(the recipe as it runs, the adapter folder to continue or None, problems). A recipe whose model.path is
-    not an adapter folder comes back unchanged."""
-    folder = Path(recipe.model.path).expanduser()
+    not an adapter folder comes back unchanged. A hub id of an adapter is its snapshot in the Hugging Face cache."""
+    m = recipe.model
+    folder = hub.folder(m.path, m.revision, adapter.ADAPTER_CONFIG) or Path(m.path).expanduser()
     if not adapter.is_adapter(folder):
         return recipe, None, []
     folder = folder.resolve()
@@ -71,15 +72,16 @@ def _base(saved: adapter.SavedAdapter, problems: list[Problem]) -> str:
     local = Path(base).expanduser()
     if local.exists():
         return str(local.resolve())
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    if looks_local(base) or offline:
+    if looks_local(base):
         relative = "" if local.is_absolute() else f" (relative to the working directory, {os.getcwd()})"
         problems.append(Problem.at("model.path", f"the base model of the adapter being continued is not found: "
                                    f"{base}{relative}, as {where} names it",
                                    "run from the folder the first run ran in, or copy the base model there; "
                                    "or merge the adapter (`ftune merge RUN_DIR`) and point model.path at the "
-                                   "merged folder, which needs no base"
-                                   + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
+                                   "merged folder, which needs no base"))
+    elif (problem := hub.missing("model.path", base, what=f"the base model (as {where} names it) of the adapter"
+                                 )) is not None:
+        problems.append(problem)
     return base
 
 

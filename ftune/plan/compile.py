@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ftune import __version__, adapter
+from ftune import __version__, adapter, hub
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
                         preflight, quantization, rl)
@@ -28,7 +28,7 @@ from ftune.recipe.trainer_names import BNB_OPTIMIZERS
 from ftune.rundir import RunDir, is_complete
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+TOKENIZER_FILES = hub.TOKENIZER_FILES
 
 
 def tokenizer_source(recipe: Recipe) -> str:
@@ -36,7 +36,8 @@ def tokenizer_source(recipe: Recipe) -> str:
     adapter folder being continued without a tokenizer of its own (a run's final/ has one) gives its base's."""
     if recipe.model.tokenizer:
         return recipe.model.tokenizer
-    folder = Path(recipe.model.path).expanduser()
+    m = recipe.model
+    folder = hub.folder(m.path, m.revision, adapter.ADAPTER_CONFIG) or Path(m.path).expanduser()  # a cached id too
     if adapter.is_adapter(folder) and not any((folder / f).is_file() for f in TOKENIZER_FILES):
         base = continue_adapter(recipe)[0].model.path
         return base or recipe.model.path

@@ -10,9 +10,11 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ftune import hub
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
+from ftune.recipe.load import looks_local
 from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, family_of, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trackers import TRACKERS
@@ -46,7 +48,11 @@ def reward_models(recipe: Recipe) -> list[Problem]:
         if spec.name != "reward_model" or not isinstance(path, str):
             continue
         where = f"train.rl.rewards[{i}].path"
-        config = Path(path).expanduser() / "config.json"
+        folder = hub.folder(path)  # a hub id: its cached snapshot (the reward model's own id: no model.revision)
+        if folder is None and not looks_local(path):
+            found += [p for p in [hub.missing(where, path, what="reward model")] if p is not None]
+            continue  # online, the hub supplies it
+        config = (folder or Path(path).expanduser()) / "config.json"
         if not config.is_file():
             found.append(Problem.at(where, f"reward model not found: {path} has no config.json",
                                     "point it at a sequence-classification model folder (an `objective: reward` "
@@ -112,9 +118,10 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 
 def model_files(recipe: Recipe) -> list[Problem]:
-    """The model folder's weights are whole (a truncated download fails here, naming the file)."""
-    folder = Path(recipe.model.path).expanduser()
-    if recipe.model.init == "random" or not folder.is_dir() or is_adapter(folder):  # ftune.plan.adapter checks it
+    """The model folder's weights are whole (a truncated download fails here, naming the file); a hub id's cached
+    snapshot too."""
+    folder = hub.folder(recipe.model.path, recipe.model.revision)
+    if recipe.model.init == "random" or folder is None or is_adapter(folder):  # ftune.plan.adapter checks it
         return []
     for file in sorted(folder.glob("*.safetensors")):
         problem = safetensors_problem(file)
@@ -131,8 +138,8 @@ def image_processor(recipe: Recipe) -> list[Problem]:
     if recipe.model.task != "image-text-to-text":
         return []
     key = "model.tokenizer" if recipe.model.tokenizer else "model.path"
-    folder = Path(recipe.model.tokenizer or recipe.model.path).expanduser()
-    if not folder.is_dir() or is_adapter(folder):
+    folder = hub.folder(recipe.model.tokenizer or recipe.model.path, recipe.model.revision)
+    if folder is None or is_adapter(folder):
         return []
     config = folder / "processor_config.json"
     has = (folder / "preprocessor_config.json").is_file() or (config.is_file() and "image_processor" in

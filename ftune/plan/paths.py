@@ -1,34 +1,42 @@
-"""The local paths a recipe names that don't exist: the model and tokenizer folders and the data files (relative
-to the working directory), the accelerate and DeepSpeed configs (relative to the recipe file). One wording for the
-compiler (`ftune.plan.environment`) and `ftune validate --check-paths`; light (no torch)."""
+"""The inputs a recipe names that aren't on this machine: the model and tokenizer folders (or, offline, their hub ids
+in the Hugging Face cache: `ftune.hub`) and the data files (relative to the working directory), the accelerate and
+DeepSpeed configs (relative to the recipe file). One wording for the compiler (`ftune.plan.environment`) and
+`ftune validate --check-paths`; light (no torch)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ftune import hub
 from ftune.errors import Problem
 from ftune.data.images import URL
 from ftune.recipe.load import looks_local
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 
+MODEL_FILES = ("config.json", "adapter_config.json")  # a model, or a saved adapter to continue
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
 
 def missing_inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
-    """The local model folder, tokenizer folder and data files the recipe names that don't exist: one wording for
-    the compiler and `validate --check-paths` (which adds `missing_configs`). A name that looks like a hub id is
-    not local (unless the hub is offline)."""
+    """The local model folder, tokenizer folder and data files the recipe names that don't exist, and the hub ids
+    the offline cache doesn't hold (`ftune.hub`): one wording for the compiler and `validate --check-paths` (which
+    adds `missing_configs`)."""
     found: list[Problem] = []
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    folders = [("model.path", "model", recipe.model.path)] if model_folder else []
+    folders = [("model.path", "model", recipe.model.path, MODEL_FILES)] if model_folder else []
     if recipe.model.tokenizer:
-        folders.append(("model.tokenizer", "tokenizer", recipe.model.tokenizer))
-    for key, what, value in folders:
-        if not Path(value).expanduser().exists() and (looks_local(value) or offline):
+        folders.append(("model.tokenizer", "tokenizer", recipe.model.tokenizer, hub.TOKENIZER_FILES))
+    for key, what, value, markers in folders:
+        if Path(value).expanduser().exists():
+            continue
+        if looks_local(value):
             found.append(Problem.at(key, f"{what} folder not found: {value}",
                                     f"point {key} at a local folder holding "
-                                    + ("config.json" if what == "model" else "the tokenizer files")
-                                    + (" (the hub is offline: HF_HUB_OFFLINE=1)" if offline else "")))
+                                    + ("config.json" if what == "model" else "the tokenizer files")))
+        else:
+            found += cached_id(key, what, value, recipe, markers)
     for key, src in sources(recipe):
         if src.type == "hub":
             continue
@@ -46,6 +54,19 @@ def missing_inputs(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
                                     "paths are relative to the working directory "
                                     f"({os.getcwd()}); check the spelling or run from the project root"))
     return found
+
+
+def cached_id(key: str, what: str, value: str, recipe: Recipe, markers: tuple[str, ...]) -> list[Problem]:
+    """A hub id offline: the cache holds its snapshot, and for the model (unless `model.tokenizer` names another
+    one, or it is an adapter) the tokenizer and weights the run loads from it: `hf download ID config.json`, which
+    is enough for `ftune plan`, is not enough for `ftune run`."""
+    revision = recipe.model.revision
+    problem = hub.missing(key, value, revision, what, markers)
+    if problem is None and what == "model" and hub.offline() and hub.cached_file(value, "config.json", revision):
+        needs = ([] if recipe.model.tokenizer else [hub.TOKENIZER_FILES]) + \
+            ([] if recipe.model.init == "random" else [WEIGHT_FILES])
+        problem = next(filter(None, (hub.missing(key, value, revision, what, files) for files in needs)), None)
+    return [problem] if problem is not None else []
 
 
 def missing_configs(recipe: Recipe, recipe_dir: Path) -> list[Problem]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ftune import hub
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
@@ -20,8 +21,11 @@ from ftune.recipe.schema import FsdpSection, Recipe
 
 
 def config_is_local(recipe: Recipe) -> bool:
-    """The model's config can be read without a hub: `model.path` is a folder holding config.json."""
-    return (Path(recipe.model.path).expanduser() / "config.json").is_file()
+    """The model's config can be read without a hub: `model.path` is a folder holding config.json, or, offline, a
+    hub id whose snapshot in the cache holds one (transformers reads it from there)."""
+    m = recipe.model
+    return (Path(m.path).expanduser() / "config.json").is_file() or (
+        hub.offline() and hub.cached_file(m.path, "config.json", m.revision) is not None)
 
 
 def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None
@@ -133,18 +137,29 @@ def router_problems(recipe: Recipe, model) -> list[Problem]:
 
 
 def position_problems(recipe: Recipe, model) -> list[Problem]:
-    """data.max_seq_length past the model's max_position_embeddings: positions beyond it have no embedding
-    (an index error mid-run) or were never trained (silently wrong), so training can't be right."""
-    limit = recipe.data.max_seq_length
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    positions = getattr(text, "max_position_embeddings", None)
-    if not limit or not isinstance(positions, int) or positions <= 0 or limit <= positions:
+    """data.max_seq_length past the model's positions: positions beyond them have no embedding (an index error
+    mid-run) or were never trained (silently wrong), so training can't be right."""
+    return length_problems(recipe, getattr(model, "config", None))
+
+
+def length_problems(recipe: Recipe, config, longest: int | None = None) -> list[Problem]:
+    """data.max_seq_length, or (unset) the data's `longest` tokenized row, past the positions `config` covers
+    (`modeling.positions`: max_position_embeddings, stretched by a rope scaling factor where the config says so).
+    The compiler's preflight and `ftune plan` (whose config may come from the cache or the catalog) ask here."""
+    from ftune.modeling import positions
+
+    length = recipe.data.max_seq_length or longest
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    found = positions(config) if config is not None else None
+    if not length or found is None or length <= found[0]:
         return []
-    return [Problem.at("data.max_seq_length",
-                       f"{limit} is longer than the model's max_position_embeddings ({positions}, in "
-                       f"{recipe.model.path}/config.json)",
-                       f"set data.max_seq_length to at most {positions}")]
+    limit, how = found
+    what = f"{length} is" if recipe.data.max_seq_length else f"unset, and the data's longest row ({length:,} tokens) is"
+    where = f"in {recipe.model.path}/config.json"
+    covered = f"max_position_embeddings ({limit}, {where})" if how == "max_position_embeddings" else \
+        f"{limit} positions ({how}, {where})"
+    return [Problem.at("data.max_seq_length", f"{what} longer than the model's {covered}",
+                       f"set data.max_seq_length to at most {limit} (longer rows are truncated)")]
 
 
 def completion_position_problems(recipe: Recipe, model) -> list[Problem]:

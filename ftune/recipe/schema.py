@@ -52,8 +52,8 @@ class SpecialTokens(Section):
 
 class ModelSection(Section):
     path: str
-    """Local folder with config.json (and weights unless `init: random`), or a hub id where a hub is reachable; a
-    `.gguf` file (see `gguf_file`); or a
+    """Local folder with config.json (and weights unless `init: random`), or a hub id (from the hub; with
+    `HF_HUB_OFFLINE=1`, from the Hugging Face cache only: docs/distributed.md); a `.gguf` file (see `gguf_file`); or a
     saved adapter folder (a run's `final/`): that adapter is trained on, over the base it names (`peft:` keys left
     unset are taken from it, set ones must agree); a merged folder (`ftune merge`) is a plain model."""
     gguf_file: str | None = None
@@ -72,7 +72,8 @@ class ModelSection(Section):
     init: Literal["pretrained", "random"] = "pretrained"
     """`pretrained` loads the weights; `random` builds the model from the folder's config (from-scratch runs)."""
     revision: str | None = None
-    """Hub revision (branch, tag or commit) when `path` is a hub id."""
+    """Hub revision (branch, tag or commit) when `path` is a hub id; offline, the cache's snapshot at that
+    revision (the tokenizer's too)."""
     config: str | None = None
     """A local config.json (or a folder holding one) that `ftune plan` builds the model from when `path` has
     none of its own: `path` as a local folder, then the offline HF cache, then this, then the bundled catalog."""
@@ -244,7 +245,8 @@ class DataSection(Section):
     eval: EvalSplit | list[DataSource] | None = None
     """Eval data: `{split: 0.05}` of train, or a list of sources like `train`."""
     max_seq_length: int | None = Field(None, gt=0)
-    """Truncate (and pack) to this many tokens; for preference data, prompt + completion."""
+    """Truncate (and pack) to this many tokens; for preference data, prompt + completion. Unset: rows are not
+    truncated, and `ftune plan` sizes activations for the longest tokenized row of the local data (docs/plan.md)."""
     max_prompt_length: int | None = Field(None, gt=0)
     """Preference data: keep at most this many prompt tokens (the end of the prompt, next to the completion)."""
     packing: bool = False
@@ -262,7 +264,7 @@ class DataSection(Section):
     repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
-    qwen, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
+    qwen, qwen3, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
     streaming: bool = False
     """Read, tokenize and pack the training rows while training runs (a `datasets.IterableDataset`), with no cache
     and no pass over the data first: for data too large to preprocess. Needs `train.max_steps`; several processes

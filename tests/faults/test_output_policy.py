@@ -88,7 +88,7 @@ def _merge(w, out: Path, capsys) -> tuple[int, str]:
 
 
 def _import(w, out: Path, capsys) -> tuple[int, str]:
-    code = main(["import", "axolotl", str(PEER), "-o", str(out), "--force"])
+    code = main(["import", "axolotl", str(PEER), "-o", str(out), "--force", "--accept-changes"])
     return code, capsys.readouterr().err
 
 
@@ -145,12 +145,12 @@ def test_every_writing_command_refuses_every_forbidden_target(world, command, ta
 
 def test_force_replaces_only_what_ftune_wrote_of_the_same_kind(world, capsys):
     out = world["tmp"] / "imported.yaml"
-    assert main(["import", "axolotl", str(PEER), "-o", str(out)]) == 0
+    assert main(["import", "axolotl", str(PEER), "-o", str(out), "--accept-changes"]) == 0
     first = out.read_text()
-    assert main(["import", "axolotl", str(PEER), "-o", str(out)]) == 2  # exists: refused without --force
+    assert main(["import", "axolotl", str(PEER), "-o", str(out), "--accept-changes"]) == 2  # exists: no --force
     assert "already exists (a recipe `ftune import` wrote)" in capsys.readouterr().err
     out.write_text(first + "# my edit\n")
-    assert main(["import", "axolotl", str(PEER), "-o", str(out), "--force"]) == 0  # ours: replaced
+    assert main(["import", "axolotl", str(PEER), "-o", str(out), "--force", "--accept-changes"]) == 0  # ours: replaced
     assert out.read_text() == first and not list(out.parent.glob(".imported.yaml.tmp*"))
     script = world["tmp"] / "job.sbatch"
     assert main(["launch-script", "slurm", "r.yaml", "--nodes", "2", "-o", str(script)]) == 0

@@ -114,7 +114,7 @@ def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_
     [p] = position_problems(r, build_meta_model(r))
     assert p.path == "data.max_seq_length"
     assert p.message.startswith(f"{positions + 1} is longer than the model's max_position_embeddings ({positions}")
-    assert p.hint == f"set data.max_seq_length to at most {positions}"
+    assert p.hint == f"set data.max_seq_length to at most {positions} (longer rows are truncated)"
     assert position_problems(recipe(positions), build_meta_model(recipe(positions))) == []
 
     # the preflight the compiler runs (so `plan` and `run` refuse it before the run dir is written)

@@ -15,7 +15,7 @@ from ftune.dataset.tokenizer import apply_tokens, trained_token_ids
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": "hello"}, {"role": "user", "content": "add 2 and 3"},
                 {"role": "assistant", "content": "5"}]
-END = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "qwen": "<|im_end|>", "mistral": "</s>",
+END = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "qwen": "<|im_end|>", "qwen3": "<|im_end|>", "mistral": "</s>",
        "gemma": "<end_of_turn>", "phi3": "<|end|>", "alpaca": "</s>"}
 
 
@@ -37,7 +37,8 @@ def test_every_built_in_trains_each_answer_through_its_end_of_turn(tok, name):
     """Prefix-stable rendering: each assistant span is the answer plus the template's end-of-turn marker."""
     full, spans = render_with_spans(ChatRenderer(tok, builtin(name)), CONVERSATION)
     answers = [full[a:b].strip() for a, b in spans]
-    assert answers == [f"hello{END[name]}", f"5{END[name]}"]
+    think = "<think>\n\n</think>\n\n" if name == "qwen3" else ""  # Qwen3's empty thought: trained, as in LLaMA-Factory
+    assert answers == [f"{think}hello{END[name]}", f"{think}5{END[name]}"]
     assert "be brief" in full and "add 2 and 3" in full
 
 

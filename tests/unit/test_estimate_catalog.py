@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -159,8 +160,9 @@ def test_unknown_model_lists_near_matches():
     with pytest.raises(RecipeError) as err:
         resolve_config(make("someone/Llama-3.1-8B"))
     (p,) = err.value.problems
+    searched = Path(os.environ["HF_HOME"]) / "hub" / "models--someone--Llama-3.1-8B"
     assert (p.path, p.message) == ("model.path", "no config found for 'someone/Llama-3.1-8B': not a local folder, "
-                                                 "not in the HF cache, not in the catalog")
+                                                 f"not in the HF cache (searched {searched}), not in the catalog")
     assert p.hint.startswith("did you mean meta-llama/Llama-3.1-8B, ")
     assert "set model.config to a local config.json" in p.hint
     assert "(NousResearch, unsloth, mistral-community)" in p.hint

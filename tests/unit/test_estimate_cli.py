@@ -116,6 +116,7 @@ def test_local_data_counts_samples_tokens_and_steps(capsys, tmp_path, tiny_model
         "epochs": 2,
         "effective_batch": 8,
         "approximate": False,
+        "longest": max(lengths),  # before truncation at data.max_seq_length
     }
     assert out["estimate"]["device"] == "cpu"
 

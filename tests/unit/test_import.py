@@ -17,9 +17,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "import.md"
 SAMPLES = [(peer, f) for peer in PEERS for f in sorted((DATA / peer).glob("*.y*ml"))]
 
 
-def run_import(capsys, tmp_path, peer: str, file: Path) -> tuple[int, dict, str, str]:
+def run_import(capsys, tmp_path, peer: str, file: Path, *extra: str) -> tuple[int, dict, str, str]:
     out = tmp_path / f"{peer}-{file.stem}.yaml"  # a new file each time: -o replaces nothing without --force
-    code = main(["import", peer, str(file), "-o", str(out)])
+    code = main(["import", peer, str(file), "-o", str(out), *extra])
     captured = capsys.readouterr()
     text = out.read_text() if out.exists() else ""
     return code, yaml.safe_load(text) if text else {}, text, captured.err
@@ -28,10 +28,17 @@ def run_import(capsys, tmp_path, peer: str, file: Path) -> tuple[int, dict, str,
 @pytest.mark.parametrize(("peer", "file"), SAMPLES, ids=[f"{p}/{f.name}" for p, f in SAMPLES])
 def test_every_sample_imports_to_a_valid_recipe(peer, file, tmp_path, capsys):
     code, _, text, err = run_import(capsys, tmp_path, peer, file)
-    assert code == 0, err
+    imported = convert(peer, str(file))
+    changes = sum(u.changes for u in imported.unmapped)
+    assert code == (1 if changes else 0), err  # a key left out that changes what is trained: exit 1
+    if changes:
+        assert err.splitlines()[-1].startswith(f"exit 1: the recipe trains differently from the {peer} config in "
+                                               f"{changes} way")
+        (tmp_path / f"{peer}-{file.stem}.yaml").unlink()
+        code, _, text, err = run_import(capsys, tmp_path, peer, file, "--accept-changes")
+        assert code == 0, err
     loaded = load_recipe(tmp_path / f"{peer}-{file.stem}.yaml")  # ftune's own loader: schema and rules
     assert loaded.recipe.model.path
-    imported = convert(peer, str(file))
     # every unmapped key: on stderr with file:line, and as a comment at the top of the recipe
     for u in imported.unmapped:
         assert u.line is not None, u
@@ -42,7 +49,7 @@ def test_every_sample_imports_to_a_valid_recipe(peer, file, tmp_path, capsys):
 
 
 def test_axolotl_qlora_values(tmp_path, capsys):
-    code, r, text, err = run_import(capsys, tmp_path, "axolotl", DATA / "axolotl" / "qlora.yml")
+    code, r, text, err = run_import(capsys, tmp_path, "axolotl", DATA / "axolotl" / "qlora.yml", "--accept-changes")
     assert code == 0
     assert r["model"] == {"path": "models/tiny-llama", "trust_remote_code": False, "dtype": "bfloat16",
                           "attn_implementation": "flash_attention_2",
@@ -120,8 +127,10 @@ def test_llama_factory_resolves_dataset_info(tmp_path, capsys):
 def test_llama_factory_deepspeed_and_unknown_dataset(tmp_path, capsys):
     _, r, text, _ = run_import(capsys, tmp_path, "llama-factory", DATA / "llama-factory" / "full-ds3.yaml")
     assert r["distributed"]["deepspeed"] == {"stage": 3, "offload_optimizer": True, "offload_params": True}
-    assert r["data"]["train"] == [{"path": "org_chat_mix", "type": "hub", "format": "instruction", "as_chat": True}]
-    assert r["data"]["chat_template"] == "qwen"
+    # LLaMA-Factory's qwen template adds another default system line than ftune's qwen: not imported, listed
+    assert r["data"]["train"] == [{"path": "org_chat_mix", "type": "hub", "format": "instruction"}]
+    assert "chat_template" not in r["data"] and "# CHANGES BEHAVIOUR" in text
+    assert "template: template 'qwen' has no ftune built-in that renders the same text" in text
     assert "'org_chat_mix' is not described in data/dataset_info.json" in text
     assert r["train"]["lr_scheduler"] == "cosine_with_min_lr" and r["checkpoint"] == {"strategy": "epoch"}
     assert r["train"]["lr_scheduler_args"] == {"min_lr_rate": 0.1}  # the scheduler needs it (a validate rule)

@@ -79,7 +79,8 @@ MAPPED = [
      "train.preference.desirable_weight", 1.5),
     ("llama-factory", LF.replace("stage: sft", "stage: kto"), "", "train.objective", "kto"),
     ("llama-factory", LF, "", "data.chat_template", "llama3"),
-    ("llama-factory", LF.replace("llama3", "qwen"), "", "data.chat_template", "qwen"),
+    ("llama-factory", LF.replace("llama3", "qwen3"), "", "data.chat_template", "qwen3"),
+    ("llama-factory", LF.replace("llama3", "qwen3_nothink"), "", "data.chat_template", "chatml"),
     ("llama-factory", LF.replace("llama3", "phi"), "", "data.chat_template", "phi3"),
     ("llama-factory", LF, "enable_liger_kernel: true\n", "train.kernels", "liger"),
     ("llama-factory", LF, "dataloader_num_workers: 4\n", "train.dataloader.workers", 4),
@@ -136,7 +137,8 @@ def test_peer_defaults_for_masking_clipping_and_template(tmp_path, peer, config,
 def test_each_peers_preference_example_sets_the_objective(tmp_path, capsys):
     for peer, file in (("llama-factory", "dpo.yaml"), ("axolotl", "dpo.yml")):
         out = tmp_path / f"{peer}.yaml"
-        assert main(["import", peer, str(DATA / peer / file), "-o", str(out)]) == 0, capsys.readouterr().err
+        code = main(["import", peer, str(DATA / peer / file), "-o", str(out), "--accept-changes"])
+        assert code == 0, capsys.readouterr().err
         r = yaml.safe_load(out.read_text())
         assert r["train"]["objective"] == "dpo" and r["train"]["preference"]["beta"] == 0.1
         assert r["data"]["train"][0]["format"] == "preference"

@@ -2,9 +2,9 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 plugins, outputs, typed, moe, clock, models, quiet        what plugins register; the output policy; text
+  1 plugins, outputs, typed, moe, clock, models, quiet, hub   what plugins register; the output policy; text
                                                                checks; MoE and VLM structure; durations shown;
-                                                               library noise off
+                                                               library noise off; a model id in the HF cache
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, gguf
   3 recipe, report                                             the recipe language; a run dir's report page
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1,
+    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1, "hub": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2,
     "recipe": 3, "report": 3,

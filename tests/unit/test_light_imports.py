@@ -28,7 +28,7 @@ sys.exit(code)
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["validate", "recipes/"], ["show", "recipes/llama7b-lora.yaml"], ["show", "recipes/llama7b-qlora.yaml", "--origin"],
-     ["import", "axolotl", "tests/data/import/axolotl/qlora.yml"],
+     ["import", "axolotl", "tests/data/import/axolotl/qlora.yml", "--accept-changes"],
      ["launch-script", "slurm", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2"],
      ["launch-script", "kubernetes", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--image", "img"],
      ["launch-script", "skypilot", "recipes/llama7b-full-fsdp.yaml", "--nodes", "2", "--accelerators", "H100:8"]],
@@ -64,6 +64,20 @@ code = main({argv!r})
 print("LOADED=" + ",".join(sorted(m for m in sys.modules if m.startswith("ftune.cli.") or m in {heavy!r})), file=sys.stderr)
 sys.exit(code)
 """
+
+
+def test_check_paths_asks_the_hf_cache_without_the_training_stack(tmp_path):
+    """`validate --check-paths` looks a hub id up in the Hugging Face cache (ftune.hub: huggingface_hub's cache
+    lookup, no torch): offline, the id the cache lacks is refused, naming the folder searched."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    argv = ["validate", "--check-paths", "recipes/llama7b-lora.yaml"]
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.stderr.strip().splitlines()[-1] == "HEAVY=", proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    searched = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-2-7b-hf"
+    assert ("model meta-llama/Llama-2-7b-hf: no such folder here, and not in the Hugging Face cache "
+            f"(searched {searched})") in proc.stdout
 
 
 @pytest.mark.parametrize("command", ["run", "plan", "data", "eval", "merge", "generate", "chat"])

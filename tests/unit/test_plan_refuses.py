@@ -81,6 +81,12 @@ def test_a_missing_data_file_has_one_wording(tmp_path, tiny_model_dir, text_data
     refuse it: all three in the compiler's words (`ftune.plan.paths`), and `run` before it writes anything."""
     path, text = _write(tmp_path, tiny_model_dir, text_data_file, {})
     path.write_text(text.replace(str(text_data_file), "missing.jsonl"))
+    # without the data, plan can't find the longest row: data.max_seq_length is asked for, located
+    assert main(["plan", str(path)]) == 1
+    assert f"{path}:4:1: error: data.max_seq_length: unset, and the plan can't find the longest row (a data source " \
+           "is not a local file)" in capsys.readouterr().err
+    path, text = _write(tmp_path, tiny_model_dir, text_data_file, {"data": {"max_seq_length": 32}})
+    path.write_text(text.replace(str(text_data_file), "missing.jsonl"))
     words = "data.train[0].path: data file not found: missing.jsonl"
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
