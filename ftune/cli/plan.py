@@ -91,9 +91,9 @@ def sequence_length(recipe, data: DataCount | None) -> int | None:
     this machine): a RecipeError at data.max_seq_length, since the model's maximum (131,072 tokens for Llama 3.1)
     would plan hundreds of GiB for short rows. An RL objective sizes its rows from its prompt and completion."""
     from ftune.errors import Problem, RecipeError
-    from ftune.recipe.objectives import RL_OBJECTIVES
+    from ftune.recipe.objectives import family_of
 
-    if recipe.data.max_seq_length is not None or recipe.train.objective in RL_OBJECTIVES:
+    if recipe.data.max_seq_length is not None or family_of(recipe).generates:
         return None
     if data is not None and data.longest is not None:
         return data.longest

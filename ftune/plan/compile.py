@@ -14,7 +14,7 @@ from pathlib import Path
 from ftune import __version__, adapter, hub
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
-                        preflight, quantization, rl)
+                        preflight, quantization, resume, rl)
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -135,7 +135,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     if check_inputs:
         problems += environment.run_dir(recipe, run)
         if resume_from is not None:
-            problems += environment.resume_compatible(recipe, Path(resume_from))
+            problems += resume.resume_compatible(recipe, Path(resume_from))
     shape = checks.Job(recipe, recipe_dir, world_size=world_size, device=device, num_processes=num_processes,
                        mixed_precision=mp, inputs=check_inputs, reads_model=reads_model,
                        model_folder=gguf_source is None, machine=gpus is None)

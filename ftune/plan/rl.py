@@ -12,6 +12,9 @@ from ftune.recipe.objectives import family_of, rl_setting
 from ftune.recipe.schema import Recipe
 
 GRPO_LOSS = "dapo"
+SEQUENCE_LOSS = "grpo"
+"""GSPO (`importance_sampling_level: sequence`) optimises one ratio per sequence: TRL's losses that sum token terms
+(bnpo, dr_grpo, dapo, cispo) would weight each sequence by its length, so ftune's default there is grpo."""
 GRPO_SCALE = "group"
 
 
@@ -38,8 +41,13 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
     if rl.generation.backend == "vllm":
         out |= {"vllm_mode": rl.generation.vllm_mode,
                 "vllm_gpu_memory_utilization": rl.generation.vllm_gpu_memory_utilization}
+    out |= {"epsilon_high": rl.epsilon_high if rl.epsilon_high is not None else rl.epsilon,
+            "mask_truncated_completions": rl.mask_truncated_completions}
     if name == "grpo":
-        out |= {"loss_type": rl.loss_type or GRPO_LOSS, "scale_rewards": rl.scale_rewards or GRPO_SCALE}
+        level = rl.importance_sampling_level or ("sequence" if rl.loss_type == "luspo" else "token")
+        out |= {"loss_type": rl.loss_type or (SEQUENCE_LOSS if level == "sequence" else GRPO_LOSS),
+                "scale_rewards": rl.scale_rewards or GRPO_SCALE, "importance_sampling_level": level,
+                "delta": rl.delta, "top_entropy_quantile": rl.top_entropy_quantile}
     return out
 
 

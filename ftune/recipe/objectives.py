@@ -23,7 +23,8 @@ per-device batch of 2 or more)."""
 
 
 RL_COMMON = ("rewards", "num_generations", "max_completion_length", "temperature", "top_p", "beta", "epsilon",
-             "num_iterations", "generation", "guard_logs", "completions_sample", "reward_timeout")
+             "epsilon_high", "mask_truncated_completions", "num_iterations", "generation", "guard_logs",
+             "completions_sample", "reward_timeout")
 """The `train.rl` keys both online RL objectives take."""
 
 
@@ -118,7 +119,9 @@ OBJECTIVES: dict[str, Objective] = {
         # a reward model: a one-logit sequence classifier scored pairwise (chosen above rejected)
         Objective("reward", "trl", "RewardConfig", "RewardTrainer", "preference", (), family="reward"),
         # online RL: `settings` are the train.rl keys
-        Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards"),
+        Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards",
+                                                                           "importance_sampling_level", "delta",
+                                                                           "top_entropy_quantile"),
                   family="rl"),
         Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON, family="rl"),
     )

@@ -523,10 +523,22 @@ class RLSection(Section):
     beta: float | None = Field(None, ge=0.0)
     """KL coefficient against the reference (TRL's default: grpo 0, rloo 0.05; 0: no reference model; LoRA: the
     adapter disabled, full: a frozen copy)."""
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] | None = None
-    """grpo only: how token losses are aggregated (TRL's default dapo)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] | None = None
+    """grpo only: how token losses are aggregated (TRL's default dapo; with `importance_sampling_level: sequence`,
+    ftune's default is grpo, the GSPO paper's)."""
+    importance_sampling_level: Literal["token", "sequence"] | None = None
+    """grpo only: the policy ratio per token (TRL's default) or per sequence (GSPO: one geometric-mean ratio per
+    completion; loss_type grpo or luspo)."""
     epsilon: float = Field(0.2, gt=0.0)
-    """Clipping range of the policy ratio."""
+    """Clipping range of the policy ratio (its lower side when epsilon_high is set)."""
+    epsilon_high: float | None = Field(None, gt=0.0)
+    """The upper clipping range (DAPO's clip-higher, e.g. 0.28), at least epsilon; unset: epsilon."""
+    delta: float | None = Field(None, gt=1.0)
+    """grpo only: two-sided clipping, the ratio's upper bound for negative advantages (above 1 + epsilon)."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_completion_length out of the loss (DAPO): a cut answer isn't scored as wrong."""
+    top_entropy_quantile: float = Field(1.0, gt=0.0, le=1.0)
+    """grpo only: train only on this top share of tokens by entropy (0.2 in "Beyond the 80/20 Rule"); 1: all."""
     scale_rewards: Literal["group", "batch", "none"] | None = None
     """grpo only: divide advantages by the group's std (TRL's default), the batch's, or not at all (Dr. GRPO)."""
     num_iterations: int = Field(1, ge=1)

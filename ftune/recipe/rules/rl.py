@@ -141,4 +141,36 @@ def head_not_adapted(recipe: Recipe) -> Iterator[Problem]:
                              "remove lm_head from peft.target_modules (`all-linear` adapts every layer but the head)")
 
 
-RULES: list[Rule] = [rl_section, rewards_known, whole_groups, reference_buildable, head_not_adapted]
+TOKEN_SUM_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
+"""TRL's losses that sum per-token terms: under sequence-level ratios they weight each sequence by its length."""
+
+
+def ratio_settings(recipe: Recipe) -> Iterator[Problem]:
+    """The clipping bounds in order, and GSPO's sequence-level ratio only with the losses that optimise it (TRL
+    1.16 only warns, then trains a length-weighted objective the recipe didn't ask for)."""
+    rl = recipe.train.rl
+    if not family_of(recipe).generates or rl is None:
+        return
+    if rl.epsilon_high is not None and rl.epsilon_high < rl.epsilon:
+        yield Problem.at("train.rl.epsilon_high", f"epsilon_high {rl.epsilon_high} is below epsilon {rl.epsilon}: "
+                         "the upper clipping range can't be narrower than the lower", "raise it (DAPO uses 0.28 "
+                         "with epsilon 0.2), or remove it")
+    if rl.delta is not None and rl.delta <= 1 + rl.epsilon:
+        yield Problem.at("train.rl.delta", f"delta {rl.delta} is not above 1 + epsilon ({1 + rl.epsilon:g}): it "
+                         "would clip the ratio inside the trust region", "set it above 1 + epsilon (e.g. 4), or "
+                         "remove it")
+    level, loss = rl.importance_sampling_level, rl.loss_type
+    if level == "sequence" and loss in TOKEN_SUM_LOSSES:
+        yield Problem.at("train.rl.loss_type", f"loss_type {loss} sums per-token terms, so with "
+                         "importance_sampling_level: sequence (GSPO) each sequence weighs by its length instead of "
+                         "the per-sequence objective", "use `loss_type: grpo` (GSPO's), or luspo, sapo; or remove "
+                         "loss_type (ftune then uses grpo)")
+    if level == "sequence" and loss == "vespo":
+        yield Problem.at("train.rl.importance_sampling_level", "vespo computes its sequence-level weights itself "
+                         "from token ratios", "remove importance_sampling_level (token) for vespo")
+    if level == "token" and loss == "luspo":
+        yield Problem.at("train.rl.importance_sampling_level", "luspo is defined on sequence-level ratios",
+                         "set `importance_sampling_level: sequence` (or remove it: luspo then uses sequence)")
+
+
+RULES: list[Rule] = [rl_section, rewards_known, whole_groups, reference_buildable, head_not_adapted, ratio_settings]
