@@ -41,7 +41,8 @@ def _checked(path: Path, *overrides: str) -> list[str]:
     try:
         compile_plan(load_recipe(path, list(overrides)))
     except RecipeError as err:
-        return [p.render() for p in err.problems if "not found" not in p.message]
+        return [p.render() for p in err.problems
+                if "not found" not in p.message and "not in the Hugging Face cache" not in p.message]
     return []
 
 

@@ -42,7 +42,7 @@ def plan(tmp_path, **sections):
 def test_chat_template_typo_gets_the_built_in_names(tmp_path):
     p = problems(tmp_path, data={"chat_template": "chatlm"})["data.chat_template"]
     assert p.message == "unknown chat template 'chatlm'"
-    assert "did you mean 'chatml'" in p.hint and "llama3, chatml, mistral, gemma, phi3, qwen, alpaca" in p.hint
+    assert "did you mean 'chatml'" in p.hint and "llama3, chatml, mistral, gemma, phi3, qwen, qwen3, alpaca" in p.hint
     assert p.location.line is not None
 
 
