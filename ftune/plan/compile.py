@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ftune import __version__, adapter
+from ftune import __version__, adapter, benchmarks
 from ftune.data.check import check_fields, preference_balance
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, cluster, ddp, environment, gguf, parallelism, preference, preflight,
@@ -131,6 +131,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     elif device == "cpu":
         problems += environment.precision(recipe, device, mp)
     problems += parallelism.problems(recipe, device, world_size)
+    problems += benchmarks.problems(recipe.eval.benchmarks, recipe_dir, check_paths=check_inputs,
+                                    need_harness=gpus is None)
     problems += check_fields(recipe)  # the data files' fields, formats and roles (those that exist)
     problems += preference_balance(recipe)  # pairs that teach nothing: refused, or warned below the share
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
@@ -199,6 +201,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
+        benchmarks=benchmarks.plan(recipe.eval.benchmarks, recipe_dir,
+                                   recipe.eval.batch_size or train.per_device_batch_size),
         cpu_threads=threads,
         cluster=job,
         launch=LaunchSpec(

@@ -37,7 +37,7 @@ LAYERS = {
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2,
     "recipe": 3,
-    "data": 4,
+    "data": 4, "benchmarks": 4,
     "plan": 5, "importers": 5, "generation": 5,
     "estimate": 6, "dataset": 6,
     "runtime": 7,
