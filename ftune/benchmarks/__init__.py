@@ -221,3 +221,53 @@ def _missing_data(task: LocalTask, key: str) -> list[Problem]:
                        "the harness reads data_files relative to the working directory; run from there or make the "
                        "path absolute")
             for f in task.data_files if "://" not in f and not any(c in f for c in "*?[") and not Path(f).expanduser().exists()]
+
+
+PREFIX = "bench/"
+"""metrics.jsonl keys: `bench/<task>/<metric>`."""
+LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "ter")
+"""Harness metrics where lower is better (word_perplexity, byte_perplexity, bits_per_byte, TER); every other one
+(acc, acc_norm, exact_match, f1, bleu, ...) is better higher."""
+
+
+def flat(scores: dict[str, dict[str, float]]) -> dict[str, float]:
+    """{task: {metric: v}} → {"bench/<task>/<metric>": v}, as metrics.jsonl holds them."""
+    return {f"{PREFIX}{task}/{metric}": value for task, metrics in scores.items() for metric, value in metrics.items()}
+
+
+def nested(record: dict) -> dict[str, dict[str, float]]:
+    """One metrics.jsonl row's `bench/<task>/<metric>` values back as {task: {metric: v}}."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in record.items():
+        if key.startswith(PREFIX) and isinstance(value, (int, float)):
+            task, metric = key[len(PREFIX):].split("/", 1)
+            out.setdefault(task, {})[metric] = value
+    return out
+
+
+def summary(records: list[dict]) -> dict | None:
+    """summary.json's `benchmarks`: the measurements at `start` and at the end (the last one), the best value of
+    each metric with its step, and `change` = end − start (metrics measured at both, stderr left out)."""
+    rows = [r for r in records if "bench_at" in r]
+    if not rows:
+        return None
+    start = next((nested(r) for r in rows if r["bench_at"] == "start"), None)
+    last = rows[-1]
+    end = nested(last) if last["bench_at"] != "start" else None
+    best: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        for task, metrics in nested(r).items():
+            for metric, value in metrics.items():
+                if metric.split(",")[0].endswith("_stderr"):
+                    continue
+                lower = metric.split(",")[0].endswith(LOWER_IS_BETTER)
+                held = best.setdefault(task, {}).get(metric)
+                if held is None or (value < held["value"] if lower else value > held["value"]):
+                    best[task][metric] = {"value": value, "step": r["step"]}
+    change = None
+    if start is not None and end is not None:
+        change = {task: {m: end[task][m] - v for m, v in metrics.items()
+                         if not m.split(",")[0].endswith("_stderr") and m in end.get(task, {})}
+                  for task, metrics in start.items() if task in end}
+    return {"start": start, "end": end, "end_step": last["step"] if end is not None else None, "best": best,
+            "change": change}
