@@ -66,9 +66,29 @@ def run(model, tok, bench: BenchmarkPlan, *, tasks: list[str] | None = None) -> 
 
 
 def _quiet_harness() -> None:
-    """The harness logs each request batch and warns about the initialized model we mean to pass; its errors
-    still show."""
+    """The harness logs each request batch, warns about the initialized model we mean to pass, draws a progress bar
+    per stage and asks git for a commit hash (a `fatal: not a git repository` line outside one); ftune prints its
+    own lines. Its errors still show; `--verbose` (FTUNE_VERBOSE=1) leaves it all on."""
     import logging
+
+    from ftune.quiet import verbose
+
+    if verbose():
+        return
+    import functools
+    import importlib
+
+    import tqdm
 
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    for module in ("lm_eval.models.huggingface", "lm_eval.api.task", "lm_eval.api.model"):  # `from tqdm import tqdm`
+        mod = importlib.import_module(module)
+        if getattr(mod, "tqdm", None) is tqdm.tqdm:
+            mod.tqdm = functools.partial(tqdm.tqdm, disable=True)
+    utils = importlib.import_module("lm_eval.loggers.utils")
+    if hasattr(utils, "get_git_commit_hash"):
+        utils.get_git_commit_hash = lambda: None
+    evaluator = importlib.import_module("lm_eval.evaluator")
+    if hasattr(evaluator, "get_git_commit_hash"):
+        evaluator.get_git_commit_hash = lambda: None

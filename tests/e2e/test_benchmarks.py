@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e._util import base_recipe, ftune, metrics, write_recipe
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(__import__("importlib").util.find_spec("lm_eval") is None,
+pytestmark = [pytest.mark.slow, pytest.mark.extended, pytest.mark.skipif(__import__("importlib").util.find_spec("lm_eval") is None,
                                                    reason='needs the lm-eval harness: pip install "ftune[eval]"')]
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
