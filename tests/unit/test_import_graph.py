@@ -8,7 +8,8 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, gguf
   3 recipe                                                     the recipe language
-  4 data                                                       data files read lightly: both sides (checks, formats)
+  4 data, benchmarks                                           data files read lightly: both sides (checks, formats);
+                                                               lm-eval task names and the harness run on a model
   5 plan, importers, generation                                decisions before launch; prompts, stop tokens,
                                                                decoding and their metrics (both sides: the end of
                                                                a run, eval, generate, chat)
