@@ -32,7 +32,7 @@ import json, sys
 import lm_eval
 from lm_eval.tasks import TaskManager
 out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={sys.argv[1]},dtype=float32",
-                              tasks=["ftune_colors_mc"], limit=int(sys.argv[3]), batch_size=8,
+                              tasks=["ftune_colors_mc"], limit=int(sys.argv[3]), batch_size=8, device="cpu",
                               task_manager=TaskManager(include_path=sys.argv[2]))
 print("RESULT=" + json.dumps(out["results"]))
 """
