@@ -95,17 +95,19 @@ def _quiet_harness() -> None:
 
     if verbose():
         return
-    import functools
     import importlib
 
     import tqdm
 
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    def silent(*args, **kwargs):  # the harness passes `disable=` itself (False on rank 0): overridden
+        return tqdm.tqdm(*args, **{**kwargs, "disable": True})
+
     for module in ("lm_eval.models.huggingface", "lm_eval.api.task", "lm_eval.api.model"):  # `from tqdm import tqdm`
         mod = importlib.import_module(module)
         if getattr(mod, "tqdm", None) is tqdm.tqdm:
-            mod.tqdm = functools.partial(tqdm.tqdm, disable=True)
+            mod.tqdm = silent
     utils = importlib.import_module("lm_eval.loggers.utils")
     if hasattr(utils, "get_git_commit_hash"):
         utils.get_git_commit_hash = lambda: None
