@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -154,7 +155,11 @@ def local_tasks(folder: Path) -> dict[str, LocalTask]:
     """The tasks and groups the YAMLs under `folder` define (`task:` / `group:` names), as the harness's
     `include_path` reads them."""
     found: dict[str, LocalTask] = {}
-    for path in sorted(folder.rglob("*.yaml")):
+    try:
+        files = sorted(folder.rglob("*.yaml"))
+    except OSError:  # an unreadable folder below: the names it holds can't be known
+        files = []
+    for path in files:
         try:
             cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_TolerantLoader)  # noqa: S506 - safe loader
         except (OSError, yaml.YAMLError):
@@ -170,7 +175,14 @@ def local_tasks(folder: Path) -> dict[str, LocalTask]:
 
 def include_folders(include: list[str], recipe_dir: Path) -> list[Path]:
     """`eval.benchmarks.include`, each relative to the recipe file, absolute."""
-    return [(recipe_dir / folder).expanduser().resolve() for folder in include]
+    return [Path(os.path.abspath(recipe_dir / folder)) for folder in include]
+
+
+def _is_dir(folder: Path) -> bool:
+    try:
+        return folder.is_dir()
+    except (OSError, ValueError):  # a NUL byte, a name too long: no such folder
+        return False
 
 
 def problems(bench, recipe_dir: Path, *, check_paths: bool, need_harness: bool) -> list[Problem]:
@@ -187,7 +199,7 @@ def problems(bench, recipe_dir: Path, *, check_paths: bool, need_harness: bool) 
     local: dict[str, LocalTask] = {}
     readable = True
     for i, folder in enumerate(include_folders(bench.include, recipe_dir)):
-        if not folder.is_dir():
+        if not _is_dir(folder):
             readable = False
             if check_paths:
                 found.append(Problem.at(f"{KEY}.include[{i}]", f"task folder not found: {folder}",
@@ -220,7 +232,14 @@ def _missing_data(task: LocalTask, key: str) -> list[Problem]:
     return [Problem.at(key, f"task '{task.name}' ({task.yaml}) reads {f}, which does not exist",
                        "the harness reads data_files relative to the working directory; run from there or make the "
                        "path absolute")
-            for f in task.data_files if "://" not in f and not any(c in f for c in "*?[") and not Path(f).expanduser().exists()]
+            for f in task.data_files if "://" not in f and not any(c in f for c in "*?[") and not _exists(f)]
+
+
+def _exists(file: str) -> bool:
+    try:
+        return Path(file).exists()
+    except (OSError, ValueError):
+        return False
 
 
 PREFIX = "bench/"
