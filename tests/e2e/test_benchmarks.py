@@ -53,3 +53,17 @@ def test_a_lora_run_measures_start_and_end_and_the_training_raises_the_score(tmp
     assert summary["change"]["ftune_colors_mc"]["acc"] == pytest.approx(end - start, abs=1e-12)
     assert summary["best"]["ftune_colors_mc"]["acc"] == {"value": end, "step": 24}
     assert f"benchmark ftune_colors_mc/acc: {start:.4f} -> {end:.4f}" in result.out
+    # after the run: the same tasks on final/ (the adapter reloaded on its base) give the end's numbers, and the
+    # table puts the start beside them
+    after = ftune("eval", str(run), "--benchmarks", "--format", "json", cwd=tmp_path)
+    assert after.code == 0, after.text
+    report = json.loads(after.out)
+    assert report["model"] == str(run / "final") and report["limit"] is None
+    assert report["benchmarks"]["ftune_colors_mc"] == pytest.approx(summary["end"]["ftune_colors_mc"], abs=1e-6)
+    assert report["start"] == summary["start"]
+    table = ftune("eval", str(run), "--benchmarks", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert table.code == 0, table.text
+    acc = next(line for line in table.out.splitlines() if " acc " in line)
+    assert [cell.strip() for cell in acc.split("│")[1:-1]] == [
+        "ftune_colors_mc", "acc", f"{start:.4f}", f"{end:.4f}", f"{summary['end']['ftune_colors_mc']['acc_stderr']:.4f}",
+        f"{end - start:+.4f}"]
