@@ -141,8 +141,23 @@ def check_file(file: Path, check_paths: bool) -> Report:
         report.problems = [Problem(err.message, hint=err.hint, location=Location(report.file))]
         report.unreadable = True
         return report
-    report.problems = tier_problems(loaded, check_paths)
+    report.problems = tier_problems(loaded, check_paths) + benchmark_problems(loaded, check_paths)
     return report
+
+
+def benchmark_problems(loaded, check_paths: bool) -> list[Problem]:
+    """eval.benchmarks' task names (did-you-mean over the installed lm-eval harness's names and the include
+    folders'), and with --check-paths its include folders and their tasks' data files: the compiler's own check
+    (`ftune.benchmarks.problems`), read from the files by hand (no lm_eval import). Without the harness the
+    names it would provide go unchecked here; `plan` and `run` refuse the recipe with the install line."""
+    bench = loaded.recipe.eval.benchmarks
+    if bench is None:
+        return []
+    from ftune import benchmarks
+    from ftune.recipe.load import shown
+
+    found = benchmarks.problems(bench, Path(loaded.file).parent, check_paths=check_paths, need_harness=False)
+    return [shown(loaded.located(p)) for p in found]
 
 
 def _github(value: str, prop: bool = False) -> str:

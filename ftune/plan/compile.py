@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ftune import __version__, adapter, hub
+from ftune import __version__, adapter, benchmarks, hub
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
                         preflight, quantization, resume, rl)
@@ -143,6 +143,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     # on a shape the launcher's environment agrees with (its own problems say what contradicts)
     problems += checks.problems(shape, ("recipe", "files", "environment"),
                                 skip=() if launcher_agrees else ("job shape",))
+    problems += benchmarks.problems(recipe.eval.benchmarks, recipe_dir, check_paths=check_inputs,
+                                    need_harness=gpus is None)
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
@@ -210,6 +212,8 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
+        benchmarks=benchmarks.plan(recipe.eval.benchmarks, recipe_dir,
+                                   recipe.eval.batch_size or train.per_device_batch_size),
         cpu_threads=threads,
         cluster=job,
         launch=LaunchSpec(

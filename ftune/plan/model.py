@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftune.benchmarks import BenchmarkPlan
 from ftune.plan.batching import Collator, DataPlan
 from ftune.plan.cluster import ClusterEnv
 from ftune.plan.gguf import GgufSource
@@ -118,6 +119,9 @@ class Plan(BaseModel):
     generate_metrics: list[str] | None = None
     """eval.generate's metrics (`ftune.plan.evaluation`): the recipe's, else those that fit its data; None without
     eval.generate."""
+    benchmarks: BenchmarkPlan | None = None
+    """eval.benchmarks as the run measures them (lm-eval harness tasks, include folders absolute, batch size, when);
+    None without it (`ftune.benchmarks.plan`)."""
     cpu_threads: CpuThreads | None = None
     """CPU threads per process and OpenMP's wait policy, and why (`ftune.plan.threads`), on CPU and CUDA; None in a
     plan compiled for other machines (`gpus=`): the run there decides."""

@@ -34,7 +34,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.runtime import train
     from ftune.runtime.model import load_model
     from ftune.runtime.rl import StopDuringReward
-    from ftune.worker import card, facts, profile, report, save
+    from ftune.worker import benchmarks, card, facts, profile, report, save
     from ftune.worker.callbacks import make_callbacks, write_live_report
     from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
@@ -78,6 +78,8 @@ def run_stages(plan: Plan) -> dict:
         run.params.write_text(json.dumps({"trainable": counts.trainable, "total": counts.total,
                                           "tokens_per_step": round(tokens_per_step, 3)}) + "\n")
     callbacks = make_callbacks(plan, console, tokens_per_step) + plugins.make_callbacks(recipe.train.callbacks)
+    if (bench := benchmarks.make_callback(plan, tok, console)) is not None:  # eval.benchmarks (lm-eval harness)
+        callbacks.append(bench)
     moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
     callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
     trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ftune import benchmarks
 from ftune.rundir import RunDir, read_metrics
 
 
@@ -38,6 +39,10 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     table.add_row("devices", f"{plan.world_size} × {plan.device}{strategy}, precision {plan.mixed_precision}")
     if plan.cpu_threads is not None:
         table.add_row("threads", plan.cpu_threads.describe())
+    if plan.benchmarks is not None:  # eval.benchmarks: what each measurement runs
+        b = plan.benchmarks
+        table.add_row("benchmarks", f"{', '.join(b.tasks)} at {', '.join(b.at)}"
+                      + (f", {b.limit} rows per task" if b.limit else ", every row") + " (lm-eval harness)")
     table.add_row("run dir", plan.run_dir)
     if plan.resume_from:
         table.add_row("resume", plan.resume_from)
@@ -63,6 +68,8 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
         **rl_times(records),
         **{k: v for k, v in final_metrics.items() if isinstance(v, (int, float))},
     }
+    if (bench := benchmarks.summary(records)) is not None:  # eval.benchmarks: start, end, best, change
+        result["benchmarks"] = bench
     lines = ["[bold green]done[/bold green]"]
     if losses:
         lines.append(loss_line(records))
@@ -76,6 +83,9 @@ def summary(console, plan, final_metrics: dict, saved: dict, tokens_per_step: fl
         scores = ", ".join(f"{k[5:]} {final_metrics[k]:.4f}" for k in ("eval_exact_match", "eval_f1") if k in final_metrics)
         lines.append(f"generation ({final_metrics['eval_generated']} greedy answers): {scores}, "
                      f"stopped {final_metrics['eval_stopped']:.0%}")
+    if bench is not None and bench["change"]:
+        lines += [f"benchmark {task}/{m}: {bench['start'][task][m]:.4f} -> {bench['end'][task][m]:.4f} ({d:+.4f})"
+                  for task, metrics in bench["change"].items() for m, d in metrics.items()]
     lines.append(f"final/  {run.final}  ({'adapter' if saved.get('adapter') else 'model'}, "
                  f"{saved.get('tensors', 0)} tensors, verified)")
     lines.append(f"metrics {run.metrics}")

@@ -8,7 +8,8 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, gguf
   3 recipe, report                                             the recipe language; a run dir's report page
-  4 data                                                       data files read lightly: both sides (checks, formats)
+  4 data, benchmarks                                           data files read lightly: both sides (checks, formats);
+                                                               lm-eval task names and the harness run on a model
   5 plan, importers, generation                                decisions before launch; prompts, stop tokens,
                                                                decoding and their metrics (both sides: the end of
                                                                a run, eval, generate, chat)
@@ -37,7 +38,7 @@ LAYERS = {
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2,
     "recipe": 3, "report": 3,
-    "data": 4,
+    "data": 4, "benchmarks": 4,
     "plan": 5, "importers": 5, "generation": 5,
     "estimate": 6, "dataset": 6,
     "runtime": 7,

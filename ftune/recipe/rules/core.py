@@ -79,6 +79,13 @@ def eval_on_start_needs_data(recipe: Recipe) -> Iterator[Problem]:
         )
 
 
+def benchmarks_at_steps_needs_evals(recipe: Recipe) -> Iterator[Problem]:
+    bench = recipe.eval.benchmarks
+    if bench is not None and "steps" in bench.at and not evaluates(recipe):
+        yield Problem.at("eval.benchmarks.at", "eval.benchmarks.at has `steps`, but the run never evaluates",
+                         "set `eval.strategy: steps` with `eval.steps` (or `eval.per_epoch`), or drop `steps`")
+
+
 def eval_generate_needs_prompts(recipe: Recipe) -> Iterator[Problem]:
     """Generation metrics complete the eval prompts: they need eval data, a causal LM, and masked prompts."""
     if recipe.eval.generate is None:
@@ -295,6 +302,7 @@ RULES: list[Rule] = [
     eval_needs_eval_data,
     eval_on_start_needs_data,
     eval_generate_needs_prompts,
+    benchmarks_at_steps_needs_evals,
     eval_steps_needs_steps,
     warmup_once,
     training_length,
