@@ -33,7 +33,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.dataset import tokenizer
     from ftune.runtime import train
     from ftune.runtime.model import load_model
-    from ftune.worker import card, facts, profile, report, save
+    from ftune.worker import card, facts, hold, profile, report, save
     from ftune.worker.callbacks import make_callbacks
     from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
@@ -82,6 +82,8 @@ def run_stages(plan: Plan) -> dict:
         facts.record(trainer, run, args.process_index)
     if profile.enabled():
         trainer.add_callback(profile.callback(args.process_index))
+    if hold.enabled():  # tests that signal a run hold it at a step first
+        trainer.add_callback(hold.callback(args.process_index))
 
     if plan.resume_from is not None:
         stop_at_max_steps(trainer)
