@@ -9,6 +9,7 @@ the same weights as the one-process run, and a sharded checkpoint must resume to
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 
@@ -23,11 +24,10 @@ pytestmark = pytest.mark.distributed
 # Stated tolerance: DDP/FSDP average the same per-token losses in a different order (all-reduce /
 # reduce-scatter), so float32 sums differ in the last bits; measured differences are below 1e-6.
 LOSS_RTOL = 1e-4
-WEIGHT_ATOL = 1e-5
-# Tensor parallelism sums each row-split matmul over ranks, in another order: the losses agree to 1e-6, but AdamW
-# divides by sqrt(v), so the few elements whose gradient is near zero move by up to 1.6e-4 after 4 steps (measured;
-# 40 of 123,200), against 4e-2 for every weight. A mis-gathered or mis-split matrix would be off by ~4e-2.
-TP_WEIGHT_ATOL = 1e-3
+LR = 1e-2
+BETAS = (0.9, 0.999)  # AdamW's (TrainingArguments' defaults: the recipes below set no optimizer_args)
+# The bulk bound on weights, in units of the most an element can move (adam_reach below): see weights_agree.
+BULK_QUANTILE, BULK_TOL = 0.99, 1e-3
 STEPS = 4
 LORA = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 FULL = {"method": "full"}
@@ -53,7 +53,7 @@ def recipe(model_dir: Path, data_file: Path, out: Path, peft: dict, distributed:
         "data": {"train": [{"path": str(data_file), "format": "text", "limit": 64}], "max_seq_length": 32},
         "peft": peft,
         "distributed": distributed,
-        "train": {"max_steps": STEPS, "per_device_batch_size": batch, "learning_rate": 1e-2, "logging_steps": 1,
+        "train": {"max_steps": STEPS, "per_device_batch_size": batch, "learning_rate": LR, "logging_steps": 1,
                   "seed": 3, "lr_scheduler": "constant"},
         "checkpoint": {"strategy": "steps", "steps": 2, "keep": 3},
         "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
@@ -100,6 +100,60 @@ def reload(final: Path, model_dir: Path, method: str):
     return AutoModelForCausalLM.from_pretrained(final)
 
 
+def adam_reach(steps: int, lr: float = LR, betas: tuple[float, float] = BETAS) -> float:
+    """The furthest AdamW (weight decay 0, as here) can move one element in `steps` steps, whatever the gradients.
+
+    Step t moves an element by lr * m_t / (sqrt(v_t) + eps) with the bias-corrected moments
+    m_t = (1-b1)/(1-b1^t) * sum_i b1^(t-i) g_i and v_t = (1-b2)/(1-b2^t) * sum_i b2^(t-i) g_i^2. Cauchy-Schwarz on
+    sum_i (b1^(t-i) / b2^((t-i)/2)) * (b2^((t-i)/2) g_i) bounds |m_t| / sqrt(v_t) by
+    rho_t = (1-b1)/(1-b1^t) * sqrt((1-b2^t)/(1-b2)) * sqrt(sum_k<t (b1^2/b2)^k): 1 at t=1, 1.001 at t=2, 1.006 at t=4
+    (eps and gradient clipping only shrink the step). Every run's update lies within lr * sum_t rho_t of the start."""
+    b1, b2 = betas
+    return lr * sum((1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2))
+                    * math.sqrt(sum((b1 * b1 / b2) ** k for k in range(t))) for t in range(1, steps + 1))
+
+
+def weights_agree(got: dict, want: dict, base: dict | None) -> None:
+    """Two runs of the same AdamW training whose gradients are summed in different orders (1 vs 2 processes; DDP's
+    all-reduce, FSDP's reduce-scatter, tensor parallelism's row-split matmuls) hold the same weights, to a bound
+    derived from the computation rather than from one CPU's digits.
+
+    A different summation order changes a float32 gradient by about its rounding error (n * 2^-24 of the sum of
+    |terms|, 1e-6 to 1e-5 relative here), and AdamW's step m/sqrt(v) is scale-free: an element whose gradient is
+    well above that level takes the same step to ~1e-5 of a step. An element whose gradient is within rounding of
+    zero at some step is different: AdamW divides by sqrt(v) of that near-zero gradient, so its step is decided by
+    the rounding, and it may move anywhere within adam_reach. Which elements those are (and how many: 0 to 10 of
+    8,192 in down_proj, by the CPU's kernels) is not a property of the code, so the bound never counts them:
+    - every element: |got - want| <= 2 * adam_reach(STEPS), the most two AdamW runs from one start can differ;
+    - the bulk: the 99th percentile of |got - want| over the elements either run moved <= 1e-3 * adam_reach.
+      Rounding puts it near 1e-5 of a step (measured on AVX-512 and AVX2: at most 7e-5 * adam_reach); a real bug
+      (a rank training alone on its half of the batch, a missing all-reduce, a mis-gathered or mis-split matrix)
+      changes every gradient by O(1) and puts it near adam_reach (measured for one rank alone: 1.0 to 1.8). Near-zero
+      gradients would need 1% of a tensor's elements within 1e-5 of zero to move the percentile.
+    `base` (the starting weights) picks the elements that moved; None: all (every LoRA A/B element trains)."""
+    import torch
+
+    reach = adam_reach(STEPS)
+    assert set(got) == set(want) and want
+    for name in want:
+        diff = (got[name].double() - want[name].double()).abs().flatten()
+        assert float(diff.max()) <= 2 * reach, (name, float(diff.max()), 2 * reach)
+        if base is not None:
+            diff = diff[((want[name] != base[name]) | (got[name] != base[name])).flatten()]
+        if diff.numel():
+            bulk = float(torch.quantile(diff, BULK_QUANTILE))
+            assert bulk <= BULK_TOL * reach, f"{name}: 99% of elements within {bulk:.2e}, bound {BULK_TOL * reach:.2e}"
+
+
+def trained_tensors(final: Path, model_dir: Path, method: str) -> dict:
+    """What the optimizer trained: the adapter's A/B tensors (LoRA) or the model's weights (full)."""
+    if method == "lora":
+        from safetensors.torch import load_file
+
+        return load_file(str(final / "adapter_model.safetensors"))
+    return reload(final, model_dir, method).state_dict()
+
+
 @pytest.mark.parametrize(("kind", "method"), CASES)
 def test_two_processes_really_distributed(runner, kind, method):
     run_dir = runner(kind, method)
@@ -142,19 +196,13 @@ def test_final_reloads_with_the_trained_weights(runner, kind, method, tiny_model
     files = {p.name for p in final.iterdir()}
     assert ("adapter_model.safetensors" in files) == (method == "lora")
     assert not any("fsdp" in name or name.startswith("pytorch_model_fsdp") for name in files)
-    got = reload(final, tiny_model_dir, method).state_dict()
-    want = reload(runner("one", method) / "final", tiny_model_dir, method).state_dict()
+    got = reload(final, tiny_model_dir, method).state_dict()  # reloads as a plain HF/PEFT folder
     base = reload(tiny_model_dir, tiny_model_dir, "full").state_dict()
-    assert set(got) == set(want)
-    for name in want:
-        # every element within the loose bound (a mis-gathered or mis-split matrix is off by ~4e-2 everywhere), and
-        # all but a few per thousand within the tight one: AdamW divides by sqrt(v), so an element whose gradient is
-        # near zero amplifies the last-bit differences of the reduction order (measured on full fine-tuning: 1 of
-        # 24,576 embedding elements at 4.9e-4, at most 6 of 8,192 MLP elements at up to 4.9e-5, the rest < 7e-6)
-        torch.testing.assert_close(got[name], want[name], atol=TP_WEIGHT_ATOL, rtol=1e-4, msg=name)
-        off = int(((got[name] - want[name]).abs() > WEIGHT_ATOL + 1e-4 * want[name].abs()).sum())
-        assert off <= max(1, want[name].numel() // 1000), (name, off)
+    assert set(got) == set(base)
     assert any(not torch.equal(got[n], base[n]) for n in base)  # trained, not the base weights
+    weights_agree(trained_tensors(final, tiny_model_dir, method),
+                  trained_tensors(runner("one", method) / "final", tiny_model_dir, method),
+                  base if method == "full" else None)
 
 
 @pytest.mark.parametrize(("kind", "method", "layout"), [("fsdp2", "lora", "pytorch_model_fsdp_0"),
@@ -175,8 +223,6 @@ def test_checkpoint_resumes(runner, kind, method, layout):
 def test_tensor_parallel_matches_one_process(runner, tiny_model_dir):
     """distributed.parallelism.tp 2 on 2 CPU processes (gloo, DTensor): the layers really split, one batch per tp
     group, the losses and final/ of one process."""
-    import torch
-
     run_dir = runner("tp2", "full")
     ranks = facts(run_dir)
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -185,11 +231,9 @@ def test_tensor_parallel_matches_one_process(runner, tiny_model_dir):
         assert r["local_numel"] < r["full_numel"]
     assert ranks[0]["first_batch_sha1"] == ranks[1]["first_batch_sha1"]
     assert losses(run_dir) == pytest.approx(losses(runner("one", "full")), rel=LOSS_RTOL)
-    got = reload(run_dir / "final", tiny_model_dir, "full").state_dict()
-    want = reload(runner("one", "full") / "final", tiny_model_dir, "full").state_dict()
-    assert set(got) == set(want)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=TP_WEIGHT_ATOL, rtol=1e-4, msg=name)
+    weights_agree(reload(run_dir / "final", tiny_model_dir, "full").state_dict(),
+                  reload(runner("one", "full") / "final", tiny_model_dir, "full").state_dict(),
+                  reload(tiny_model_dir, tiny_model_dir, "full").state_dict())
 
 
 def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, text_data_file):
