@@ -9,7 +9,6 @@ the same weights as the one-process run, and a sharded checkpoint must resume to
 from __future__ import annotations
 
 import json
-import math
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from ftune.rundir import RunDir
 
+from tests.bounds import weights_agree
 from tests.e2e._util import ftune, losses, write_recipe
 
 pytestmark = pytest.mark.distributed
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.distributed
 # Stated tolerance: DDP/FSDP average the same per-token losses in a different order (all-reduce /
 # reduce-scatter), so float32 sums differ in the last bits; measured differences are below 1e-6.
 LOSS_RTOL = 1e-4
-LR = 1e-2
-BETAS = (0.9, 0.999)  # AdamW's (TrainingArguments' defaults: the recipes below set no optimizer_args)
-# The bulk bound on weights, in units of the most an element can move (adam_reach below): see weights_agree.
-BULK_QUANTILE, BULK_TOL = 0.99, 1e-3
+LR = 1e-2  # AdamW with TrainingArguments' betas (no optimizer_args) and no weight decay: tests/bounds.py
 STEPS = 4
 LORA = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 FULL = {"method": "full"}
@@ -100,51 +97,6 @@ def reload(final: Path, model_dir: Path, method: str):
     return AutoModelForCausalLM.from_pretrained(final)
 
 
-def adam_reach(steps: int, lr: float = LR, betas: tuple[float, float] = BETAS) -> float:
-    """The furthest AdamW (weight decay 0, as here) can move one element in `steps` steps, whatever the gradients.
-
-    Step t moves an element by lr * m_t / (sqrt(v_t) + eps) with the bias-corrected moments
-    m_t = (1-b1)/(1-b1^t) * sum_i b1^(t-i) g_i and v_t = (1-b2)/(1-b2^t) * sum_i b2^(t-i) g_i^2. Cauchy-Schwarz on
-    sum_i (b1^(t-i) / b2^((t-i)/2)) * (b2^((t-i)/2) g_i) bounds |m_t| / sqrt(v_t) by
-    rho_t = (1-b1)/(1-b1^t) * sqrt((1-b2^t)/(1-b2)) * sqrt(sum_k<t (b1^2/b2)^k): 1 at t=1, 1.001 at t=2, 1.006 at t=4
-    (eps and gradient clipping only shrink the step). Every run's update lies within lr * sum_t rho_t of the start."""
-    b1, b2 = betas
-    return lr * sum((1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2))
-                    * math.sqrt(sum((b1 * b1 / b2) ** k for k in range(t))) for t in range(1, steps + 1))
-
-
-def weights_agree(got: dict, want: dict, base: dict | None) -> None:
-    """Two runs of the same AdamW training whose gradients are summed in different orders (1 vs 2 processes; DDP's
-    all-reduce, FSDP's reduce-scatter, tensor parallelism's row-split matmuls) hold the same weights, to a bound
-    derived from the computation rather than from one CPU's digits.
-
-    A different summation order changes a float32 gradient by about its rounding error (n * 2^-24 of the sum of
-    |terms|, 1e-6 to 1e-5 relative here), and AdamW's step m/sqrt(v) is scale-free: an element whose gradient is
-    well above that level takes the same step to ~1e-5 of a step. An element whose gradient is within rounding of
-    zero at some step is different: AdamW divides by sqrt(v) of that near-zero gradient, so its step is decided by
-    the rounding, and it may move anywhere within adam_reach. Which elements those are (and how many: 0 to 10 of
-    8,192 in down_proj, by the CPU's kernels) is not a property of the code, so the bound never counts them:
-    - every element: |got - want| <= 2 * adam_reach(STEPS), the most two AdamW runs from one start can differ;
-    - the bulk: the 99th percentile of |got - want| over the elements either run moved <= 1e-3 * adam_reach.
-      Rounding puts it near 1e-5 of a step (measured on AVX-512 and AVX2: at most 7e-5 * adam_reach); a real bug
-      (a rank training alone on its half of the batch, a missing all-reduce, a mis-gathered or mis-split matrix)
-      changes every gradient by O(1) and puts it near adam_reach (measured for one rank alone: 1.0 to 1.8). Near-zero
-      gradients would need 1% of a tensor's elements within 1e-5 of zero to move the percentile.
-    `base` (the starting weights) picks the elements that moved; None: all (every LoRA A/B element trains)."""
-    import torch
-
-    reach = adam_reach(STEPS)
-    assert set(got) == set(want) and want
-    for name in want:
-        diff = (got[name].double() - want[name].double()).abs().flatten()
-        assert float(diff.max()) <= 2 * reach, (name, float(diff.max()), 2 * reach)
-        if base is not None:
-            diff = diff[((want[name] != base[name]) | (got[name] != base[name])).flatten()]
-        if diff.numel():
-            bulk = float(torch.quantile(diff, BULK_QUANTILE))
-            assert bulk <= BULK_TOL * reach, f"{name}: 99% of elements within {bulk:.2e}, bound {BULK_TOL * reach:.2e}"
-
-
 def trained_tensors(final: Path, model_dir: Path, method: str) -> dict:
     """What the optimizer trained: the adapter's A/B tensors (LoRA) or the model's weights (full)."""
     if method == "lora":
@@ -202,7 +154,7 @@ def test_final_reloads_with_the_trained_weights(runner, kind, method, tiny_model
     assert any(not torch.equal(got[n], base[n]) for n in base)  # trained, not the base weights
     weights_agree(trained_tensors(final, tiny_model_dir, method),
                   trained_tensors(runner("one", method) / "final", tiny_model_dir, method),
-                  base if method == "full" else None)
+                  base if method == "full" else None, steps=STEPS, lr=LR)
 
 
 @pytest.mark.parametrize(("kind", "method", "layout"), [("fsdp2", "lora", "pytorch_model_fsdp_0"),
@@ -233,7 +185,7 @@ def test_tensor_parallel_matches_one_process(runner, tiny_model_dir):
     assert losses(run_dir) == pytest.approx(losses(runner("one", "full")), rel=LOSS_RTOL)
     weights_agree(reload(run_dir / "final", tiny_model_dir, "full").state_dict(),
                   reload(runner("one", "full") / "final", tiny_model_dir, "full").state_dict(),
-                  reload(tiny_model_dir, tiny_model_dir, "full").state_dict())
+                  reload(tiny_model_dir, tiny_model_dir, "full").state_dict(), steps=STEPS, lr=LR)
 
 
 def test_unknown_wrap_class_is_refused_before_launch(tmp_path, tiny_model_dir, text_data_file):
