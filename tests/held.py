@@ -35,7 +35,8 @@ def wait_held(proc: subprocess.Popen, folder: Path, ranks: tuple[int, ...] = (0,
     while not all(f.exists() for f in files):
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before holding:\n{out[-2000:]}\n{err[-3000:]}")
+            tail = "\n".join(text[-3000:] for text in (out, err) if text)
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before holding:\n{tail}")
         assert time.monotonic() < deadline, f"no rank held within {timeout} s"
         time.sleep(0.02)
     steps = {int(f.read_text()) for f in files}
