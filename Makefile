@@ -44,25 +44,26 @@ test-all: setup
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not distributed" tests
 
-# The numerics-sensitive tests (1-vs-2-process losses and weights, packing/padding-free losses, bit-identical
-# resumes) under every set of CPU kernels this machine has: ATen's own pick first, then each of MATRIX_CAPS the CPU
-# supports that differs from it (ATEN_CPU_CAPABILITY; `default` = unvectorised kernels, add it to MATRIX_CAPS to run
-# it). Not part of `make test`: it repeats these files once per kernel set (docs/ci.md has the timings).
+# The numerics-sensitive tests (every multi-process run against one process, packing/padding-free losses,
+# bit-identical resumes, the speed levers' loss curves) under every set of CPU kernels this machine has: ATen's own
+# pick, then each of MATRIX_CAPS that the CPU supports and ATen didn't pick (ATEN_CPU_CAPABILITY; add `default`,
+# the unvectorised kernels, to run those too). Not part of `make test`: it repeats these files once per kernel set
+# (docs/ci.md has the timings).
 MATRIX_CAPS ?= avx2 avx512
-NUMERICS_TESTS ?= tests/distributed/test_runs.py tests/distributed/test_cluster_env.py \
-	tests/distributed/test_streaming.py tests/unit/test_data_packing.py tests/faults/test_run_faults.py \
-	tests/e2e/test_streaming.py
+MATRIX_JOBS ?= 2
+NUMERICS_TESTS ?= tests/distributed tests/unit/test_data_packing.py tests/faults/test_run_faults.py \
+	tests/e2e/test_streaming.py tests/e2e/test_levers.py
+CAPABILITY := import torch; print(torch.backends.cpu.get_cpu_capability().lower())
 test-matrix: setup
-	@native=$$(env -u ATEN_CPU_CAPABILITY $(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
-	caps=""; for cap in $(MATRIX_CAPS); do \
-	  got=$$(ATEN_CPU_CAPABILITY=$$cap $(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
-	  if [ "$$got" = "$$cap" ] && [ "$$cap" != "$$native" ]; then caps="$$caps $$cap"; fi; done; \
-	status=0; for cap in native$$caps; do \
-	  echo "== kernels: $$cap$$( [ $$cap = native ] && echo " ($$native)")"; \
-	  if [ $$cap = native ]; then env -u ATEN_CPU_CAPABILITY $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	    --no-loadscope-reorder -m "not extended" $(NUMERICS_TESTS) || status=1; \
-	  else ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	    --no-loadscope-reorder -m "not extended" $(NUMERICS_TESTS) || status=1; fi; done; exit $$status
+	@native=$$(env -u ATEN_CPU_CAPABILITY $(PY) -c "$(CAPABILITY)"); sets="native"; \
+	for cap in $(MATRIX_CAPS); do \
+	  if [ "$$(ATEN_CPU_CAPABILITY=$$cap $(PY) -c "$(CAPABILITY)")" = $$cap ] && [ $$cap != "$$native" ]; then \
+	    sets="$$sets $$cap"; fi; done; \
+	status=0; for cap in $$sets; do \
+	  if [ $$cap = native ]; then echo "== kernels: ATen's pick ($$native)"; kernels="-u ATEN_CPU_CAPABILITY"; \
+	  else echo "== kernels: ATEN_CPU_CAPABILITY=$$cap"; kernels="ATEN_CPU_CAPABILITY=$$cap"; fi; \
+	  env $$kernels $(PY) -m pytest -q -p no:cacheprovider -n $(MATRIX_JOBS) --dist loadfile --no-loadscope-reorder \
+	    -m "not extended" $(NUMERICS_TESTS) || status=1; done; exit $$status
 
 # The CLI-wide fuzz test with more draws than `make test` gives it (200 per command there).
 FUZZ_EXAMPLES ?= 2000
