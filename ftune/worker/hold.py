@@ -44,7 +44,7 @@ def callback(rank: int):
                 return
             folder.mkdir(parents=True, exist_ok=True)
             held = held_file(folder, rank)
-            tmp = held.with_suffix(".tmp")
+            tmp = folder / f".{held.name}.tmp"  # one per rank: the ranks share the folder
             tmp.write_text(f"{state.global_step}\n")
             tmp.replace(held)  # appears whole: the test reads the step from it
             while not (folder / RELEASE).exists() and not STOP.requested:
