@@ -75,3 +75,18 @@ def test_matrix_runs_files_that_exist():
     block = re.search(r"^NUMERICS_TESTS \?=(.*?)\n(?=\S)", text, re.S | re.M).group(1)
     files = block.replace("\\", " ").split()
     assert len(files) >= 5 and all((ROOT / f).exists() for f in files), files
+
+
+def test_ranks_hold_side_by_side_in_one_folder(held_env):
+    """Every rank of a run (nodes too) writes into the same folder: each its own held file, whole."""
+    ranks = [threading.Thread(target=hold.callback(rank=r).on_step_begin, args=(None, _at(3), None)) for r in range(4)]
+    for t in ranks:
+        t.start()
+    while not all(hold.held_file(held_env, r).exists() for r in range(4)):
+        threading.Event().wait(0.005)
+    (held_env / hold.RELEASE).write_text("")
+    for t in ranks:
+        t.join()
+    assert [hold.held_file(held_env, r).read_text() for r in range(4)] == ["3\n"] * 4
+    assert sorted(p.name for p in held_env.iterdir()) == ["held.rank0", "held.rank1", "held.rank2", "held.rank3",
+                                                         "release"]
