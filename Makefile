@@ -48,7 +48,7 @@ test-fast: setup
 # bit-identical resumes, the speed levers' loss curves) under every set of CPU kernels this machine has: ATen's own
 # pick, then each of MATRIX_CAPS that the CPU supports and ATen didn't pick (ATEN_CPU_CAPABILITY; add `default`,
 # the unvectorised kernels, to run those too). Not part of `make test`: it repeats these files once per kernel set
-# (docs/ci.md has the timings).
+# (docs/ci.md: what it costs).
 MATRIX_CAPS ?= avx2 avx512
 MATRIX_JOBS ?= 2
 NUMERICS_TESTS ?= tests/distributed tests/unit/test_data_packing.py tests/faults/test_run_faults.py \
