@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup demo test test-all test-fast fuzz schemas bench bench-gpu clean
+.PHONY: setup demo test test-all test-fast test-matrix fuzz schemas bench bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,27 @@ test-all: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not distributed" tests
+
+# The numerics-sensitive tests (every multi-process run against one process, packing/padding-free losses,
+# bit-identical resumes, the speed levers' loss curves) under every set of CPU kernels this machine has: ATen's own
+# pick, then each of MATRIX_CAPS that the CPU supports and ATen didn't pick (ATEN_CPU_CAPABILITY; add `default`,
+# the unvectorised kernels, to run those too). Not part of `make test`: it repeats these files once per kernel set
+# (docs/ci.md: what it costs).
+MATRIX_CAPS ?= avx2 avx512
+MATRIX_JOBS ?= 2
+NUMERICS_TESTS ?= tests/distributed tests/unit/test_data_packing.py tests/faults/test_run_faults.py \
+	tests/e2e/test_streaming.py tests/e2e/test_levers.py
+CAPABILITY := import torch; print(torch.backends.cpu.get_cpu_capability().lower())
+test-matrix: setup
+	@native=$$(env -u ATEN_CPU_CAPABILITY $(PY) -c "$(CAPABILITY)"); sets="native"; \
+	for cap in $(MATRIX_CAPS); do \
+	  if [ "$$(ATEN_CPU_CAPABILITY=$$cap $(PY) -c "$(CAPABILITY)")" = $$cap ] && [ $$cap != "$$native" ]; then \
+	    sets="$$sets $$cap"; fi; done; \
+	status=0; for cap in $$sets; do \
+	  if [ $$cap = native ]; then echo "== kernels: ATen's pick ($$native)"; kernels="-u ATEN_CPU_CAPABILITY"; \
+	  else echo "== kernels: ATEN_CPU_CAPABILITY=$$cap"; kernels="ATEN_CPU_CAPABILITY=$$cap"; fi; \
+	  env $$kernels $(PY) -m pytest -q -p no:cacheprovider -n $(MATRIX_JOBS) --dist loadfile --no-loadscope-reorder \
+	    -m "not extended" $(NUMERICS_TESTS) || status=1; done; exit $$status
 
 # The CLI-wide fuzz test with more draws than `make test` gives it (200 per command there).
 FUZZ_EXAMPLES ?= 2000

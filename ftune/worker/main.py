@@ -34,7 +34,7 @@ def run_stages(plan: Plan) -> dict:
     from ftune.runtime import train
     from ftune.runtime.model import load_model
     from ftune.runtime.rl import StopDuringReward
-    from ftune.worker import benchmarks, card, facts, profile, report, save
+    from ftune.worker import benchmarks, card, facts, hold, profile, report, save
     from ftune.worker.callbacks import make_callbacks, write_live_report
     from ftune.worker.moe import router_stats
     from ftune.worker.peft import apply_method
@@ -87,6 +87,8 @@ def run_stages(plan: Plan) -> dict:
         facts.record(trainer, run, args.process_index)
     if profile.enabled():
         trainer.add_callback(profile.callback(args.process_index))
+    if hold.enabled():  # tests that signal a run hold it at a step first
+        trainer.add_callback(hold.callback(args.process_index))
 
     if plan.resume_from is not None:
         stop_at_max_steps(trainer)

@@ -2,9 +2,10 @@
 127.0.0.1, one shared run dir) form one world of 2 and train like one process over the same global batch; killing
 one node stops the other, and rerunning both resumes to the same final loss.
 
-One job serves every test (a 2-node run costs two worker starts): node 1 is killed once checkpoint-5 is complete
-(its worker frozen first, so node 0 can't train on to the end while the kill goes down the process chain), both
-nodes rerun; each start's losses must equal the one-process run's at those steps.
+One job serves every test (a 2-node run costs two worker starts): both nodes are held after checkpoint-5
+(ftune/worker/hold.py: no CPU is fast enough to train past it first), node 1 is killed (its worker frozen first),
+node 0 is released into a world that lost a rank; both nodes rerun; each start's losses must equal the one-process
+run's at those steps.
 
 Kubeflow's notes say a plain `accelerate launch` ignores PET_* and trains each pod alone at world size 1; the
 ranks' facts and the losses prove ftune maps them onto the launch. torchrun's and Slurm's variables go through the
@@ -29,6 +30,7 @@ import pytest
 from ftune.rundir import RunDir
 
 from tests.e2e._util import losses, metrics, write_recipe
+from tests.held import hold_env, release, wait_held
 
 pytestmark = pytest.mark.distributed
 
@@ -113,7 +115,7 @@ error and exits. Measured on this 2-core machine shared with other test runs, pl
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_model_dir, text_data_file):
-    """The PET_* job (node 1 SIGKILLed, with its accelerate and worker, once checkpoint-5 is complete; then both
+    """The PET_* job (node 1 SIGKILLed, with its accelerate and worker, while held after checkpoint-5; then both
     nodes rerun) and the one-process reference, run at the same time. Returns a namespace: run dirs, node 0's
     first exit code and output, the seconds its worker took to fail (error.json written) and to stop (`ftune run`
     exited) after the kill."""
@@ -122,20 +124,16 @@ def job(tmp_path_factory, tiny_model_dir, text_data_file):
     recipe = write_recipe(root, _recipe(tiny_model_dir, text_data_file, root / "job", dist, 2), "job.yaml")
     one = write_recipe(root, _recipe(tiny_model_dir, text_data_file, root / "one", {"strategy": "none"}, 4),
                        "one.yaml")
-    marker = root / "job" / "checkpoints" / f"checkpoint-{SAVE_EVERY}" / "ftune_complete.json"
     reference = _start(one, root, {})
-    port = _free_port()
-    node0, node1 = (_start(recipe, root, _pet(rank, port)) for rank in (0, 1))
-    deadline = time.monotonic() + 400
-    while not marker.exists():
-        assert node0.poll() is None and node1.poll() is None, "a node stopped before the checkpoint"
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    port, hold = _free_port(), root / "hold"
+    node0, node1 = (_start(recipe, root, _pet(rank, port) | hold_env(SAVE_EVERY, hold)) for rank in (0, 1))
+    assert wait_held(node0, hold, ranks=(0, 1)) == SAVE_EVERY  # both ranks, checkpoint-5 complete
     worker1 = _worker_of(node1.pid)
     os.kill(worker1, signal.SIGSTOP)  # node 1 answers no collective from now on: node 0 waits at its next one
     node1.send_signal(signal.SIGKILL)  # `ftune run` only: its accelerate and worker die with it (PR_SET_PDEATHSIG)
     killed_at, killed_wall = time.monotonic(), time.time()
     worker1_died = _gone(worker1, within=10)
+    release(hold)  # node 0 trains on into its next collective, which node 1 never joins
     out0 = node0.communicate(timeout=TIMEOUT_S + 120)[0]
     stopped_after = time.monotonic() - killed_at
     error = RunDir(root / "job").error
@@ -197,7 +195,7 @@ def test_killing_a_node_stops_the_other_within_the_timeout(job):
 def test_rerun_resumes_from_the_last_complete_checkpoint_to_the_same_loss(job):
     start = json.loads((job.dir / "plan.json").read_text())["resume_from"]
     step = int(start.rpartition("-")[2])
-    assert SAVE_EVERY <= step < STEPS and step <= len(job.first)  # a checkpoint of the interrupted start
+    assert step == SAVE_EVERY == len(job.first)  # the checkpoint both nodes were held after
     rerun = [m for m in metrics(job.dir) if "loss" in m][len(job.first):]  # metrics.jsonl is appended to
     assert [m["step"] for m in rerun] == list(range(step + 1, STEPS + 1))  # from the checkpoint on, to the end
     reference = losses(job.one)

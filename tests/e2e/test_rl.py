@@ -353,22 +353,23 @@ def test_sigterm_leaves_a_checkpoint_that_a_rerun_resumes_to_the_last_step(work)
     import os
     import signal
 
-    from tests.faults.test_run_faults import _start_path, _wait_for, _workers_of
+    from tests.faults.test_run_faults import _workers_of
+    from tests.held import start_held, wait_held
 
     folder = work["folder"]
     recipe = rl_recipe(work["sft"], folder / "prompts.jsonl", "grpo", "runs/grpo-term")
     recipe["train"].update(max_steps=STEPS_TERM, logging_steps=2)
     recipe["checkpoint"] = {"strategy": "steps", "steps": 4, "keep": None, "resume": "auto"}
     path = write_recipe(folder, recipe, "grpo-term.yaml")
-    proc = _start_path(folder, path)
+    proc = start_held(path, folder, 4, folder / "hold-grpo-term")  # after checkpoint-4, whatever the CPU's speed
     run_dir = folder / "runs/grpo-term"
-    _wait_for(run_dir / "checkpoints/checkpoint-4/ftune_complete.json", proc)
+    assert wait_held(proc, folder / "hold-grpo-term") == 4
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "stopped by SIGTERM at step" in err and "Traceback" not in err
     step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
-    assert 4 <= step < STEPS_TERM, err
+    assert step == 5, err  # the step under way when the signal came
     assert (run_dir / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
     assert not (run_dir / "final").exists() and _workers_of(run_dir / "plan.json") == []
 

@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.e2e._util import base_recipe, ftune, write_recipe
+from tests.held import start_held, wait_held
 
 pytestmark = pytest.mark.slow
 
@@ -96,16 +96,13 @@ def test_bad_inputs_are_refused_before_anything_is_written(tmp_path, tiny_model_
 
 
 def test_ctrl_c_leaves_a_resumable_run_dir(tmp_path, tiny_model_dir, text_data_file):
+    """Held after step 4 (checkpoint-4 saved and marked) of a 5-step run: without the hold the run would end one
+    step later, on any CPU; with it, Ctrl-C provably lands mid-run."""
     recipe = _resume_recipe(tiny_model_dir, text_data_file, "runs/interrupted")
-    recipe["train"]["max_steps"] = 400
+    recipe["train"]["max_steps"] = 5
     path = write_recipe(tmp_path, recipe, "interrupted.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    marker = tmp_path / "runs/interrupted/checkpoints/checkpoint-4/ftune_complete.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists()
+    proc = start_held(path, tmp_path, 4, tmp_path / "hold")
+    assert wait_held(proc, tmp_path / "hold") == 4
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -114,12 +111,13 @@ def test_ctrl_c_leaves_a_resumable_run_dir(tmp_path, tiny_model_dir, text_data_f
     run_dir = tmp_path / "runs/interrupted"
     assert not (run_dir / "final").exists()
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["recipe"]["train"]["max_steps"] == 400
+    assert plan["recipe"]["train"]["max_steps"] == 5
     # Every checkpoint that exists is either complete (marked, verified) or ignored by resume.
     from ftune.rundir import RunDir
 
     latest = RunDir(run_dir).latest_complete_checkpoint()
     assert latest is not None and (latest / "adapter_model.safetensors").is_file()
+    assert latest.name == "checkpoint-4"  # where the run was held: nothing after it completed
 
     # Resumed where max_steps says training ends (a run stopped after its last checkpoint): no step past it.
     # transformers 5.23 trained one more (checkpoint-4 of a 4-step run ended as a 5-step run with checkpoint-5).

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from ftune.tiny import corpus
 from tests.e2e._util import base_recipe, ftune, write_recipe
+from tests.held import start_held, wait_held
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +60,10 @@ def test_streaming_trains_from_shards_and_resumes_after_a_kill_identically(tmp_p
     assert plan["trainer"]["accelerator_config"] == {"dispatch_batches": False}
 
     path = write_recipe(tmp_path, _recipe(tiny_model_dir, pattern, "runs/killed"), "killed.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = tmp_path / "runs/killed/checkpoints/checkpoint-20/ftune_complete.json"
-    deadline = time.time() + 300
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists()
+    proc = start_held(path, tmp_path, 20, tmp_path / "hold")  # after checkpoint-20, however fast the CPU
+    assert wait_held(proc, tmp_path / "hold") == 20
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    proc.communicate(timeout=60)
     resumed = ftune("run", str(path), cwd=tmp_path, timeout=600)
     assert resumed.code == 0, resumed.text
     again = _step_losses(tmp_path / "runs/killed")

@@ -7,18 +7,20 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e._util import base_recipe, ftune, write_recipe
+from tests.held import release, start_held, wait_held
 
 pytestmark = pytest.mark.slow
-MAX_STEPS = 50
-CHECKPOINT_EVERY = 10
+MAX_STEPS = 20
+CHECKPOINT_EVERY = 5
+# Where each launch of the `interrupted` chain is held before its signal: after step 7 (between checkpoints: SIGTERM
+# saves step 8), after checkpoint-10, after checkpoint-15; the last rerun trains to 20.
+TERM_AT, ORPHAN_AT, GROUP_AT = 7, 10, 15
 
 
 def _recipe(model, data, out: str, **train) -> dict:
@@ -52,18 +54,6 @@ def reference(tmp_path_factory, tiny_model_dir, text_data_file) -> Path:
     return work / "runs/ref"
 
 
-def _start_path(cwd: Path, path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ftune.cli.main", "run", str(path)], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while not path.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert path.exists(), f"{path} never appeared"
-
-
 def _workers_of(plan_file: Path) -> list[int]:
     """Live processes whose command line names this run's plan (accelerate and the worker)."""
     found = []
@@ -79,49 +69,41 @@ def _workers_of(plan_file: Path) -> list[int]:
     return found
 
 
-def _next_checkpoint(run: Path) -> int:
-    """The step of the first checkpoint after the newest complete one: a rerun must train to reach it."""
-    from ftune.rundir import RunDir, checkpoint_step
-
-    latest = RunDir(run).latest_complete_checkpoint()
-    step = checkpoint_step(latest) if latest else 0
-    return (step // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
-
-
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory, tiny_model_dir, text_data_file) -> dict:
     """One run, interrupted three ways in turn by the same command rerun each time (resume: auto), then finished:
-    SIGTERM to ftune after checkpoint-10; SIGKILL to ftune alone after the next checkpoint; SIGKILL to the whole
-    group after the one after; a last rerun to the end. The tests below read it (one run instead of three: the
-    launches and steps they repeated cost about a third of this module's time)."""
+    SIGTERM to ftune while held after step TERM_AT; SIGKILL to ftune alone while held after checkpoint ORPHAN_AT;
+    SIGKILL to the whole group while held after checkpoint GROUP_AT; a last rerun to the end. Each launch is held
+    at its step (ftune/worker/hold.py) before the signal, so where it lands never depends on the CPU's speed. The
+    tests below read it (one run instead of three: the launches and steps they repeated cost about a third of this
+    module's time)."""
     work = tmp_path_factory.mktemp("interrupted")
     path = write_recipe(work, _recipe(tiny_model_dir, text_data_file, "runs/chain"), "chain.yaml")
-    run = work / "runs/chain"
+    run, hold = work / "runs/chain", work / "hold"
     out: dict = {"work": work, "run": run, "plan": run / "plan.json"}
 
-    proc = _start_path(work, path)
-    _wait_for(run / "checkpoints/checkpoint-10/ftune_complete.json", proc)
+    proc = start_held(path, work, TERM_AT, hold)
+    out["term"] = {"held": wait_held(proc, hold)}
     os.kill(proc.pid, signal.SIGTERM)  # the ftune process only, as a supervisor does
     _, err = proc.communicate(timeout=120)
-    out["term"] = {"code": proc.returncode, "err": err, "final": (run / "final").exists(),
-                   "workers": _workers_of(out["plan"])}
+    out["term"] |= {"code": proc.returncode, "err": err, "final": (run / "final").exists(),
+                    "workers": _workers_of(out["plan"])}
     step = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0]) if "stopped by SIGTERM at step " in err \
         else None
     out["term"]["step"] = step
-    assert step is not None and step < MAX_STEPS - 2 * CHECKPOINT_EVERY, err  # room for the two kills below
-    out["term"]["resume_from"] = None
+    assert step == TERM_AT + 1, err  # the step under way when the signal came is finished and saved
 
-    orphan_at = _next_checkpoint(run)
-    proc = _start_path(work, path)  # resumes from the SIGTERM checkpoint
-    _wait_for(run / f"checkpoints/checkpoint-{orphan_at}/ftune_complete.json", proc)
+    proc = start_held(path, work, ORPHAN_AT, hold)  # resumes from the SIGTERM checkpoint
+    wait_held(proc, hold)
     out["term"]["resume_from"] = json.loads(out["plan"].read_text())["resume_from"]
     workers = _workers_of(out["plan"])
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel tells the children
     proc.communicate(timeout=30)
-    deadline = time.time() + 20
-    while _workers_of(out["plan"]) and time.time() < deadline:
+    deadline = time.monotonic() + 20  # bounds the kernel's delivery, decides nothing
+    while _workers_of(out["plan"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     lines = (run / "metrics.jsonl").read_text()
+    release(hold)  # an orphan that survived would train on from here and log
     time.sleep(1.0)
     out["orphan"] = {"pid": proc.pid, "workers_before": workers, "workers_after": _workers_of(out["plan"]),
                      "metrics_still": (run / "metrics.jsonl").read_text() == lines, "final": (run / "final").exists()}
@@ -131,17 +113,15 @@ def interrupted(tmp_path_factory, tiny_model_dir, text_data_file) -> dict:
     with acquire(RunDir(run), "ftune run") as lock:  # a rerun takes the dead run's lock over
         out["orphan"]["took_over"] = lock.took_over
 
-    killed_at = _next_checkpoint(run)
-    assert killed_at < MAX_STEPS
-    proc = _start_path(work, path)
-    _wait_for(run / f"checkpoints/checkpoint-{killed_at}/ftune_complete.json", proc)
+    proc = start_held(path, work, GROUP_AT, hold)
+    wait_held(proc, hold)
     os.killpg(proc.pid, signal.SIGKILL)  # launcher, accelerate and the worker
     proc.communicate(timeout=30)
     out["group"] = {"final": (run / "final").exists()}
 
     res = ftune("run", str(path), cwd=work)  # same command: checkpoint.resume=auto continues
     out["group"] |= {"res": res, "resume_from": json.loads(out["plan"].read_text())["resume_from"],
-                     "killed_at": killed_at}
+                     "killed_at": GROUP_AT}
     return out
 
 
@@ -157,7 +137,7 @@ def test_sigterm_to_ftune_saves_the_current_step_and_resumes_bit_identical(inter
     assert term["code"] == 143, err
     assert "stopped by SIGTERM at step" in err and "rerun the same command to resume" in err
     assert "Traceback" not in err and err.count("error:") == 1
-    assert 10 < step < MAX_STEPS, err
+    assert term["held"] == TERM_AT and step == TERM_AT + 1, err
     assert (run / f"checkpoints/checkpoint-{step}/ftune_complete.json").is_file()
     assert not term["final"] and term["workers"] == []
     assert term["resume_from"].endswith(f"checkpoint-{step}")  # the rerun resumed from the SIGTERM checkpoint
@@ -172,7 +152,7 @@ def test_resume_after_sigkill_of_the_group_is_bit_identical(interrupted, referen
     assert not group["final"]
     assert group["res"].code == 0, group["res"].text
     assert "checkpoint-" in group["resume_from"]
-    assert int(group["resume_from"].rsplit("-", 1)[1]) >= group["killed_at"]
+    assert int(group["resume_from"].rsplit("-", 1)[1]) == group["killed_at"]  # held after that checkpoint
     _same_final(reference, run)
 
 
@@ -182,6 +162,24 @@ def test_sigkill_of_ftune_alone_stops_its_workers(interrupted):
     assert orphan["workers_after"] == [], "an orphan kept training"
     assert orphan["metrics_still"] and not orphan["final"]
     assert orphan["took_over"] is not None and orphan["took_over"]["pid"] == orphan["pid"]
+
+
+@pytest.mark.parametrize("speed", ["fast", pytest.param("slow", marks=pytest.mark.extended)])
+def test_sigterm_lands_at_the_held_step_whatever_the_speed(tmp_path, tiny_model_dir, text_data_file, speed):
+    """fast: a 3-step run of a few milliseconds a step, held after step 1, which no test could signal in time by
+    watching files; slow: every step sleeps 0.5 s (FTUNE_STEP_DELAY). Both stop where they were held."""
+    recipe = _recipe(tiny_model_dir, text_data_file, "runs/speed", max_steps=3, per_device_batch_size=1)
+    recipe["checkpoint"] = {"strategy": "no"}
+    recipe["data"]["max_seq_length"] = 16
+    path = write_recipe(tmp_path, recipe, "speed.yaml")
+    proc = start_held(path, tmp_path, 1, tmp_path / "hold", delay=0.5 if speed == "slow" else None)
+    assert wait_held(proc, tmp_path / "hold") == 1
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM at step 2;" in err, err  # mid-run: step 2 of 3, saved though checkpoints are off
+    run = tmp_path / "runs/speed"
+    assert (run / "checkpoints/checkpoint-2/ftune_complete.json").is_file() and not (run / "final").exists()
 
 
 def test_nonfinite_loss_stops_the_run_and_saves_nothing_nonfinite(tmp_path, tiny_model_dir, text_data_file):
