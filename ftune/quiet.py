@@ -15,11 +15,19 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV) == "1"
 
 
-def quiet_libraries() -> None:
+def quiet_bitsandbytes() -> None:
+    """bitsandbytes logs, when it is imported on a CPU with AVX512-BF16, that an optional kernels package is missing
+    ("Failed to load CPU gemm_4bit_forward from kernels-community"): harmless, and it tells the user nothing. Every
+    command sets this first (`ftune.cli.main`), whatever imports bitsandbytes later (plan's 4-bit estimate, TRL)."""
     import logging
+
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def quiet_libraries() -> None:
     import warnings
 
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels package missing: harmless
+    quiet_bitsandbytes()
     if verbose():
         return
     import datasets

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from ftune import __version__
 from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, FtuneError, UsageError
+from ftune.quiet import quiet_bitsandbytes
 
 # The training stack that `pip install ftune` leaves out (`pip install "ftune[train]"` brings it), by import name.
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate", "datasets", "safetensors", "tensorboard", "matplotlib")
@@ -146,6 +147,7 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _find_command(argv)
     debug = "--debug" in argv or os.environ.get("FTUNE_DEBUG") == "1"
+    quiet_bitsandbytes()  # before any command imports it (light: the logging module only)
     if "--verbose" in argv:
         os.environ["FTUNE_VERBOSE"] = "1"  # read by ftune.quiet, here and in the workers
     try:
