@@ -37,10 +37,14 @@ def trainer_class(plan):
     the hub expect); a checkpoint is for resuming (from_pretrained reads either)."""
     base = _import(plan.trainer_class)
 
+    from transformers import PreTrainedModel
+
     class OwnNamesCheckpoints(base):
         def _save_checkpoint(self, model, trial):
             with ExitStack() as stack:
-                if hasattr(self.model, "get_parameter_or_buffer"):  # a whole transformers model, not a peft wrapper
+                # a whole transformers model: not a peft wrapper, nor FSDP1's wrapper (whose attributes forward to
+                # the model, but whose class has no save_pretrained: accelerate saves its state dict itself)
+                if isinstance(self.model, PreTrainedModel):
                     stack.enter_context(_own_names_on_save(self.model))
                 return super()._save_checkpoint(model, trial)
 
