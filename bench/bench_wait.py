@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,13 +168,13 @@ def one_run(case: str, setting: str, folder: Path, recipe: Path, data: Path, hf_
         if SETTINGS[setting] is None:
             script = folder / "plain.py"
             script.write_text(PLAIN)
-            done = subprocess.run([sys.executable, str(script), case, str(hf_folder), str(data), str(out), str(steps),
-                                   str(seq), str(batch)], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+            done = _run([sys.executable, str(script), case, str(hf_folder), str(data), str(out), str(steps), str(seq),
+                         str(batch)], env)
             if done.returncode:
                 return {"error": done.stderr[-500:]}
             return {"train_s": round(json.loads(done.stdout.strip().splitlines()[-1])["train_runtime"], 3)}
-        done = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(recipe), f"output.dir={out}"],
-                              capture_output=True, text=True, env=env | SETTINGS[setting], timeout=TIMEOUT_S)
+        done = _run([sys.executable, "-m", "ftune.cli.main", "run", str(recipe), f"output.dir={out}"],
+                    env | SETTINGS[setting])
     except subprocess.TimeoutExpired:
         return {"timed_out": TIMEOUT_S}
     if done.returncode:
@@ -184,6 +185,19 @@ def one_run(case: str, setting: str, folder: Path, recipe: Path, data: Path, hf_
         threads = json.loads((out / "plan.json").read_text())["cpu_threads"]
         got["chose"] = {k: threads.get(k) for k in ("threads", "wait_policy", "spin", "reason")}
     return got
+
+
+def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`cmd` in its own process group, all of which is killed after TIMEOUT_S (ftune's worker is a grandchild)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def main(cases: list[str] | None = None, rounds: int = 1, conditions: tuple[str, ...] = CONDITIONS,
