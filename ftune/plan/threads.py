@@ -16,8 +16,11 @@ attention plan for each) took 1.2-2.5 s more with 1 thread, and LoRA ran at 0.58
 The wait policy depends on the machine at launch (#42): passive waiting is what keeps a loaded machine from
 collapsing, but on an idle one every parallel region then pays a futex wake-up, and a real MiniLM run took 1.41x
 a plain script's train time (0.99x with an active wait). So the CPUs the run may use are sampled at launch
-(`read_load`, /proc/stat over SAMPLE_S): when they have room for the run's threads, threads spin (active);
-otherwise, or when the load can't be read, they sleep (passive). A user's OMP_WAIT_POLICY wins.
+(`read_load`, /proc/stat over SAMPLE_S): when they have room for the run's threads, OpenMP keeps its default wait
+(libgomp, which torch ships: spin about 3 ms, then sleep), the same as a plain script's; otherwise, or when the load
+can't be read, threads sleep at once (passive). Not `active`: its spin is unbounded (minutes), so load that comes
+after launch (another job, the run's own dataloader workers) would collapse the run as spinning did in #30, and it
+measured no faster than the default (0.99x against the plain script's default). A user's OMP_WAIT_POLICY wins.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class CpuThreads(BaseModel):
     threads: int
     """OMP_NUM_THREADS (torch's intra-op threads) per process."""
     wait_policy: Literal["passive", "active"] | None = None
-    """OMP_WAIT_POLICY; None leaves OpenMP's default (spin a while, then sleep)."""
+    """OMP_WAIT_POLICY; None leaves OpenMP's default (libgomp: spin about 3 ms, then sleep)."""
     reason: str
     """Why: the setting that chose it, or the cores and processes."""
     wait_reason: str | None = None
@@ -71,7 +74,8 @@ class CpuThreads(BaseModel):
         return env | ({"OMP_WAIT_POLICY": self.wait_policy.upper()} if self.wait_policy else {})
 
     def describe(self) -> str:
-        policy = f", {self.wait_policy} wait" if self.wait_policy else ""
+        policy = (f", {self.wait_policy} wait" if self.wait_policy
+                  else ", OpenMP's default wait" if self.wait_reason else "")
         why = f"; {self.wait_reason}" if self.wait_reason else ""
         return f"{self.threads} thread{'s' if self.threads != 1 else ''} per process{policy} ({self.reason}{why})"
 
@@ -115,14 +119,15 @@ def decide(setting: int | Literal["auto"], num_processes: int, *, cores: int,
     return CpuThreads(threads=threads, reason=reason, wait_policy=policy, wait_reason=why, load=reading)
 
 
-def wait_policy(reading: CpuLoad | None, threads: int) -> tuple[Literal["passive", "active"], str]:
-    """Spin when the CPUs have room for all of the run's `threads` (all local processes'), else sleep: a spinning
-    thread burns the CPU time of the thread it waits for whenever that one isn't scheduled (10.8x slower, #30)."""
+def wait_policy(reading: CpuLoad | None, threads: int) -> tuple[Literal["passive"] | None, str]:
+    """OpenMP's default (spin a while, then sleep) when the CPUs have room for all of the run's `threads` (all local
+    processes'), else sleep at once: a spinning thread burns the CPU time of the thread it waits for whenever that
+    one isn't scheduled (10.8x slower, #30)."""
     if reading is None:
         return "passive", "the CPUs' load could not be read"
     spare = reading.cpus - reading.busy
     if spare + SLACK_CPUS >= threads:
-        return "active", f"{reading.describe()}: room for {_plural(threads, 'thread')}"
+        return None, f"{reading.describe()}: room for {_plural(threads, 'thread')}"
     return "passive", f"{reading.describe()}: no room for {_plural(threads, 'spinning thread')}"
 
 

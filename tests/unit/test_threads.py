@@ -27,11 +27,12 @@ def not_read():
     raise AssertionError("the load is read only when the wait policy is decided from it")
 
 
-def test_one_thread_per_core_spinning_on_an_idle_machine():
+def test_one_thread_per_core_with_openmps_own_wait_on_an_idle_machine():
+    """Idle: no OMP_WAIT_POLICY, so OpenMP spins a while before sleeping, as in a plain script."""
     t = decide("auto", 1, cores=4, environ={}, load=idle)
-    assert (t.threads, t.wait_policy, t.load) == (4, "active", IDLE)
-    assert t.env() == {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "ACTIVE"}
-    assert t.describe() == ("4 threads per process, active wait (4 physical cores / 1 process; "
+    assert (t.threads, t.wait_policy, t.load) == (4, None, IDLE)
+    assert t.env() == {"OMP_NUM_THREADS": "4"}
+    assert t.describe() == ("4 threads per process, OpenMP's default wait (4 physical cores / 1 process; "
                             "0.1 of 4 CPUs busy at launch: room for 4 threads)")
 
 
@@ -46,7 +47,7 @@ def test_a_passive_wait_on_a_loaded_machine():
     assert (t.wait_policy, t.wait_reason, t.load) == ("passive", "the CPUs' load could not be read", None)
 
 
-@pytest.mark.parametrize(("busy", "policy"), [(0.5, "active"), (0.51, "passive")])
+@pytest.mark.parametrize(("busy", "policy"), [(0.5, None), (0.51, "passive")])
 def test_the_idle_threshold_is_half_a_cpu_of_other_work(busy, policy):
     """SLACK_CPUS: 2 threads on 2 CPUs spin while others use at most half a CPU."""
     assert threads.SLACK_CPUS == 0.5
@@ -57,7 +58,7 @@ def test_all_local_processes_threads_need_room():
     """2 processes x 2 threads on 4 CPUs with one CPU busy: 3 spare for 4 spinning threads is not enough."""
     t = decide("auto", 2, cores=4, environ={}, load=lambda: CpuLoad(cpus=4, busy=1.0))
     assert (t.threads, t.wait_policy) == (2, "passive")
-    assert decide("auto", 2, cores=4, environ={}, load=lambda: CpuLoad(cpus=8, busy=1.0)).wait_policy == "active"
+    assert decide("auto", 2, cores=4, environ={}, load=lambda: CpuLoad(cpus=8, busy=1.0)).wait_policy is None
 
 
 def test_cores_are_divided_among_the_processes():
@@ -72,7 +73,7 @@ def test_cores_are_divided_among_the_processes():
 def test_the_recipe_overrides_the_default():
     t = decide(3, 1, cores=2, environ={}, load=loaded)
     assert (t.threads, t.wait_policy, t.reason) == (3, "passive", "train.threads")
-    assert decide(3, 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=4, busy=0.0)).wait_policy == "active"
+    assert decide(3, 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=4, busy=0.0)).wait_policy is None
     assert decide(1, 1, cores=8, environ={}, load=not_read).wait_policy is None
 
 
@@ -127,7 +128,8 @@ def test_recorded_in_the_plan_and_the_worker_env(tmp_path, monkeypatch):
     assert '"load":{"cpus":2,"busy":1.9}' in plan.model_dump_json()
     monkeypatch.setattr(threads, "read_load", lambda: CpuLoad(cpus=2, busy=0.0))
     plan = compile_plan(load_recipe(recipe), check_inputs=False)
-    assert plan.launch.env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert plan.cpu_threads.wait_reason == "0.0 of 2 CPUs busy at launch: room for 2 threads"
+    assert plan.launch.env["OMP_NUM_THREADS"] == "2" and "OMP_WAIT_POLICY" not in plan.launch.env
     plan = compile_plan(load_recipe(recipe, ["train.threads=1"]), check_inputs=False)
     assert (plan.cpu_threads.threads, plan.cpu_threads.reason) == (1, "train.threads")
     assert "OMP_WAIT_POLICY" not in plan.launch.env
@@ -152,7 +154,7 @@ def test_cuda_runs_get_the_cores_too(tmp_path, monkeypatch):
     plan = compile_plan(load_recipe(recipe), check_inputs=False)
     assert plan.device == "cuda"
     assert (plan.cpu_threads.threads, plan.cpu_threads.wait_policy, plan.cpu_threads.reason) == (
-        16, "active", "16 physical cores / 1 process")
+        16, None, "16 physical cores / 1 process")
     assert plan.launch.env["OMP_NUM_THREADS"] == "16"
     other = compile_plan(load_recipe(recipe), check_inputs=False, gpus=8)
     assert other.cpu_threads is None and "OMP_NUM_THREADS" not in other.launch.env
