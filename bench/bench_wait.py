@@ -160,10 +160,11 @@ def assets(case: str, folder: Path, model_path: str) -> tuple[Path, Path]:
 
 
 def one_run(case: str, setting: str, folder: Path, recipe: Path, data: Path, hf_folder: Path, tag: str) -> dict:
-    """Train time of one run at `setting`, and for "ftune default" what the plan chose."""
+    """Train time and whole-run wall time of one run at `setting`, and for "ftune default" what the plan chose."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
     steps, batch, seq = CASES[case]
     out = folder / f"run-{tag}"
+    started = time.perf_counter()
     try:
         if SETTINGS[setting] is None:
             script = folder / "plain.py"
@@ -172,7 +173,8 @@ def one_run(case: str, setting: str, folder: Path, recipe: Path, data: Path, hf_
                          str(batch)], env)
             if done.returncode:
                 return {"error": done.stderr[-500:]}
-            return {"train_s": round(json.loads(done.stdout.strip().splitlines()[-1])["train_runtime"], 3)}
+            return {"train_s": round(json.loads(done.stdout.strip().splitlines()[-1])["train_runtime"], 3),
+                    "wall_s": round(time.perf_counter() - started, 1)}
         done = _run([sys.executable, "-m", "ftune.cli.main", "run", str(recipe), f"output.dir={out}"],
                     env | SETTINGS[setting])
     except subprocess.TimeoutExpired:
@@ -180,7 +182,8 @@ def one_run(case: str, setting: str, folder: Path, recipe: Path, data: Path, hf_
     if done.returncode:
         return {"error": (done.stdout + done.stderr)[-500:]}
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    got = {"train_s": round(next(r for r in records if "train_runtime" in r)["train_runtime"], 3)}
+    got = {"train_s": round(next(r for r in records if "train_runtime" in r)["train_runtime"], 3),
+           "wall_s": round(time.perf_counter() - started, 1)}
     if setting == "ftune default":
         threads = json.loads((out / "plan.json").read_text())["cpu_threads"]
         got["chose"] = {k: threads.get(k) for k in ("threads", "wait_policy", "wait_reason")}
