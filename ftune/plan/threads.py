@@ -16,7 +16,7 @@ attention plan for each) took 1.2-2.5 s more with 1 thread, and LoRA ran at 0.58
 The wait policy depends on the machine at launch (#42): passive waiting is what keeps a loaded machine from
 collapsing, but on an idle one every parallel region then pays a futex wake-up, and a real MiniLM run took 1.41x
 a plain script's train time (0.99x with an active wait). So the CPUs the run may use are sampled at launch
-(`read_load`, /proc/stat over SAMPLE_S): when they have room for the run's threads, OpenMP keeps its default wait
+(`read_load`, /proc/stat over SAMPLE_S, and the 1-minute load average): when they have room for the run's threads, OpenMP keeps its default wait
 (libgomp, which torch ships: spin about 3 ms, then sleep), the same as a plain script's; otherwise, or when the load
 can't be read, threads sleep at once (passive). Not `active`: its spin is unbounded (minutes), so load that comes
 after launch (another job, the run's own dataloader workers) would collapse the run as spinning did in #30, and it
@@ -48,9 +48,18 @@ class CpuLoad(BaseModel):
     """Logical CPUs the run may use (its affinity)."""
     busy: float
     """CPUs' worth of work other processes did during the sample."""
+    load_average: float | None = None
+    """The 1-minute load average at launch: a bursty machine's sample can fall in a gap (measured: 0.0 busy read
+    at a load average of 2.4 on 2 CPUs, and the spinning run then took 3x the plain script's time)."""
+
+    def other_work(self) -> float:
+        """CPUs' worth of other work: the sample or the load average, whichever is more (spinning under load costs
+        3-10x, a passive wait on an idle machine at most 1.4x)."""
+        return max(self.busy, min(self.load_average or 0.0, self.cpus))
 
     def describe(self) -> str:
-        return f"{self.busy:.1f} of {_plural(self.cpus, 'CPU')} busy at launch"
+        average = f", load average {self.load_average:.2f}" if self.load_average is not None else ""
+        return f"{self.busy:.2f} of {_plural(self.cpus, 'CPU')} busy at launch{average}"
 
 
 class CpuThreads(BaseModel):
@@ -125,7 +134,7 @@ def wait_policy(reading: CpuLoad | None, threads: int) -> tuple[Literal["passive
     one isn't scheduled (10.8x slower, #30)."""
     if reading is None:
         return "passive", "the CPUs' load could not be read"
-    spare = reading.cpus - reading.busy
+    spare = reading.cpus - reading.other_work()
     if spare + SLACK_CPUS >= threads:
         return None, f"{reading.describe()}: room for {_plural(threads, 'thread')}"
     return "passive", f"{reading.describe()}: no room for {_plural(threads, 'spinning thread')}"
@@ -140,9 +149,11 @@ def read_load(seconds: float = SAMPLE_S) -> CpuLoad | None:
         time.sleep(seconds)
         with open("/proc/stat") as f:
             after = f.read()
+        average = os.getloadavg()[0]
     except (OSError, AttributeError):
         return None
-    return load_between(before, after, cpus)
+    reading = load_between(before, after, cpus)
+    return reading.model_copy(update={"load_average": round(average, 2)}) if reading else None
 
 
 def load_between(before: str, after: str, cpus: set[int]) -> CpuLoad | None:

@@ -33,7 +33,7 @@ def test_one_thread_per_core_with_openmps_own_wait_on_an_idle_machine():
     assert (t.threads, t.wait_policy, t.load) == (4, None, IDLE)
     assert t.env() == {"OMP_NUM_THREADS": "4"}
     assert t.describe() == ("4 threads per process, OpenMP's default wait (4 physical cores / 1 process; "
-                            "0.1 of 4 CPUs busy at launch: room for 4 threads)")
+                            "0.10 of 4 CPUs busy at launch: room for 4 threads)")
 
 
 def test_a_passive_wait_on_a_loaded_machine():
@@ -41,7 +41,7 @@ def test_a_passive_wait_on_a_loaded_machine():
     assert (t.threads, t.wait_policy, t.load) == (4, "passive", LOADED)
     assert t.env() == {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"}
     assert t.describe() == ("4 threads per process, passive wait (4 physical cores / 1 process; "
-                            "2.0 of 4 CPUs busy at launch: no room for 4 spinning threads)")
+                            "2.00 of 4 CPUs busy at launch: no room for 4 spinning threads)")
     # a load that can't be read (not Linux) is taken as a loaded machine: sleeping costs little, spinning a lot
     t = decide("auto", 1, cores=4, environ={}, load=unread)
     assert (t.wait_policy, t.wait_reason, t.load) == ("passive", "the CPUs' load could not be read", None)
@@ -52,6 +52,17 @@ def test_the_idle_threshold_is_half_a_cpu_of_other_work(busy, policy):
     """SLACK_CPUS: 2 threads on 2 CPUs spin while others use at most half a CPU."""
     assert threads.SLACK_CPUS == 0.5
     assert decide("auto", 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=2, busy=busy)).wait_policy == policy
+
+
+def test_a_busy_load_average_wins_over_a_quiet_sample():
+    """A bursty machine's 0.25 s sample can fall in a gap: the 1-minute load average counts too (up to the CPUs)."""
+    gap = CpuLoad(cpus=2, busy=0.0, load_average=2.4)
+    t = decide("auto", 1, cores=2, environ={}, load=lambda: gap)
+    assert (t.wait_policy, t.wait_reason) == (
+        "passive", "0.00 of 2 CPUs busy at launch, load average 2.40: no room for 2 spinning threads")
+    assert gap.other_work() == 2.0
+    assert decide("auto", 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=2, busy=0.2, load_average=0.3)
+                  ).wait_policy is None
 
 
 def test_all_local_processes_threads_need_room():
@@ -105,7 +116,8 @@ def test_reading_the_load():
     assert threads.load_between(before, after, {2}) == CpuLoad(cpus=1, busy=1.0)
     assert threads.load_between(before, before, {0, 1}) is None  # no tick passed: no reading
     reading = threads.read_load(0.05)  # this machine's: only its shape is asserted
-    assert reading is None or (reading.cpus >= 1 and 0 <= reading.busy <= reading.cpus + 0.01)
+    assert reading is None or (reading.cpus >= 1 and 0 <= reading.busy <= reading.cpus + 0.01
+                               and reading.load_average >= 0)
 
 
 def test_recorded_in_the_plan_and_the_worker_env(tmp_path, monkeypatch):
@@ -121,14 +133,14 @@ def test_recorded_in_the_plan_and_the_worker_env(tmp_path, monkeypatch):
     monkeypatch.setattr(threads, "read_load", lambda: CpuLoad(cpus=2, busy=1.9))
     plan = compile_plan(load_recipe(recipe), check_inputs=False)
     assert plan.cpu_threads == CpuThreads(threads=2, wait_policy="passive", reason="2 physical cores / 1 process",
-                                          wait_reason="1.9 of 2 CPUs busy at launch: no room for 2 spinning threads",
+                                          wait_reason="1.90 of 2 CPUs busy at launch: no room for 2 spinning threads",
                                           load=CpuLoad(cpus=2, busy=1.9))
     assert plan.launch.env["OMP_NUM_THREADS"] == "2" and plan.launch.env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert '"cpu_threads":{"threads":2,"wait_policy":"passive"' in plan.model_dump_json()
-    assert '"load":{"cpus":2,"busy":1.9}' in plan.model_dump_json()
+    assert '"load":{"cpus":2,"busy":1.9,"load_average":null}' in plan.model_dump_json()
     monkeypatch.setattr(threads, "read_load", lambda: CpuLoad(cpus=2, busy=0.0))
     plan = compile_plan(load_recipe(recipe), check_inputs=False)
-    assert plan.cpu_threads.wait_reason == "0.0 of 2 CPUs busy at launch: room for 2 threads"
+    assert plan.cpu_threads.wait_reason == "0.00 of 2 CPUs busy at launch: room for 2 threads"
     assert plan.launch.env["OMP_NUM_THREADS"] == "2" and "OMP_WAIT_POLICY" not in plan.launch.env
     plan = compile_plan(load_recipe(recipe, ["train.threads=1"]), check_inputs=False)
     assert (plan.cpu_threads.threads, plan.cpu_threads.reason) == (1, "train.threads")
