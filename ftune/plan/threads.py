@@ -16,7 +16,8 @@ attention plan for each) took 1.2-2.5 s more with 1 thread, and LoRA ran at 0.58
 The wait policy depends on the machine at launch (#42): passive waiting is what keeps a loaded machine from
 collapsing, but on an idle one every parallel region then pays a futex wake-up, and a real MiniLM run took 1.41x
 a plain script's train time (0.99x with an active wait). So the CPUs the run may use are sampled at launch
-(`read_load`, /proc/stat over SAMPLE_S, and the 1-minute load average): when they have room for the run's threads, OpenMP keeps its default wait
+(`read_load`, /proc/stat over SAMPLE_S, and again over LOOK_AGAIN_S when the 1-minute load average shows work the first
+sample didn't see): when they have room for the run's threads, OpenMP keeps its default wait
 (libgomp, which torch ships: spin about 3 ms, then sleep), the same as a plain script's; otherwise, or when the load
 can't be read, threads sleep at once (passive). Not `active`: its spin is unbounded (minutes), so load that comes
 after launch (another job, the run's own dataloader workers) would collapse the run as spinning did in #30, and it
@@ -35,6 +36,10 @@ from pydantic import BaseModel, ConfigDict
 
 SAMPLE_S = 0.25
 """How long the launch samples the CPUs' load (/proc/stat counts in 10 ms ticks: 50 ticks on 2 CPUs)."""
+LOOK_AGAIN_S = 0.75
+"""A second, longer sample when the 1-minute load average shows more work than the first sample saw: a bursty
+machine's 0.25 s can fall in a gap, and a run that just ended (the user's previous one) still counts in the average
+for a minute. The probe stays under a second."""
 SLACK_CPUS = 0.5
 """Other work the CPUs may carry and still count as idle: a shell, an editor, the odd daemon."""
 
@@ -49,17 +54,21 @@ class CpuLoad(BaseModel):
     busy: float
     """CPUs' worth of work other processes did during the sample."""
     load_average: float | None = None
-    """The 1-minute load average at launch: a bursty machine's sample can fall in a gap (measured: 0.0 busy read
-    at a load average of 2.4 on 2 CPUs, and the spinning run then took 3x the plain script's time)."""
+    """The 1-minute load average at launch. It decides nothing itself: it remembers finished work (a run that ended
+    a minute ago made back-to-back runs on an idle machine wait passively, 1.12x the plain script), but when it
+    shows more work than the first sample saw, the launch looks again, longer (a bursty machine's sample can fall
+    in a gap: 0.0 busy was read at a load average of 2.4, and the spinning run then took 3x the plain script's)."""
+    looked_again: bool = False
+    """Whether `busy` includes the second, longer sample."""
 
     def other_work(self) -> float:
-        """CPUs' worth of other work: the sample or the load average, whichever is more (spinning under load costs
-        3-10x, a passive wait on an idle machine at most 1.4x)."""
-        return max(self.busy, min(self.load_average or 0.0, self.cpus))
+        """CPUs' worth of other work, as sampled (the busier of the samples when the launch looked twice)."""
+        return self.busy
 
     def describe(self) -> str:
         average = f", load average {self.load_average:.2f}" if self.load_average is not None else ""
-        return f"{self.busy:.2f} of {_plural(self.cpus, 'CPU')} busy at launch{average}"
+        again = f" (sampled for {SAMPLE_S + LOOK_AGAIN_S:g} s)" if self.looked_again else ""
+        return f"{self.busy:.2f} of {_plural(self.cpus, 'CPU')} busy at launch{again}{average}"
 
 
 class CpuThreads(BaseModel):
@@ -140,20 +149,38 @@ def wait_policy(reading: CpuLoad | None, threads: int) -> tuple[Literal["passive
     return "passive", f"{reading.describe()}: no room for {_plural(threads, 'spinning thread')}"
 
 
-def read_load(seconds: float = SAMPLE_S) -> CpuLoad | None:
-    """The busy share of the CPUs in this process's affinity over `seconds`, from /proc/stat; None off Linux."""
+def _proc_stat() -> str:
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+def read_load(seconds: float = SAMPLE_S, *, stat: Callable[[], str] = _proc_stat,
+              sleep: Callable[[float], None] = time.sleep,
+              load_average: Callable[[], float] = lambda: os.getloadavg()[0]) -> CpuLoad | None:
+    """The busy share of the CPUs in this process's affinity over `seconds`, from /proc/stat; None off Linux. When
+    the 1-minute load average shows more work than that sample saw, a second sample of LOOK_AGAIN_S follows and
+    the busier one counts (the readers are arguments so each branch is tested without this machine's load)."""
     try:
         cpus = os.sched_getaffinity(0)
-        with open("/proc/stat") as f:
-            before = f.read()
-        time.sleep(seconds)
-        with open("/proc/stat") as f:
-            after = f.read()
-        average = os.getloadavg()[0]
+        before = stat()
+        sleep(seconds)
+        after = stat()
+        average = round(load_average(), 2)
     except (OSError, AttributeError):
         return None
     reading = load_between(before, after, cpus)
-    return reading.model_copy(update={"load_average": round(average, 2)}) if reading else None
+    if reading is None:
+        return None
+    reading = reading.model_copy(update={"load_average": average})
+    if min(average, reading.cpus) > reading.busy + SLACK_CPUS:  # the average saw work this sample didn't
+        try:
+            sleep(LOOK_AGAIN_S)
+            again = load_between(after, stat(), cpus)
+        except OSError:
+            again = None
+        busy = max(reading.busy, again.busy) if again else reading.busy
+        reading = reading.model_copy(update={"busy": busy, "looked_again": True})
+    return reading
 
 
 def load_between(before: str, after: str, cpus: set[int]) -> CpuLoad | None:

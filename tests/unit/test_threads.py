@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftune.plan import threads
-from ftune.plan.threads import CpuLoad, CpuThreads, decide
+from ftune.plan.threads import CpuLoad, CpuThreads, decide, wait_policy
 
 IDLE = CpuLoad(cpus=4, busy=0.1)
 LOADED = CpuLoad(cpus=4, busy=2.0)  # two CPU-bound processes beside the run
@@ -54,15 +54,35 @@ def test_the_idle_threshold_is_half_a_cpu_of_other_work(busy, policy):
     assert decide("auto", 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=2, busy=busy)).wait_policy == policy
 
 
-def test_a_busy_load_average_wins_over_a_quiet_sample():
-    """A bursty machine's 0.25 s sample can fall in a gap: the 1-minute load average counts too (up to the CPUs)."""
-    gap = CpuLoad(cpus=2, busy=0.0, load_average=2.4)
-    t = decide("auto", 1, cores=2, environ={}, load=lambda: gap)
-    assert (t.wait_policy, t.wait_reason) == (
-        "passive", "0.00 of 2 CPUs busy at launch, load average 2.40: no room for 2 spinning threads")
-    assert gap.other_work() == 2.0
-    assert decide("auto", 1, cores=2, environ={}, load=lambda: CpuLoad(cpus=2, busy=0.2, load_average=0.3)
-                  ).wait_policy is None
+def _stat(busy: int, idle: int) -> str:
+    """A /proc/stat snapshot of CPUs 0 and 1 with these cumulative busy (user) and idle ticks each."""
+    return "".join(f"cpu{i} {busy} 0 0 {idle} 0 0 0 0\n" for i in (0, 1))
+
+
+def _read(snapshots: list[str], average: float):
+    """read_load on CPUs 0-1 with these /proc/stat snapshots in turn and this load average; (reading, sleeps)."""
+    snaps, sleeps = iter(snapshots), []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+        reading = threads.read_load(stat=lambda: next(snaps), sleep=sleeps.append, load_average=lambda: average)
+    return reading, sleeps
+
+
+def test_a_busy_load_average_makes_the_launch_look_again():
+    """The load average decides nothing itself (it remembers a run that ended a minute ago: back-to-back runs on an
+    idle machine waited passively, 1.12x the plain script); when it shows work the first sample didn't see, a second,
+    longer sample decides (a bursty machine's 0.25 s can fall in a gap)."""
+    quiet, burst = [_stat(0, 0), _stat(0, 25), _stat(0, 100)], [_stat(0, 0), _stat(0, 25), _stat(60, 100)]
+    reading, sleeps = _read(quiet, 1.34)  # the previous run's echo: both samples quiet -> OpenMP's default wait
+    assert (reading.busy, reading.looked_again, sleeps) == (0.0, True, [threads.SAMPLE_S, threads.LOOK_AGAIN_S])
+    assert wait_policy(reading, 2)[0] is None
+    assert wait_policy(reading, 2)[1] == ("0.00 of 2 CPUs busy at launch (sampled for 1 s), load average 1.34: "
+                                          "room for 2 threads")
+    reading, _ = _read(burst, 2.4)  # the gap: the second sample catches the bursts -> passive
+    assert reading.busy == round(2 * 60 / 135, 2) and wait_policy(reading, 2)[0] == "passive"
+    reading, sleeps = _read(quiet[:2], 0.3)  # the average agrees with the sample: one look
+    assert (reading.looked_again, sleeps) == (False, [threads.SAMPLE_S])
+    assert CpuLoad(cpus=2, busy=0.2, load_average=2.0).other_work() == 0.2
 
 
 def test_all_local_processes_threads_need_room():
@@ -137,7 +157,7 @@ def test_recorded_in_the_plan_and_the_worker_env(tmp_path, monkeypatch):
                                           load=CpuLoad(cpus=2, busy=1.9))
     assert plan.launch.env["OMP_NUM_THREADS"] == "2" and plan.launch.env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert '"cpu_threads":{"threads":2,"wait_policy":"passive"' in plan.model_dump_json()
-    assert '"load":{"cpus":2,"busy":1.9,"load_average":null}' in plan.model_dump_json()
+    assert '"load":{"cpus":2,"busy":1.9,"load_average":null,"looked_again":false}' in plan.model_dump_json()
     monkeypatch.setattr(threads, "read_load", lambda: CpuLoad(cpus=2, busy=0.0))
     plan = compile_plan(load_recipe(recipe), check_inputs=False)
     assert plan.cpu_threads.wait_reason == "0.00 of 2 CPUs busy at launch: room for 2 threads"
