@@ -69,11 +69,22 @@ class MethodConfig(BaseModel):
         return ["all parameters"]
 
 
-class VisionModules(BaseModel):
-    """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the
-    part of a module is decided by `ftune.models.vision.part_of`."""
+class _PartModes(BaseModel):
+    """`peft.modules`' shape: one field per part of a vision-language model (vision, projector, language)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    def of(self, part: str) -> str:
+        return getattr(self, part)
+
+    def modes(self) -> dict[str, str]:
+        """Each part's mode, in the parts' order (the fields)."""
+        return {part: self.of(part) for part in type(self).model_fields}
+
+
+class VisionModules(_PartModes):
+    """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the
+    part of a module is decided by `ftune.models.vision.part_of`."""
 
     vision: Literal["frozen", "lora", "full"] = "frozen"
     """The vision tower (image encoder): kept `frozen` (the default), adapted with `lora`, or trained in `full`."""
@@ -84,15 +95,10 @@ class VisionModules(BaseModel):
     """The language model (embeddings, decoder layers, head): `lora` on the linear layers `target_modules` names,
     `full`, or `frozen`."""
 
-    def of(self, part: str) -> str:
-        return getattr(self, part)
 
-
-class FullVisionModules(BaseModel):
+class FullVisionModules(_PartModes):
     """`peft.modules` under `peft.method: full`: which parts of a vision-language model train in full and which stay
     `frozen` (bit-identical to the base); a part not written trains in full."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     vision: Literal["frozen", "full"] = "full"
     """The vision tower (image encoder): trained in `full` (the default), or kept `frozen`."""
@@ -100,6 +106,3 @@ class FullVisionModules(BaseModel):
     """The projector from image features to the language model's embeddings: `full` (the default) or `frozen`."""
     language: Literal["frozen", "full"] = "full"
     """The language model (embeddings, decoder layers, head): `full` (the default) or `frozen`."""
-
-    def of(self, part: str) -> str:
-        return getattr(self, part)

@@ -24,8 +24,7 @@ class Config(MethodConfig):
         return False
 
     def part_modes(self) -> dict[str, str]:
-        modules = self.modules or FullVisionModules()
-        return {part: modules.of(part) for part in ("vision", "projector", "language")}
+        return (self.modules or FullVisionModules()).modes()
 
     @property
     def trains_whole_model(self) -> bool:

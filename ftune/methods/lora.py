@@ -57,8 +57,7 @@ class Config(MethodConfig):
         return "merge"
 
     def part_modes(self) -> dict[str, str]:
-        modules = self.modules or VisionModules()
-        return {part: modules.of(part) for part in ("vision", "projector", "language")}
+        return (self.modules or VisionModules()).modes()
 
     @property
     def adapts_linear_layers(self) -> bool:
