@@ -33,9 +33,14 @@ def nonfinite(where: str, step: int, value: float | None = None) -> NonFinite:
 
 
 def terminated_error(step: int | None, checkpoint: str | None) -> FtuneError:
-    if checkpoint is None:
+    if checkpoint is None and not step:
         return FtuneError("stopped by SIGTERM before training started; nothing was trained",
                           hint="rerun the same command to start", exit_code=EXIT_TERMINATED)
+    if checkpoint is None:  # steps ran, but this step's checkpoint did not complete within the grace
+        return FtuneError(f"stopped by SIGTERM at step {step}; no complete checkpoint of this step was saved",
+                          hint="rerun the same command: it resumes from the last complete checkpoint in the run "
+                               "dir (checkpoint.resume: auto), or starts over when there is none",
+                          exit_code=EXIT_TERMINATED)
     return FtuneError(f"stopped by SIGTERM at step {step}; saved a complete checkpoint: {checkpoint}",
                       hint="rerun the same command to resume from it (checkpoint.resume: auto)",
                       exit_code=EXIT_TERMINATED)
