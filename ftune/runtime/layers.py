@@ -21,7 +21,8 @@ def decoder_layers(model):
     found = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == depth]
     if len(found) != 1:
         raise FtuneError(f"model.init_from: can't find {type(model).__name__}'s one list of {depth} decoder layers "
-                         f"(found {len(found)})", hint="init_from supports decoder-only LMs (llama, qwen, mistral, ...)")
+                         f"(found {len(found)})",
+                         hint="init_from supports decoder-only LMs (llama, qwen, mistral, ...)")
     return found[0]
 
 
