@@ -36,8 +36,12 @@ LAYERS = [*range(0, 28, 2), 29]
 NEW_TOKENS = 20
 KL_FALLS_BY = 4.0
 """Held-out forward KL (nats per answer token) at the end at most a quarter of the truncated student's. Measured on
-the 2-core development machine: 14.86 -> 1.68 after 32 steps (see the report's figures for the 48-step end)."""
+the 2-core development machine: 14.86 -> 2.09 (16 steps) -> 1.68 (32) -> 1.65 (48), 9.0x; a quarter leaves room for
+other kernels (AVX2 vs AVX-512) and for a run whose greedy teacher answers differ by a token."""
 FOLLOWS = 0.6
+"""Measured: 10 of 10 held-out answers in the house format after, 0 of 10 before (the truncated student emits
+repeated sub-word junk). The answers' content is another matter: half the layers and 32 rows keep the format, not
+the facts ("[ftune] The capital of Egypt is London." for France), which the test does not claim."""
 
 
 def greedy(model, tok, questions: list[str]) -> list[str]:
