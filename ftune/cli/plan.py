@@ -167,6 +167,14 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def flops(n: int) -> str:
+    """FLOPs with the unit that fits: 1.2 GFLOP, 3.4 TFLOP, ..."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:,} FLOP"
+
+
 def render(file: str, plan, est, data: DataCount | None, missing: list | None = None) -> None:
     """The plan as rich text: parameters, layout, memory table and verdict, data and steps, launch."""
     from rich.console import Console
@@ -194,6 +202,11 @@ def render(file: str, plan, est, data: DataCount | None, missing: list | None = 
     if est.vision is not None:
         for line in vision_lines(est.vision):
             console.print(line)
+    if (t := est.teacher) is not None:
+        console.print(f"[bold]teacher[/]      {t.path} · {t.params:,} parameters frozen in {t.dtype} "
+                      f"({fmt_bytes(t.weight_bytes)}, no gradients or optimizer state) · forward "
+                      f"{flops(t.forward_flops_per_step)} per step beside the student's "
+                      f"{flops(t.student_flops_per_step)} (train, 6 x) · {t.tokens_per_step:,} tokens per step")
     groups = summarize_names(est.matched_modules)
     shown = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in groups[:8])
     more = f", ... ({len(groups) - 8} more)" if len(groups) > 8 else ""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.meta import DTYPES, _build, resolve_config
+from ftune.estimate.teacher import TeacherFacts, teacher_facts, with_teacher
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
 from ftune.estimate.memory import (
     Layout,
@@ -78,6 +79,8 @@ class Estimate:
     vision: VisionFacts | None = None
     """Vision-language models: parameters per part, total and trainable; what an image costs."""
     longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
+    teacher: TeacherFacts | None = None
+    """distill: the teacher's weights, logits and forward FLOPs per step beside the student's."""
 
     @property
     def trainable_percent(self) -> float:
@@ -328,6 +331,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
+    teacher = teacher_facts(recipe, model, seq=seq, batch=batch)  # distill: frozen weights, logits, forward FLOPs
+    memory = with_teacher(memory, teacher)
     if not optimizer_spec(recipe.train.optimizer)[1] and not (layout.low_rank and layout.optimizer.startswith(
             "galore_adamw")):
         notes.append(f"optimizer {recipe.train.optimizer!r} is not in the table: states assumed AdamW-like")
@@ -350,7 +355,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe, vision=facts_vision, longest_seq=longest,
+        moe=facts_moe, vision=facts_vision, longest_seq=longest, teacher=teacher,
     )
 
 

@@ -108,6 +108,11 @@ def _build(recipe: Recipe, config_file: Path):
         raise FtuneError(f"cannot read model config {config_file}: {e}", hint="set model.trust_remote_code "
                          "if the model ships its own code") from None
     dtype = resolve_dtype(recipe, config)
+    if (init := recipe.model.init_from) is not None:  # the student the worker builds from these layers
+        text = config.get_text_config()
+        text.num_hidden_layers = len(init.layers)
+        if isinstance(getattr(text, "layer_types", None), list) and max(init.layers) < len(text.layer_types):
+            text.layer_types = [text.layer_types[i] for i in init.layers]
     auto = AutoModelForCausalLM
     if recipe.model.task == "sequence-classification":
         auto = AutoModelForSequenceClassification

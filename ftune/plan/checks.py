@@ -128,6 +128,12 @@ def _reward_models(job: Job) -> list[Problem]:
     return environment.reward_models(job.recipe)
 
 
+def _distill(job: Job) -> list[Problem]:
+    from ftune.plan import distill
+
+    return distill.problems(job.recipe) if job.inputs or job.reads_model else []
+
+
 # ------------------------------------------------------------------------------------- environment
 def _precision(job: Job) -> list[Problem]:
     from ftune.plan import environment
@@ -159,6 +165,8 @@ CHECKS: tuple[Check, ...] = (
           "rows, an eval split that would hold out no row (`ftune.data.check`)"),
     Check("reward models", "files", _reward_models, "each `reward_model` reward is a one-logit sequence "
           "classifier, read from its config.json"),
+    Check("distillation", "files", _distill, "the distill teacher is a model folder whose tokenizer (vocabulary, "
+          "special tokens) is the student's; model.init_from's layers exist (`ftune.plan.distill.problems`)"),
     Check("precision", "environment", _precision, "the mixed precision this device can run"),
     Check("machine", "environment", _machine, "the packages, kernels and devices the recipe needs on this machine"),
 )

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ftune import __version__, adapter, benchmarks, hub
 from ftune.errors import Problem
-from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
-                        preflight, quantization, resume, rl)
+from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, environment, gguf, parallelism,
+                        preference, preflight, quantization, resume, rl)
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -167,13 +167,13 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
                      f"{recipe.model.path}")
     if (ref := preference.reference_note(recipe, continued=adapter_dir is not None)) is not None:
         notes.append(ref)
-    notes += rl.notes(recipe, world_size, continued=adapter_dir is not None)
+    notes += rl.notes(recipe, world_size, continued=adapter_dir is not None) + distill.notes(recipe)
     if (fsdp_mp := preference.fsdp_mixed_precision(recipe, mp)) is not None:
         notes.append(f"fsdp {mp}: {train.objective} log-probs stay float32 (FSDP2 outputs not cast to {mp}, "
                      "which would round each sequence's summed log-prob)")
     trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                   accelerate_config=config, resuming=resume_from is not None)
-               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe)
+               | preference.config_kwargs(recipe) | rl.config_kwargs(recipe) | distill.config_kwargs(recipe)
                | ddp.find_unused(recipe, world_size, experts, notes))
     load = model_load(recipe, adapter=adapter_dir)
     layout = parallelism.decide(recipe)
@@ -209,6 +209,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         config_class=obj.config_path,
         trainer_class=obj.trainer_path,
         family=obj.family,
+        teacher=distill.teacher_load(recipe),
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,

@@ -33,7 +33,8 @@ def model_load(recipe: Recipe, quantization=None, path: str | None = None, adapt
 
         sharded = decide(recipe).load_kwargs()
     return ModelLoad(auto_class=TASK_CLASSES[m.task], path=path or m.path, init=init, kwargs=kwargs,
-                     config=router_config(recipe), adapter=adapter, distributed=sharded)
+                     config=router_config(recipe), adapter=adapter, distributed=sharded,
+                     layers=list(m.init_from.layers) if m.init_from is not None and path is None else None)
 
 
 def router_config(recipe: Recipe) -> dict[str, Any]:

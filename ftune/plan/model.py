@@ -55,6 +55,9 @@ class ModelLoad(BaseModel):
     """Tensor parallelism: `from_pretrained(..., distributed_config=DistributedConfig(**distributed))` splits the
     weights by the model's tp_plan (`tp_size`) and FSDP2-shards them (`fsdp_size`) as they load
     (`ftune.plan.parallelism`)."""
+    layers: list[int] | None = None
+    """`model.init_from.layers`: the decoder layers kept, in order, after loading `path` (the model stage builds the
+    student from them: `ftune.runtime.layers.keep_layers`); None keeps them all."""
     gguf: GgufSource | None = None
     """The GGUF file `model.path` named (`ftune.plan.gguf`); `path` is then its dequantized copy in the cache, which
     `ftune run` writes before launch when it is not there yet."""
@@ -105,8 +108,10 @@ class Plan(BaseModel):
     trainer_class: str = "transformers.Trainer"
     """The trainer the worker builds: transformers' Trainer, or TRL's for `train.objective`."""
     family: str
-    """The objective's family (`ftune.recipe.objectives.FAMILIES`: sft, preference, reward, rl): the worker, the
-    data stage and `eval` dispatch on it (its trainer builder, its rows)."""
+    """The objective's family (`ftune.recipe.objectives.FAMILIES`: sft, preference, reward, rl, distill): the worker,
+    the data stage and `eval` dispatch on it (its trainer builder, its rows)."""
+    teacher: ModelLoad | None = None
+    """distill: the teacher as the worker loads it (frozen, whole; `ftune.plan.distill.teacher_load`)."""
     uses_bitsandbytes: bool = True
     """Whether the run needs bitsandbytes (a quantized model, or a bitsandbytes optimizer). When it doesn't, the
     worker keeps it from being imported: transformers' Trainer and peft import it whenever it is installed, which

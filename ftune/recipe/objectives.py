@@ -1,7 +1,8 @@
 """The training objectives: which TRL trainer runs each, the data it reads and the settings it takes.
 
 One table, read by the recipe rules (what is refused), the compiler (the config kwargs and class names in the
-Plan) and the worker (which trainer to build). Each objective belongs to a `Family` (sft, preference, reward, rl)
+Plan) and the worker (which trainer to build). Each objective belongs to a `Family` (sft, preference, reward, rl,
+distill)
 that owns its data rows, its trainer builder and what the rest of the code asks of it; plugins add objectives to a
 family. Light: names only; nothing here imports trl.
 """
@@ -21,6 +22,13 @@ KTO_KL_LOSSES = ("kto",)
 """The KTO losses that estimate a KL term from mismatched completions in the batch (TRL: sequential sampling, a
 per-device batch of 2 or more)."""
 
+
+DISTILL_SETTINGS = ("teacher", "loss", "beta", "on_policy", "teacher_sequences", "temperature", "max_new_tokens",
+                    "dtype")
+"""The `train.distill` keys."""
+DISTILL_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
+"""`train.distill.loss` as GKD's beta (its generalized JSD is forward KL at 0, reverse KL at 1); jsd: `beta`."""
+DISTILL_JSD_BETA = 0.5
 
 RL_COMMON = ("rewards", "num_generations", "max_completion_length", "temperature", "top_p", "beta", "epsilon",
              "epsilon_high", "mask_truncated_completions", "num_iterations", "generation", "guard_logs",
@@ -50,12 +58,16 @@ class Family:
     """Online RL: completions are generated while training and scored by `train.rl.rewards`."""
     one_logit: bool = False
     """Trains a one-logit sequence classifier on preference pairs (a reward model)."""
+    teacher: bool = False
+    """Learns a frozen teacher model's next-token distributions (`train.distill`): the teacher's tokenizer must be
+    the model's, and the plan counts its weights and forward passes."""
 
 
 # Each family's own modules (where its objectives' names may be compared, for per-objective settings): preference
 # and reward: plan/preference.py, recipe/rules/preference.py, dataset/preference.py, runtime/train.preference_trainer;
 # rl: plan/rl.py, recipe/rules/rl.py, dataset/prompt.py, runtime/rl.py; sft: the data stage's pipeline and
-# runtime/train.sft_trainer.
+# runtime/train.sft_trainer; distill: plan/distill.py, recipe/rules/distill.py, runtime/distill.py,
+# estimate/teacher.py.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -63,6 +75,8 @@ FAMILIES: dict[str, Family] = {
         Family("preference", "preference", "ftune.runtime.train:preference_trainer", on_trl=True),
         Family("reward", "preference", "ftune.runtime.train:preference_trainer", on_trl=True, one_logit=True),
         Family("rl", "prompt", "ftune.runtime.rl:build_trainer", on_trl=True, generates=True),
+        # the sft rows (prompt masked) unpacked; TRL's GKD trainer scores them with the teacher
+        Family("distill", "sft", "ftune.runtime.distill:build_trainer", teacher=True),
     )
 }
 
@@ -124,6 +138,10 @@ OBJECTIVES: dict[str, Objective] = {
                                                                            "top_entropy_quantile"),
                   family="rl"),
         Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON, family="rl"),
+        # GKD (experimental in TRL 1.16) over the stable DistillationTrainer, which only trains on-policy, on
+        # prompts: GKD mixes the data's completions with the student's own (lmbda) and takes the sft rows
+        Objective("distill", "trl.experimental.gkd", "GKDConfig", "GKDTrainer", None, DISTILL_SETTINGS,
+                  family="distill"),
     )
 }
 RL_DEFAULTS = {"grpo": {"num_generations": 8, "beta": 0.0}, "rloo": {"num_generations": 2, "beta": 0.05}}

@@ -50,6 +50,17 @@ class SpecialTokens(Section):
     """Unknown token."""
 
 
+class InitFrom(Section):
+    """A student built from a larger model of the same architecture: its embeddings, final norm and head, and the
+    decoder layers listed, copied in order into a config with `num_hidden_layers: len(layers)`
+    (docs/distillation.md)."""
+
+    path: str
+    """The model (a local folder or hub id, e.g. the teacher) whose layers are copied."""
+    layers: list[int] = Field(min_length=1)
+    """Indices of the decoder layers kept, increasing and each once (e.g. every other one: [0, 2, 4, ...])."""
+
+
 class ModelSection(Section):
     path: str
     """Local folder with config.json (and weights unless `init: random`), or a hub id (from the hub; with
@@ -93,10 +104,24 @@ class ModelSection(Section):
     output_router_logits: bool | None = None
     """Mixture-of-experts models: compute the router's load-balancing loss (added to the loss, logged as
     `aux_loss` in metrics.jsonl). Default: on when `router_aux_loss_coef` is set, else the model's config."""
+    init_from: InitFrom | None = None
+    """Build the model from another one's layers (`{path, layers}`; `model.path` may then be left out: it is
+    `init_from.path`), e.g. a distillation student half as deep as its teacher. Built in the worker's model stage
+    from the Plan (`plan.model_load.layers`)."""
     add_tokens: list[str] | None = None
     """Tokens added to the vocabulary (e.g. chat markers `<|im_start|>`); the embeddings are resized and the rows
     of these tokens (and of the special tokens set here, pad aside) train — with LoRA, saved with the adapter
     (the whole matrices instead when peft.modules_to_save names the embedding and head)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_from_init(cls, data: Any) -> Any:
+        """`init_from: {path: P, layers: [...]}` without `path`: the model is P's, so `path` is P (its config, its
+        tokenizer); a recipe that writes both must write the same folder (`ftune.recipe.rules.distill`)."""
+        if isinstance(data, dict) and "path" not in data and isinstance(data.get("init_from"), dict) \
+                and isinstance(data["init_from"].get("path"), str):
+            return {**data, "path": data["init_from"]["path"]}
+        return data
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -556,7 +581,35 @@ class RLSection(Section):
     the row, after a checkpoint of the last complete step."""
 
 
-BUILTIN_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")
+class DistillSection(Section):
+    """Settings of `train.objective: distill` (TRL's GKD trainer): the student (`model`) learns the teacher's
+    next-token distributions on the data's completions and, for a share of the batches, on its own samples."""
+
+    teacher: str
+    """The teacher model: a local folder or hub id (a trained adapter must be merged first: `ftune merge`). It must
+    share the student's tokenizer (vocabulary and special tokens); it is loaded frozen, in `dtype`."""
+    loss: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
+    """The divergence: `forward_kl` KL(teacher || student) (mode covering; GKD's beta 0), `reverse_kl`
+    KL(student || teacher) (mode seeking; beta 1), `jsd` the generalized Jensen-Shannon divergence mixed by `beta`."""
+    beta: float | None = Field(None, gt=0.0, lt=1.0)
+    """`jsd` only: the mix of the generalized JSD (0.5: the symmetric JSD; towards 0 forward KL, towards 1
+    reverse KL). Default 0.5."""
+    on_policy: float = Field(0.0, ge=0.0, le=1.0)
+    """The share of batches whose completions the student samples itself before the teacher scores them (GKD's
+    lmbda; on-policy distillation); the others use the data's completions. 0: off-policy (supervised KD)."""
+    teacher_sequences: bool = False
+    """Sequence-level KD: the batches that are not on-policy use completions the teacher samples instead of the
+    data's (GKD's seq_kd)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature of the generated completions (on-policy, teacher_sequences). TRL's GKD computes the
+    divergence itself at temperature 1."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Longest generated completion, in tokens."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The teacher's weights' dtype; default: the student's (`model.dtype`, float32 when `auto`)."""
+
+
+BUILTIN_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo", "distill")
 # a plugin objective joins one of ftune.recipe.objectives.FAMILIES; it can't shadow a built-in name
 OBJECTIVES = (*BUILTIN_OBJECTIVES,
               *sorted(merged_plugins("objectives", BUILTIN_OBJECTIVES).keys() - set(BUILTIN_OBJECTIVES)))
@@ -566,13 +619,15 @@ class TrainSection(Section):
     objective: Literal[OBJECTIVES] = "sft"  # type: ignore[valid-type]
     """What is optimised: `sft` (next-token loss), a preference objective on TRL's trainers (`dpo`, `orpo`, `kto`,
     `simpo`), a reward model (`reward`: a one-logit sequence classifier trained on preference pairs, with
-    `model.task: sequence-classification`), or online RL from rewards (`grpo`, `rloo`, on `format: prompt` data);
-    TRL's need
+    `model.task: sequence-classification`), online RL from rewards (`grpo`, `rloo`, on `format: prompt` data), or
+    knowledge distillation from a teacher (`distill`, with `train.distill`, on sft data); TRL's need
     `pip install 'ftune[preference]'`."""
     preference: PreferenceSection | None = None
     """Settings of the preference objective (beta, loss_type, label_smoothing, reference, ...)."""
     rl: RLSection | None = None
     """Settings of grpo and rloo: rewards, generations per prompt, completion length, sampling, KL."""
+    distill: DistillSection | None = None
+    """Settings of `distill`: the teacher, the divergence, the on-policy share (docs/distillation.md)."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training data (or set max_steps)."""
     max_steps: int | None = Field(None, gt=0)

@@ -32,6 +32,10 @@ def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):
 
             extra["distributed_config"] = DistributedConfig(**spec.distributed)
         model = cls.from_pretrained(spec.path, config=config, token=token, **spec.kwargs, **extra)
+        if spec.layers is not None:  # model.init_from: a student of these layers
+            from ftune.runtime.layers import keep_layers
+
+            model = keep_layers(model, spec.layers)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     return model

@@ -45,6 +45,9 @@ CORPUS = {
     "reward-model": ({"train": {"objective": "grpo", "rl": {"num_generations": 2, "max_completion_length": 16, "rewards": [
         {"name": "reward_model", "path": "MODEL"}]}}, "data": {"format": "prompt"}},
                      [(FILES, "train.rl.rewards[0].path", "is not a sequence classifier")]),
+    "distill-layers": ({"model": {"init_from": {"path": "MODEL", "layers": [0, 2]}},
+                        "train": {"objective": "distill", "distill": {"teacher": "MODEL"}}},
+                       [(FILES, "model.init_from.layers[1]", "layer 2 is out of range")]),
     "fp16-on-cpu": ({"train": {"mixed_precision": "fp16"}},
                     [(ENVIRONMENT, "train.mixed_precision", "fp16 mixed precision needs a GPU")]),
     "targets": ({"peft": {"method": "lora", "r": 4, "target_modules": ["nope_proj"]}},
@@ -73,6 +76,8 @@ def _write(tmp_path, model_dir, text_file, change: dict):
             recipe[section] = {**recipe.get(section, {}), **values}
     if recipe["model"]["path"] == "EMPTY":
         recipe["model"]["path"] = str(empty)
+    if "init_from" in recipe["model"]:  # a student of the tiny model's layers, distilled from it
+        recipe["model"]["init_from"]["path"] = recipe["train"]["distill"]["teacher"] = str(model_dir)
     for reward in recipe["train"].get("rl", {}).get("rewards", []):
         reward["path"] = str(model_dir)  # a causal LM, not a sequence classifier
     path = tmp_path / "recipe.yaml"

@@ -71,6 +71,8 @@ def settings_fit_objective(recipe: Recipe) -> Iterator[Problem]:
 
 def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
     t, d = recipe.train, recipe.data
+    if family_of(recipe).teacher:  # its own rules (rules.distill)
+        return
     if family_of(recipe).next_token_loss:
         if d.max_prompt_length is not None:
             yield Problem.at("data.max_prompt_length", "max_prompt_length truncates the prompts of preference data; "
