@@ -191,7 +191,9 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     the recipe's rewards."""
     from transformers import PrinterCallback
 
+    from ftune.dataset.vision import template_of
     from ftune.runtime.precision import set_mixed_precision_policy
+    from ftune.runtime.vision_trl import is_processor, prompt_rows
 
     rl = plan.recipe.train.rl
     run = plan.run
@@ -269,12 +271,16 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
                             **({"advantage": advantages[j]} if j < len(advantages) else {})})
             return out
 
+    train_rows, eval_rows = bundle.train, bundle.eval
+    if is_processor(tokenizer):  # vision-prompt rows: conversational prompts and opened images, as GRPO takes them
+        tokenizer.chat_template = template_of(plan.recipe, tokenizer)
+        train_rows, eval_rows = (prompt_rows(d, plan.recipe.data.images) for d in (train_rows, eval_rows))
     trainer = RLTrainer(
         model=model,
         reward_funcs=funcs,
         args=args,
-        train_dataset=bundle.train,
-        eval_dataset=bundle.eval,
+        train_dataset=train_rows,
+        eval_dataset=eval_rows,
         processing_class=tokenizer,
         callbacks=[guard(plan), *callbacks],
     )
