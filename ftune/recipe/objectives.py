@@ -151,9 +151,10 @@ def text_format(fmt: str) -> str:
     return VISION_FORMATS.get(fmt, fmt)
 
 
-def vision_format(data_format: str | None) -> str:
-    """The image-carrying format an objective reading `data_format` rows takes on a vision-language model."""
-    return next(v for v, t in VISION_FORMATS.items() if t == (data_format or "chat"))
+def vision_format(data_format: str | None) -> str | None:
+    """The image-carrying format an objective reading `data_format` rows takes on a vision-language model (None:
+    there is none, e.g. for unpaired preference rows)."""
+    return next((v for v, t in VISION_FORMATS.items() if t == (data_format or "chat")), None)
 
 
 def registered() -> dict[str, Objective]:

@@ -253,7 +253,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
             super().log(logs, start_time)
             if sample:
                 with run.completions.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in sample)
+                    f.writelines(json.dumps(r, default=_shown) + "\n" for r in sample)
 
         def _sample(self) -> list[dict] | None:
             """The last `completions_sample` completions generated, with their rewards (rank 0)."""
@@ -288,6 +288,12 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(step_timer(trainer))
     return trainer
+
+
+def _shown(value) -> str:
+    """An image in a vision-prompt's messages, as completions.jsonl shows it (`<image 28x28>`)."""
+    size = getattr(value, "size", None)
+    return f"<image {size[0]}x{size[1]}>" if isinstance(size, tuple) and len(size) == 2 else repr(value)
 
 
 def restore_saved_modules_dtype(model) -> int:

@@ -25,7 +25,7 @@ def format_needs_a_vision_model(recipe: Recipe) -> Iterator[Problem]:
         elif task == VLM and source.format not in VISION_FORMATS:
             yield Problem.at(f"{key}.format", f"model.task '{VLM}' trains on rows with images ({', '.join(VISION_FORMATS)}"
                              f"); this source has format '{source.format}'", f"set `format: {want}` (images are "
-                             "optional per row)")
+                             "optional per row)" if want else "use an objective that takes image rows")
 
 
 def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
