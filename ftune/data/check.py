@@ -241,7 +241,7 @@ def preference_balance(recipe: Recipe) -> list[Problem]:
     loss."""
     found: list[Problem] = []
     for where, spec in sources(recipe, splits=("train",)):
-        if spec.format not in ("preference", "unpaired-preference"):
+        if spec.format not in ("preference", "unpaired-preference", "vision-preference"):
             continue
         try:
             src = resolve(spec, where)
@@ -251,7 +251,7 @@ def preference_balance(recipe: Recipe) -> list[Problem]:
         if not peeked or not peeked[1]:
             continue
         rows, f = peeked[1], spec.fields
-        if spec.format == "preference":
+        if spec.format in ("preference", "vision-preference"):
             same = [n for n, row in enumerate(rows, 1) if f.chosen in row and row.get(f.chosen) == row.get(f.rejected)]
             if not same:
                 continue

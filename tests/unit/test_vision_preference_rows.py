@@ -187,3 +187,14 @@ def test_a_family_trl_cannot_take_images_for_is_refused_at_model_path(tmp_path, 
         assert refused in p.message
     sft = recipe.model_copy(update={"train": recipe.train.model_copy(update={"objective": "sft"})})
     assert vision_objective(sft) == []  # sft takes every family's images
+
+
+def test_identical_pairs_with_images_are_refused_before_launch(tmp_path):
+    from ftune.data.check import preference_balance
+
+    _png(tmp_path / "a.png")
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": _user(IMG, TEXT), "chosen": "red", "rejected": "red"}] * 3)
+    recipe = _load(tmp_path, VLM + f"data:\n  train:\n    - {{path: {path}, format: vision-preference}}\n"
+                                   "train:\n  objective: dpo\n  max_steps: 1\n")
+    [problem] = preference_balance(recipe)
+    assert problem.path == "data.train[0].path" and "3 of 3 rows" in problem.message and problem.severity == "error"
