@@ -60,22 +60,42 @@ DPO_TRAIN = {"objective": "dpo", "max_steps": 30, "learning_rate": 1e-2, "per_de
              "logging_steps": 5, "seed": 3, "preference": {"beta": 0.1}}
 
 
-def _dpo(tmp_path_factory, vlm_dir, blank: bool) -> dict:
-    folder = tmp_path_factory.mktemp("dpo-blank" if blank else "dpo")
+def _dpo(folder: Path, vlm_dir, blank: bool) -> dict:
     out = _run(folder, _recipe(vlm_dir, _rows(folder, 120, "vision-preference", blank), "vision-preference",
                                train=DPO_TRAIN))
     return next(m for m in reversed(metrics(out)) if "eval_rewards/accuracies" in m)
 
 
-def test_vision_dpo_learns_to_prefer_the_colour_in_the_image(tmp_path_factory, vlm_dir):
-    final = _dpo(tmp_path_factory, vlm_dir, blank=False)
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory, vlm_dir) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("dpo")
+    return folder, _dpo(folder, vlm_dir, blank=False)
+
+
+def test_vision_dpo_learns_to_prefer_the_colour_in_the_image(dpo_run):
+    _, final = dpo_run
     assert final["eval_rewards/accuracies"] >= 0.9, final
     assert final["eval_rewards/margins"] > 0, final
 
 
 @pytest.mark.extended
+def test_ftune_eval_scores_the_image_pairs_as_the_run_did(dpo_run, capsys, monkeypatch):
+    """`ftune eval` scores the held-out pairs with their images (adapter over the base as the reference): the
+    run's final eval again (about 11 CPU s more, so extended)."""
+    folder, final = dpo_run
+    monkeypatch.chdir(folder)
+    from ftune.cli.main import main
+
+    capsys.readouterr()
+    assert main(["eval", "recipe.yaml", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)["metrics"]
+    assert out["eval_rewards/accuracies"] == final["eval_rewards/accuracies"], (out, final)
+    assert out["eval_rewards/margins"] == pytest.approx(final["eval_rewards/margins"], rel=1e-4), (out, final)
+
+
+@pytest.mark.extended
 def test_vision_dpo_on_blank_images_stays_near_chance(tmp_path_factory, vlm_dir):
-    final = _dpo(tmp_path_factory, vlm_dir, blank=True)
+    final = _dpo(tmp_path_factory.mktemp("dpo-blank"), vlm_dir, blank=True)
     assert final["eval_rewards/accuracies"] <= 0.75, final
 
 
