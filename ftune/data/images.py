@@ -110,8 +110,7 @@ def parse_prompt(row, src, base: Path) -> VisionRow:
         if not prompt:
             raise ImageProblem(f"field `{f.prompt}` is empty", field=f.prompt)
         parts = [{"type": "image", "image": p} for p in listed] + [{"type": "text", "text": prompt}]
-        fake = SimpleSource(f.messages, f.role, f.content)
-        parsed = parse_row([{f.role: "user", f.content: parts}], fake, base)
+        parsed = parse_row([{f.role: "user", f.content: parts}], _source_reading(src, f.prompt), base)
         parsed.fields = [f"{f.images}[{k}]" for k in range(len(listed))]
         return parsed
     if not isinstance(prompt, list) or not prompt:
@@ -135,7 +134,7 @@ def parse_prompt(row, src, base: Path) -> VisionRow:
         raise ImageProblem(f"field `{f.images}` lists {len(listed)} image(s), but the prompt has {k} `{{type: "
                            "image}` part(s) without a file to fill", hint="put one `{type: image}` part in the "
                            "prompt per listed image, where it belongs", field=f.images)
-    parsed = parse_row(filled, SimpleSource(f.prompt, f.role, f.content, src.spec.roles), base)
+    parsed = parse_row(filled, _source_reading(src, f.prompt), base)
     if parsed.messages and parsed.messages[-1]["role"] == "assistant":
         raise ImageProblem("the prompt ends with an assistant message: it is what the model answers",
                            hint="end the prompt with a user message", field=f"{f.prompt}[{len(prompt) - 1}]")
@@ -166,26 +165,14 @@ def completion_text(value, src, field: str) -> str:
     raise ImageProblem(f"field `{field}` is empty or not text", field=field)
 
 
-@dataclass
-class _Spec:
-    fields: object
-    roles: dict | None = None
+def _source_reading(src, key: str):
+    """`src` as `parse_row` reads it, its messages taken from column `key` (a prompt's messages are named
+    `prompt[0].content[1].image` in errors)."""
+    from types import SimpleNamespace
 
-
-@dataclass
-class SimpleSource:
-    """The part of a Source `parse_row` reads, for a prompt column: its messages key and the row's role/content."""
-
-    messages: str
-    role: str
-    content: str
-    roles: dict | None = None
-
-    @property
-    def spec(self):
-        from types import SimpleNamespace
-
-        return _Spec(SimpleNamespace(messages=self.messages, role=self.role, content=self.content), self.roles)
+    f = src.spec.fields
+    fields = SimpleNamespace(messages=key, role=f.role, content=f.content)
+    return SimpleNamespace(spec=SimpleNamespace(fields=fields, roles=src.spec.roles))
 
 
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
