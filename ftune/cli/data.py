@@ -75,19 +75,23 @@ def preference_samples(tok, ds, n: int, sources: list[str] | None = None) -> lis
             kind = name if name != "completion" else ("desirable" if row["label"] else "undesirable")
             out.append({"row": r, **origin, "completion": kind, "input_ids": prompt + comp,
                         "runs": [{"text": row["prompt"], "trained": False, "tokens": len(prompt)},
-                                 {"text": row[name], "trained": True, "tokens": len(comp)}]})
+                                 {"text": row[name], "trained": True, "tokens": len(comp)}],
+                        **({"images": row["images"]} if "images" in row else {})})
     return out
 
 
-def prompt_samples(tok, ds, n: int) -> list[dict]:
+def prompt_samples(tok, ds, n: int, render=None) -> list[dict]:
     """Online RL rows as generation starts from them: the rendered prompt (nothing trained: the completions are
-    generated during training) and the reference answer the rewards read."""
+    generated during training) and the reference answer the rewards read. `render`: a vision-prompt row's JSON
+    messages -> the text the processor's template makes of them (one placeholder per image)."""
     out: list[dict] = []
     for r in range(min(n, len(ds))):
         row = ds[r]
-        ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+        text = render(row["prompt"]) if render is not None else row["prompt"]
+        ids = tok(text, add_special_tokens=False)["input_ids"]
         out.append({"row": r, "input_ids": ids, "answer": row.get("answer"), "source": row.get("_row"),
-                    "runs": [{"text": row["prompt"], "trained": False, "tokens": len(ids)}]})
+                    "runs": [{"text": text, "trained": False, "tokens": len(ids)}],
+                    **({"images": row["images"]} if "images" in row else {})})
     return out
 
 
@@ -147,7 +151,14 @@ def run(args: argparse.Namespace) -> int:
     if ds is None:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. {split: 0.05}) or drop --split")
     if "_row" in ds.column_names:
-        shown = prompt_samples(tok, ds, args.n)
+        render = None
+        if processor is not None:  # vision-prompt rows keep their messages (GRPO renders them)
+            from ftune.dataset.vision import template_of
+
+            template = template_of(recipe, processor)
+            render = lambda p: processor.apply_chat_template(json.loads(p), chat_template=template,  # noqa: E731
+                                                             tokenize=False, add_generation_prompt=True)
+        shown = prompt_samples(tok, ds, args.n, render)
     elif "prompt" in ds.column_names:
         shown = preference_samples(tok, ds, args.n, source_rows(bundle.report, args.split))
     else:

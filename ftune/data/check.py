@@ -96,7 +96,7 @@ def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list
         ))
     if missing:
         return problems, columns
-    if spec.format == "prompt" and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
+    if spec.format in ("prompt", "vision-prompt") and spec.fields.answer not in columns and (readers := answer_readers(recipe)):
         problems.append(Problem.at(f"{where}.fields.answer",
                          f"reward {', '.join(readers)} compares completions with each row's `{spec.fields.answer}`"
                          f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
@@ -106,7 +106,7 @@ def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list
     problems += _check_text_fields(where, spec, src, rows)
     if spec.format == "chat":
         problems += _check_messages(where, spec, rows)
-    if spec.format == "vision-chat":
+    if spec.format in ("vision-chat", "vision-preference", "vision-prompt"):
         problems += _check_vision(where, src, rows, recipe.data.images)
     if spec.format == "classification" and recipe.model.labels:
         for n, row in enumerate(rows, start=1):
@@ -195,12 +195,18 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
 def _check_vision(where: str, src, rows: list[dict], settings) -> list[Problem]:
     """The first rows' messages and images, read as the data stage will (ftune.data.images): the first problem,
     at the row and field."""
-    from ftune.data.images import ImageProblem, open_image, parse_row
+    from ftune.data.images import ImageProblem, completion_text, open_image, parse_prompt, parse_row
 
     base = Path(src.path).parent
+    f = src.spec.fields
     for n, row in enumerate(rows, start=1):
         try:
-            parsed = parse_row(row.get(src.spec.fields.messages), src, base)
+            if src.spec.format == "vision-chat":
+                parsed = parse_row(row.get(f.messages), src, base)
+            else:
+                parsed = parse_prompt(row, src, base)
+                for col in ((f.chosen, f.rejected) if src.spec.format == "vision-preference" else ()):
+                    completion_text(row.get(col), src, col)
             for path, at in zip(parsed.images, parsed.fields):
                 open_image(path, settings, at)
         except ImageProblem as err:
@@ -235,7 +241,7 @@ def preference_balance(recipe: Recipe) -> list[Problem]:
     loss."""
     found: list[Problem] = []
     for where, spec in sources(recipe, splits=("train",)):
-        if spec.format not in ("preference", "unpaired-preference"):
+        if spec.format not in ("preference", "unpaired-preference", "vision-preference"):
             continue
         try:
             src = resolve(spec, where)
@@ -245,7 +251,7 @@ def preference_balance(recipe: Recipe) -> list[Problem]:
         if not peeked or not peeked[1]:
             continue
         rows, f = peeked[1], spec.fields
-        if spec.format == "preference":
+        if spec.format in ("preference", "vision-preference"):
             same = [n for n, row in enumerate(rows, 1) if f.chosen in row and row.get(f.chosen) == row.get(f.rejected)]
             if not same:
                 continue

@@ -80,6 +80,8 @@ def required_fields(src: Source) -> dict[str, str]:
         "unpaired-preference": {"prompt": f.prompt, "completion": f.completion, "label": f.label},
         "prompt": {"prompt": f.prompt},
         "vision-chat": {"messages": f.messages},
+        "vision-preference": {"prompt": f.prompt, "chosen": f.chosen, "rejected": f.rejected},
+        "vision-prompt": {"prompt": f.prompt},
     }[src.spec.format]
 
 

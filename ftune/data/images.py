@@ -94,6 +94,87 @@ def parse_row(messages, src, base: Path) -> VisionRow:
     return row
 
 
+def parse_prompt(row, src, base: Path) -> VisionRow:
+    """A `vision-preference` / `vision-prompt` row's prompt -> a VisionRow. The prompt is chat messages whose image
+    parts name their files (as in vision-chat), or a string (one user message). A list of paths in the row's
+    `fields.images` column fills `{type: image}` parts that name no file, in order; after a string prompt, its
+    images come before the text (as TRL places them). Raises ImageProblem naming the field."""
+    f = src.spec.fields
+    if not isinstance(row, dict):
+        raise ImageProblem(f"a row must be an object with `{f.prompt}`, got {type(row).__name__}")
+    prompt, listed = row.get(f.prompt), row.get(f.images)
+    if listed is not None and (not isinstance(listed, list) or not all(isinstance(x, str) for x in listed)):
+        raise ImageProblem(f"field `{f.images}` must be a list of image paths", field=f.images)
+    listed = list(listed or [])
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ImageProblem(f"field `{f.prompt}` is empty", field=f.prompt)
+        parts = [{"type": "image", "image": p} for p in listed] + [{"type": "text", "text": prompt}]
+        parsed = parse_row([{f.role: "user", f.content: parts}], _source_reading(src, f.prompt), base)
+        parsed.fields = [f"{f.images}[{k}]" for k in range(len(listed))]
+        return parsed
+    if not isinstance(prompt, list) or not prompt:
+        raise ImageProblem(f"field `{f.prompt}` must be text or a list of chat messages", field=f.prompt)
+    filled, k = [], 0
+    for m in prompt:
+        content = m.get(f.content) if isinstance(m, dict) else None
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image" and not any(part.get(x) for x in IMAGE_KEYS):
+                    if k >= len(listed):
+                        raise ImageProblem(f"the prompt has more `{{type: image}}` parts without a file than field "
+                                           f"`{f.images}` lists ({len(listed)})", field=f.images)
+                    part = {**part, "image": listed[k]}
+                    k += 1
+                parts.append(part)
+            m = {**m, f.content: parts}
+        filled.append(m)
+    if k != len(listed):
+        raise ImageProblem(f"field `{f.images}` lists {len(listed)} image(s), but the prompt has {k} `{{type: "
+                           "image}` part(s) without a file to fill", hint="put one `{type: image}` part in the "
+                           "prompt per listed image, where it belongs", field=f.images)
+    parsed = parse_row(filled, _source_reading(src, f.prompt), base)
+    if parsed.messages and parsed.messages[-1]["role"] == "assistant":
+        raise ImageProblem("the prompt ends with an assistant message: it is what the model answers",
+                           hint="end the prompt with a user message", field=f"{f.prompt}[{len(prompt) - 1}]")
+    return parsed
+
+
+def completion_text(value, src, field: str) -> str:
+    """A preference completion (`chosen`, `rejected`): a string, or assistant messages whose text is joined."""
+    f = src.spec.fields
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value:
+        out = []
+        for k, m in enumerate(value):
+            content = m.get(f.content) if isinstance(m, dict) else None
+            if not isinstance(m, dict) or m.get(f.role) not in (None, "assistant", "gpt"):
+                raise ImageProblem("a completion holds assistant messages only", field=f"{field}[{k}]")
+            if isinstance(content, str):
+                out.append(content)
+            elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                   and isinstance(p.get("text"), str) for p in content):
+                out.append("".join(p["text"] for p in content))
+            else:
+                raise ImageProblem("a completion's content is text (models generate text only)",
+                                   field=f"{field}[{k}].{f.content}")
+        if "".join(out):
+            return "".join(out)
+    raise ImageProblem(f"field `{field}` is empty or not text", field=field)
+
+
+def _source_reading(src, key: str):
+    """`src` as `parse_row` reads it, its messages taken from column `key` (a prompt's messages are named
+    `prompt[0].content[1].image` in errors)."""
+    from types import SimpleNamespace
+
+    f = src.spec.fields
+    fields = SimpleNamespace(messages=key, role=f.role, content=f.content)
+    return SimpleNamespace(spec=SimpleNamespace(fields=fields, roles=src.spec.roles))
+
+
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 

@@ -123,7 +123,12 @@ def build(
             reason = f"entry corrupt, rebuilt: {corrupt}" if corrupt else cache.why_miss(key)
             scratch = cache.scratch()
             try:
-                if vision:
+                if vision and decided.rows != "sft":  # vision-preference / vision-prompt rows for TRL
+                    from ftune.dataset import vision_rows
+
+                    report = vision_rows.preprocess(recipe, processor, train_srcs, eval_srcs, template, scratch,
+                                                    decided.max_images, log=log)
+                elif vision:
                     report = vision_data.preprocess(recipe, processor, train_srcs, eval_srcs, template, scratch,
                                                     decided.max_images, log=log)
                 elif decided.rows == "prompt":  # the family's rows (Plan.data.rows)

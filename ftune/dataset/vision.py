@@ -238,17 +238,16 @@ def images_digest(srcs, settings) -> str:
     reports them."""
     import hashlib
 
-    from ftune.data.images import file_hash
+    from ftune.data.images import file_hash, parse_prompt
 
     digest = hashlib.sha256()
     for src in srcs:
-        if src.spec.format != "vision-chat":
-            continue
         rows = read_rows(src) or []
         base = Path(src.path).parent
         for row in rows:
             try:
-                paths = parse_row(row.get(src.spec.fields.messages), src, base).images
+                paths = (parse_row(row.get(src.spec.fields.messages), src, base) if src.spec.format == "vision-chat"
+                         else parse_prompt(row, src, base)).images
             except (ImageProblem, AttributeError):
                 paths = []
             for path in paths:

@@ -86,10 +86,24 @@ def _row_text(row: dict, source) -> str:
     f = source.fields
     if source.format == "instruction":
         return " ".join(str(row.get(k) or "") for k in (f.instruction, f.input, f.output))
-    if source.format == "chat":
-        messages = row.get(f.messages) or []
-        return " ".join(str(m.get(f.content, "")) for m in messages if isinstance(m, dict))
+    if source.format in ("chat", "vision-chat"):
+        return _messages_text(row.get(f.messages), f)
+    if source.format in ("vision-preference", "vision-prompt"):  # the prompt and what is
+        return " ".join(_messages_text(row.get(k), f) for k in (f.prompt, f.chosen))  # scored after it
     return str(row.get(f.text, ""))
+
+
+def _messages_text(value, f) -> str:
+    """The text of a string or of chat messages (a content string, or its text parts: image parts are counted
+    by the image arithmetic, `ftune.estimate.vision`)."""
+    if isinstance(value, str) or not isinstance(value, list):
+        return "" if value is None else str(value)
+    out = []
+    for m in value:
+        content = m.get(f.content, "") if isinstance(m, dict) else ""
+        out.append(" ".join(p.get("text") or "" for p in content if isinstance(p, dict)) if isinstance(content, list)
+                   else str(content or ""))
+    return " ".join(out)
 
 
 def _conversation(row: dict, source) -> list[dict] | None:

@@ -28,9 +28,15 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         raise FtuneError("the recipe has no eval data", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
     model = load_trained(plan, model_dir, tok, labels=bundle.label_names)
     args = train.eval_arguments(plan)
+    trl_images = processor is not None and plan.data.rows != "sft"  # image rows TRL's trainer reads (as in the run)
     if FAMILIES[plan.family].generates:
         # online RL has no fixed eval loss: the recipe's rewards on greedy completions of the eval prompts
         from ftune.runtime.rl import eval_rewards
+
+        if trl_images:
+            raise FtuneError(f"ftune eval of {plan.recipe.train.objective} on image prompts (vision-prompt) is not "
+                             "supported yet: its greedy completions would need the images",
+                             hint="the run's own eval (data.eval with eval.strategy) logs TRL's eval_reward")
 
         section = generate if generate is not None else plan.recipe.eval.generate
         return eval_rewards(plan, model, tok, bundle.eval, batch_size=args.per_device_eval_batch_size,
@@ -42,7 +48,8 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
         from ftune.runtime.model import load_model
 
         reference = load_model(plan, tok)
-    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks=[], ref_model=reference)
+    trainer = train.build_trainer(plan, model, processor if trl_images else tok, bundle, args, callbacks=[],
+                                  ref_model=reference)
     metrics = trainer.evaluate()  # the eval data as the trainer prepared it (TRL's tokenize theirs at init)
     with_perplexity(metrics, plan.recipe)  # the trainer's log added it already; a metrics dict of its own here
     shutil.rmtree(plan.run.eval_scratch, ignore_errors=True)  # the Trainer's output dir: nothing is kept there

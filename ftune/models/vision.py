@@ -55,6 +55,30 @@ SmolVLM, LLaVA-OneVision), which needs torchvision even for images alone, or is 
 Mistral 3). Their image processors have a PIL backend, but AutoProcessor builds the video processor regardless.
 Checked against transformers by tests/unit/test_vision_parts.py."""
 
+TRL_IMAGES_REFUSED: dict[str, str] = {
+    "paligemma": "its processor refuses text without images, and TRL 1.16's DPO collator tokenizes the chosen and "
+                 "rejected completions in processor calls of their own, without the images (PaliGemma also has no "
+                 "chat template: it builds its prefix and suffix itself)",
+}
+"""The families `LAYOUTS` splits whose image rows TRL 1.16's DPO and GRPO trainers can't take, and why. The others
+go through TRL's generic paths (the processor on `images` + text; GRPO slices `pixel_values` per image, or by
+`image_grid_thw` for Qwen-VL, and passes `image_sizes`, `pixel_attention_mask`, `token_type_ids`,
+`mm_token_type_ids`); LLaVA is learned end to end by tests/e2e/test_vision_preference.py."""
+
+
+def trl_images_problem(model_type: str | None) -> str | None:
+    """Why TRL's preference / RL trainers can't take this family's image rows; None when they can, or when the
+    family is not known here (a hub id: the worker checks the loaded config)."""
+    if model_type is None:
+        return None
+    if model_type in TRL_IMAGES_REFUSED:
+        return TRL_IMAGES_REFUSED[model_type]
+    if model_type not in LAYOUTS:
+        return (f"ftune has no part layout for {model_type} (ftune.models.vision.LAYOUTS), and its image path "
+                "through TRL's trainers is unchecked")
+    return None
+
+
 # a model_type not in the table: any family's prefixes (projector first), so a new family still splits sensibly
 _ANY = Layout(
     vision=tuple(sorted({p for lay in LAYOUTS.values() for p in lay.vision})),

@@ -246,7 +246,7 @@ def packages(recipe: Recipe) -> list[Problem]:
             found.append(Problem.at(f"output.report_to.{i}", f"report_to '{name}' needs {', '.join(missing)}, "
                                     "which is not installed", f"{tracker.install}   (or remove it from "
                                     "output.report_to; metrics.jsonl is always written)"))
-    found += quantization.check_environment(recipe) + torchvision(recipe)
+    found += quantization.check_environment(recipe) + torchvision(recipe) + vision_objective(recipe)
     obj = objective(recipe.train.objective)
     if obj.needs_trl and importlib.util.find_spec(TRL_PACKAGE) is None:
         found.append(Problem.at("train.objective", f"objective '{obj.name}' runs on TRL's {obj.trainer_class}, and "
@@ -270,6 +270,23 @@ def torchvision(recipe: Recipe) -> list[Problem]:
         return []
     return [Problem.at("model.path", f"{model_type}'s processor needs torchvision in transformers 5.23 (it builds "
                        "a video processor even for images), and torchvision is not installed", TORCHVISION_INSTALL)]
+
+
+def vision_objective(recipe: Recipe) -> list[Problem]:
+    """A preference or RL objective on image rows of a VLM family TRL's trainers can't take
+    (`ftune.models.vision.TRL_IMAGES_REFUSED`), read from the local config.json."""
+    from ftune.models.vision import local_model_type, trl_images_problem
+
+    if recipe.model.task != "image-text-to-text" or family_of(recipe).next_token_loss:
+        return []
+    model_type = local_model_type(recipe.model.path)
+    why = trl_images_problem(model_type)
+    if why is None:
+        return []
+    return [Problem.at("model.path", f"train.objective '{recipe.train.objective}' on {model_type} image rows is not "
+                       f"supported: {why}", "train this family with `train.objective: sft` (vision-chat rows), or "
+                       "use a family TRL takes images for (LLaVA, LLaVA-NeXT, Qwen2/2.5/3-VL, Gemma 3, Idefics3, "
+                       "SmolVLM; docs/vision.md)")]
 
 
 FLEX_CPU = ("torch has no FlexAttention backward on CPU, and its compiled CPU forward (torch 2.13) gives wrong "

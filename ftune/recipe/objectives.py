@@ -101,6 +101,9 @@ class Objective:
     """Whether a reference model is scored (dpo, kto); orpo and simpo are reference-free."""
     family: str = "sft"
     """The `FAMILIES` row this objective belongs to."""
+    takes_images: bool = False
+    """Its trainer takes image rows on a vision-language model (`VISION_FORMATS`: TRL 1.16's DPO and GRPO build
+    the pixel inputs from an `images` column)."""
 
     @property
     def config_path(self) -> str:
@@ -118,10 +121,10 @@ class Objective:
 OBJECTIVES: dict[str, Objective] = {
     o.name: o
     for o in (
-        Objective("sft", "transformers", "TrainingArguments", "Trainer", None, ()),
+        Objective("sft", "transformers", "TrainingArguments", "Trainer", None, (), takes_images=True),
         Objective("dpo", "trl", "DPOConfig", "DPOTrainer", "preference",
                   ("beta", "loss_type", "label_smoothing", "reference"), DPO_LOSSES, uses_reference=True,
-                  family="preference"),
+                  family="preference", takes_images=True),
         Objective("orpo", "trl.experimental.orpo", "ORPOConfig", "ORPOTrainer", "preference", ("beta",),
                   family="preference"),
         Objective("kto", "trl", "KTOConfig", "KTOTrainer", "unpaired-preference",
@@ -136,7 +139,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards",
                                                                            "importance_sampling_level", "delta",
                                                                            "top_entropy_quantile"),
-                  family="rl"),
+                  family="rl", takes_images=True),
         Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON, family="rl"),
         # GKD (experimental in TRL 1.16) over the stable DistillationTrainer, which only trains on-policy, on
         # prompts: GKD mixes the data's completions with the student's own (lmbda) and takes the sft rows
@@ -154,6 +157,22 @@ def rl_setting(recipe, key: str):
     return RL_DEFAULTS[recipe.train.objective][key] if value is None else value
 
 PREFERENCE_FORMATS = ("preference", "unpaired-preference")
+VISION_FORMATS = {"vision-chat": "chat", "vision-preference": "preference", "vision-prompt": "prompt"}
+"""The formats whose rows carry images (a vision-language model reads these only) -> the text format whose rows
+they are otherwise: vision-chat trains sft, vision-preference the objectives reading `preference` rows,
+vision-prompt those reading `prompt` rows."""
+
+
+def text_format(fmt: str) -> str:
+    """The text format a data format's rows are (itself for a text format): what an objective's `data_format`
+    is compared with."""
+    return VISION_FORMATS.get(fmt, fmt)
+
+
+def vision_format(data_format: str | None) -> str | None:
+    """The image-carrying format an objective reading `data_format` rows takes on a vision-language model (None:
+    there is none, e.g. for unpaired preference rows)."""
+    return next((v for v, t in VISION_FORMATS.items() if t == (data_format or "chat")), None)
 
 
 def registered() -> dict[str, Objective]:

@@ -17,7 +17,7 @@ from ftune.recipe.trackers import NAMES as TRACKER_NAMES
 
 SCHEMA_VERSION = 1
 BUILTIN_FORMATS = ("text", "instruction", "chat", "pretokenized", "classification", "preference",
-                   "unpaired-preference", "prompt", "vision-chat")
+                   "unpaired-preference", "prompt", "vision-chat", "vision-preference", "vision-prompt")
 # a plugin format can't shadow a built-in one (ftune.plugins.merged refuses it)
 FORMATS = (*BUILTIN_FORMATS, *sorted(merged_plugins("formats", BUILTIN_FORMATS).keys() - set(BUILTIN_FORMATS)))
 FORMAT_ALIASES: dict[str, dict[str, Any]] = {
@@ -162,6 +162,9 @@ class Fields(Section):
     """`preference`: the dispreferred completion (a string, or a list of assistant messages)."""
     completion: str = "completion"
     """`unpaired-preference`: the completion that `label` marks desirable or not."""
+    images: str = "images"
+    """`vision-preference` and `vision-prompt`: an optional list of image paths that fills the prompt's
+    `{type: image}` parts naming no file, in order (a string prompt: its images come before the text)."""
 
 
 class DataSource(Section):
@@ -171,7 +174,9 @@ class DataSource(Section):
     format: Literal[(*FORMATS, *FORMAT_ALIASES)] = "text"  # type: ignore[valid-type]
     """How rows become tokens and labels (built in, or registered by an installed plugin); `preference`
     (prompt/chosen/rejected) and `unpaired-preference` (prompt/completion/label) feed the preference objectives
-    (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo. Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
+    (train.objective); `prompt` (prompt, answer?, any other columns) feeds grpo and rloo; on a vision-language model
+    (`model.task: image-text-to-text`) `vision-chat` feeds sft, `vision-preference` dpo and `vision-prompt` grpo
+    (docs/vision.md). Aliases: `sharegpt` = `chat` with `fields: {messages: conversations, role: from, content:
     value}` and `roles: {human: user, gpt: assistant, system: system}`; `alpaca` = `instruction`; `tokens` = `pretokenized`."""
     type: Literal["auto", "json", "csv", "parquet", "text", "disk", "hub"] = "auto"
     """Loader; `auto` picks from the file extension (or `disk` for a save_to_disk folder)."""

@@ -191,7 +191,9 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     the recipe's rewards."""
     from transformers import PrinterCallback
 
+    from ftune.dataset.vision import template_of
     from ftune.runtime.precision import set_mixed_precision_policy
+    from ftune.runtime.vision_trl import is_processor, prompt_rows
 
     rl = plan.recipe.train.rl
     run = plan.run
@@ -251,7 +253,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
             super().log(logs, start_time)
             if sample:
                 with run.completions.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in sample)
+                    f.writelines(json.dumps(r, default=_shown) + "\n" for r in sample)
 
         def _sample(self) -> list[dict] | None:
             """The last `completions_sample` completions generated, with their rewards (rank 0)."""
@@ -269,12 +271,16 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
                             **({"advantage": advantages[j]} if j < len(advantages) else {})})
             return out
 
+    train_rows, eval_rows = bundle.train, bundle.eval
+    if is_processor(tokenizer):  # vision-prompt rows: conversational prompts and opened images, as GRPO takes them
+        tokenizer.chat_template = template_of(plan.recipe, tokenizer)
+        train_rows, eval_rows = (prompt_rows(d, plan.recipe.data.images) for d in (train_rows, eval_rows))
     trainer = RLTrainer(
         model=model,
         reward_funcs=funcs,
         args=args,
-        train_dataset=bundle.train,
-        eval_dataset=bundle.eval,
+        train_dataset=train_rows,
+        eval_dataset=eval_rows,
         processing_class=tokenizer,
         callbacks=[guard(plan), *callbacks],
     )
@@ -282,6 +288,12 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(step_timer(trainer))
     return trainer
+
+
+def _shown(value) -> str:
+    """An image in a vision-prompt's messages, as completions.jsonl shows it (`<image 28x28>`)."""
+    size = getattr(value, "size", None)
+    return f"<image {size[0]}x{size[1]}>" if isinstance(size, tuple) and len(size) == 2 else repr(value)
 
 
 def restore_saved_modules_dtype(model) -> int:

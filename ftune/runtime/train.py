@@ -164,18 +164,23 @@ def preference_trainer(plan, trainer_class, model, tokenizer, bundle, args, call
     from transformers import PrinterCallback
 
     from ftune.runtime.precision import set_mixed_precision_policy
+    from ftune.runtime.vision_trl import is_processor, preference_collator
 
     class PreferenceTrainer(trainer_class):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             set_mixed_precision_policy(self.accelerator, plan)  # before TRL's reference or the policy is wrapped
 
+    images = {}
+    if is_processor(tokenizer):  # vision-preference rows: TRL's vision collator on the opened images
+        images["data_collator"] = preference_collator(tokenizer, plan.recipe.data.images, args.max_length)
     trainer = PreferenceTrainer(
         model=model,
         args=args,
         train_dataset=bundle.train,
         eval_dataset=bundle.eval,
         processing_class=tokenizer,
+        **images,
         callbacks=[*callbacks, preference_guard(plan), *_early_stopping(plan, args)],
         **({} if ref_model is None else {"ref_model": ref_model}),
     )

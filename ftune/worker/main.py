@@ -82,7 +82,16 @@ def run_stages(plan: Plan) -> dict:
         callbacks.append(bench)
     moe_stats = router_stats(plan, model)  # first: it adds aux_loss and the expert share to the logs written
     callbacks = [moe_stats, *callbacks] if moe_stats is not None else callbacks
-    trainer = train.build_trainer(plan, model, tok, bundle, args, callbacks)
+    # TRL's trainers take image rows through the processor; the sft family's collator holds it already
+    trl_images = processor is not None and plan.data.rows != "sft"
+    if trl_images:  # a hub id's family is known only now (a local folder's was checked before launch)
+        from ftune.models.vision import trl_images_problem
+
+        why = trl_images_problem(getattr(model.config, "model_type", None))
+        if why is not None:
+            raise FtuneError(f"train.objective '{recipe.train.objective}' on {model.config.model_type} image rows "
+                             f"is not supported: {why}", hint="train this family with `train.objective: sft`")
+    trainer = train.build_trainer(plan, model, processor if trl_images else tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
     if profile.enabled():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ftune.errors import Problem
-from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, family_of, objective
+from ftune.recipe.objectives import KTO_KL_LOSSES, PREFERENCE_FORMATS, family_of, objective, text_format, vision_format
 from ftune.recipe.rules import Rule
 from ftune.recipe.sources import sources
 from ftune.recipe.schema import Recipe
@@ -18,21 +18,26 @@ from ftune.recipe.schema import Recipe
 def formats_fit_objective(recipe: Recipe) -> Iterator[Problem]:
     obj = objective(recipe.train.objective)
     for where, src in sources(recipe):
-        if obj.data_format is None and src.format == "prompt":
-            yield Problem.at(f"{where}.format", "prompt data is for online RL (completions generated and rewarded "
-                             "during training), but train.objective is 'sft'",
+        rows = text_format(src.format)  # vision-preference rows are preference rows with images, ...
+        if rows == "chat" and src.format != "chat" and obj.data_format is not None:
+            yield Problem.at(f"{where}.format", f"{src.format} rows are conversations for sft, but train.objective "
+                             f"is '{obj.name}'", f"write the rows as `format: {vision_format(obj.data_format)}` "
+                             f"({_shape(obj.data_format)} with images)" if obj.takes_images else
+                             "set `train.objective: sft`")
+        elif obj.data_format is None and rows == "prompt":
+            yield Problem.at(f"{where}.format", f"{src.format} data is for online RL (completions generated and "
+                             "rewarded during training), but train.objective is 'sft'",
                              "set `train.objective: grpo` (or rloo) with `train.rl.rewards`")
-        elif obj.data_format is None and src.format in PREFERENCE_FORMATS:
+        elif obj.data_format is None and rows in PREFERENCE_FORMATS:
             yield Problem.at(f"{where}.format", f"{src.format} data needs a preference objective, but "
                              "train.objective is 'sft'",
                              "set `train.objective: dpo` (or orpo, simpo; kto for unpaired-preference)")
-        elif obj.data_format is not None and src.format != obj.data_format:
-            other = {"unpaired-preference": "kto", "prompt": "grpo or rloo"}.get(src.format,
-                                                                                   "dpo, orpo, simpo or reward")
+        elif obj.data_format is not None and rows != obj.data_format:
+            other = {"unpaired-preference": "kto", "prompt": "grpo or rloo"}.get(rows, "dpo, orpo, simpo or reward")
             yield Problem.at(f"{where}.format", f"train.objective '{obj.name}' reads `format: {obj.data_format}` "
                              f"rows, not {src.format}",
                              f"write the rows as {_shape(obj.data_format)}"
-                             + (f", or use {other}" if src.format in (*PREFERENCE_FORMATS, "prompt") else ""))
+                             + (f", or use {other}" if rows in (*PREFERENCE_FORMATS, "prompt") else ""))
 
 
 def _shape(fmt: str) -> str:
@@ -87,7 +92,8 @@ def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
             if getattr(recipe.model, key) is not None:
                 yield Problem.at(f"model.{key}", "a reward model has one output, the reward; it has no classes",
                                  "remove it")
-    elif recipe.model.task != "causal-lm":
+    elif recipe.model.task != "causal-lm" and not (recipe.model.task == "image-text-to-text"
+                                                    and objective(t.objective).takes_images):
         yield Problem.at("train.objective", f"{t.objective} trains a causal LM on completions; model.task is "
                          f"'{recipe.model.task}'", "use `model.task: causal-lm`, or `train.objective: sft`")
     if d.packing:

@@ -1,11 +1,12 @@
-"""Vision-language recipes (`model.task: image-text-to-text`, `format: vision-chat`): what they can combine with."""
+"""Vision-language recipes (`model.task: image-text-to-text`, image rows: `vision-chat`, `vision-preference`,
+`vision-prompt`): what they can combine with."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from ftune.errors import Problem
-from ftune.recipe.objectives import family_of
+from ftune.recipe.objectives import VISION_FORMATS, objective, registered, text_format, vision_format
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 
@@ -13,17 +14,18 @@ VLM = "image-text-to-text"
 
 
 def format_needs_a_vision_model(recipe: Recipe) -> Iterator[Problem]:
-    """vision-chat rows carry images a text-only model can't read; a VLM reads vision-chat rows only."""
+    """Image rows (`VISION_FORMATS`) carry images a text-only model can't read; a VLM reads image rows only."""
     task = recipe.model.task
+    want = vision_format(objective(recipe.train.objective).data_format)
     for key, source in sources(recipe):
-        if source.format == "vision-chat" and task != VLM:
-            yield Problem.at(f"{key}.format", f"format 'vision-chat' carries images, but model.task is '{task}' "
+        if source.format in VISION_FORMATS and task != VLM:
+            yield Problem.at(f"{key}.format", f"format '{source.format}' carries images, but model.task is '{task}' "
                              "(a text-only model)", f"set `model.task: {VLM}` (a vision-language model), or use "
-                             "`format: chat` for text-only conversations")
-        elif task == VLM and source.format != "vision-chat":
-            yield Problem.at(f"{key}.format", f"model.task '{VLM}' trains on `format: vision-chat` rows; this source "
-                             f"has format '{source.format}'", "set `format: vision-chat` (a row's content may be "
-                             "plain text: images are optional per row)")
+                             f"`format: {text_format(source.format)}` for text-only rows")
+        elif task == VLM and source.format not in VISION_FORMATS:
+            yield Problem.at(f"{key}.format", f"model.task '{VLM}' trains on rows with images ({', '.join(VISION_FORMATS)}"
+                             f"); this source has format '{source.format}'", f"set `format: {want}` (images are "
+                             "optional per row)" if want else "use an objective that takes image rows")
 
 
 def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
@@ -41,10 +43,12 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
     if d.streaming:
         yield Problem.at("data.streaming", "vision-chat data is not streamed yet (its images are checked and hashed "
                          "before training)", "set `data.streaming: false`")
-    if not family_of(recipe).next_token_loss:
-        yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' on a vision-language model "
-                         "is not supported yet: ftune trains VLMs with supervised fine-tuning (sft) only",
-                         "set `train.objective: sft` (DPO on vision pairs: see docs/vision.md)")
+    if not objective(recipe.train.objective).takes_images:
+        able = [o.name for o in registered().values() if o.takes_images]
+        yield Problem.at("train.objective", f"train.objective '{recipe.train.objective}' does not take image rows: "
+                         f"on a vision-language model ftune runs {', '.join(able)} (TRL 1.16's trainers that build "
+                         "pixel inputs)", "set `train.objective: dpo` on vision-preference rows, `grpo` on "
+                         "vision-prompt rows, or `sft` on vision-chat rows (docs/vision.md)")
     if not recipe.peft.trains_vision_models:
         yield Problem.at("peft.method", f"peft.method '{recipe.peft.method}' is not supported on a vision-language "
                          "model", "use `peft.method: lora` (with peft.modules per part) or `full`")
