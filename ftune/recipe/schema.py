@@ -496,9 +496,11 @@ class RewardSpec(BaseModel):
 
 
 class GenerationSection(Section):
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """How completions are sampled: the training model through transformers' generate, or vLLM (CUDA only;
-    `pip install vllm`)."""
+    backend: Literal["transformers", "paged", "vllm"] = "transformers"
+    """How completions are sampled: the training model through transformers' generate; `paged`, the same model
+    through transformers' continuous batching (TRL's `use_transformers_continuous_batching`: a paged KV cache,
+    finished completions make room for waiting ones; sdpa or eager attention, LoRA/full/freeze, text models); or
+    vLLM (CUDA only; `pip install vllm`). `ftune plan` shows the KV cache each reserves."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """vllm: `colocate` runs vLLM in the training processes (a share of GPU memory), `server` talks to
     `trl vllm-serve`."""
