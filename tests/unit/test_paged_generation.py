@@ -108,3 +108,25 @@ def test_paged_on_a_model_with_linear_attention_layers_is_refused_on_the_meta_mo
     assert p.path == "train.rl.generation.backend" and "linear_attention" in p.message
     assert paged_layer_problems(recipe(), dense) == []
     assert paged_layer_problems(recipe("transformers"), hybrid) == []
+
+
+def test_the_plans_kv_figure_is_the_cache_transformers_allocates(tiny_model_dir):
+    """transformers' PagedAttentionCache built from the Plan's config holds the estimate's bytes (plus its two
+    'trash' sectors, which hold nothing)."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+    from transformers.generation.continuous_batching.initialization import resolve_continuous_batching_config
+
+    from ftune.estimate.generation import generation_memory
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    r = recipe(max_prompt_length=24)
+    est = generation_memory(r, config, "float32")
+    cb = resolve_continuous_batching_config(
+        config, ContinuousBatchingConfig(**generation_batch(r).continuous_batching_config()), None, False)
+    cache = PagedAttentionCache(config, cb, device="cpu", distributed_helper=DistributedHelper(None, None), dtype=torch.float32)
+    held = cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
+    assert est.bytes == held and cache.num_blocks == generation_batch(r).num_blocks
