@@ -597,6 +597,11 @@ class TrainSection(Section):
     """Recompute activations in backward to save memory."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """Autocast precision (bf16 works on CPU)."""
+    precision: Literal["fp8"] | None = None
+    """`fp8`: the linear layers' matmuls in float8 (torchao's float8 training, dynamic tensorwise scaling; the
+    output head and MoE routers stay bf16), with `mixed_precision: bf16` and `compile: true`. Needs a GPU with FP8
+    tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell) and `pip install 'ftune[fp8]'`. `ftune plan`
+    shows the layers converted and the step cost beside bf16."""
     optimizer: str = "adamw_torch_fused"
     """Any transformers `optim` name (adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, ...);
     the default is transformers' own with torch >= 2.8 (fused AdamW, on CPU too)."""
