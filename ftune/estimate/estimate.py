@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.estimate.fp8 import Fp8Cost, fp8_cost
+from ftune.estimate.fp8 import converted as fp8_converted
 from ftune.estimate.generation import GenerationMemory, generation_memory
 from ftune.estimate.meta import DTYPES, _build, resolve_config
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
@@ -81,6 +83,8 @@ class Estimate:
     longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
     generation: GenerationMemory | None = None
     """grpo/rloo: the KV cache one process's generation batch holds (estimate.generation)."""
+    fp8: Fp8Cost | None = None
+    """`train.precision: fp8`: the layers converted, a step's cost and memory beside bf16 (estimate.fp8)."""
 
     @property
     def trainable_percent(self) -> float:
@@ -273,6 +277,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         from ftune.methods.lora import resolve_targets
 
         notes += resolve_targets(model, recipe.peft).notes
+    fp8_chosen = fp8_converted(model) if recipe.train.precision == "fp8" else None
     model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
@@ -348,6 +353,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             notes.append(f"generation's peak ({fmt_bytes(resident)} resident + {fmt_bytes(generation.bytes)} KV "
                          f"cache = {fmt_bytes(resident + generation.bytes)}) is above the training peak")
             fits = None if usable is None else resident + generation.bytes <= usable and bool(fits)
+    fp8 = fp8_cost(fp8_chosen, config, recipe, seq, memory.total) if fp8_chosen is not None else None
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
@@ -361,7 +367,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
         moe=facts_moe, vision=facts_vision, longest_seq=longest, generation=generation,
-    )
+        fp8=fp8)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,

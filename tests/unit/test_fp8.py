@@ -102,3 +102,26 @@ def test_fp8_on_an_ada_or_newer_gpu_passes_and_an_ampere_one_is_refused(monkeypa
     monkeypatch.setattr(environment, "_importable", lambda name: False)
     [p] = environment.fp8(recipe, "cuda")
     assert "ftune[fp8]" in p.hint
+
+
+@pytest.mark.parametrize("method, trains", [("full", 6), ("lora", 4)])
+def test_plan_shows_fp8_cost_and_memory_beside_bf16_for_an_8b(method, trains):
+    """Llama-3.1-8B (catalog config, meta device): the 32 x 7 projections convert, the head stays; the FLOPs share
+    is the closed form (trains x converted weights over trains x all linear weights + causal attention)."""
+    from ftune.estimate.estimate import estimate
+    from ftune.recipe.schema import Recipe
+
+    recipe = Recipe.model_validate({
+        "name": "f", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
+        "data": {"train": [{"path": "t.jsonl"}], "max_seq_length": 4096},
+        "peft": {"method": method, **({"target_modules": "all-linear"} if method == "lora" else {})},
+        "train": {"precision": "fp8", "mixed_precision": "bf16", "compile": True, "gradient_checkpointing": True}})
+    est = estimate(recipe, world_size=1, num_processes=1, gpu_memory=80 * 1024**3)
+    f = est.fp8
+    assert f.converted_layers == 32 * 7 and f.kept == {"output head": 1}
+    head, hidden = 128256 * 4096, 4096
+    share = trains * f.converted_params / (trains * (f.converted_params + head) + 6 * 32 * 4096 * hidden)
+    assert f.matmul_share == pytest.approx(share, abs=1e-4)
+    assert f.step_cost_vs_bf16 == pytest.approx(1 - share / 2, abs=1e-3)
+    assert f.bf16_memory_bytes == est.total_bytes
+    assert 0 < f.memory_bytes - f.bf16_memory_bytes <= 2 * 14336 * 4096  # the largest layer's transient copies
