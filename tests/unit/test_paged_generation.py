@@ -130,3 +130,27 @@ def test_the_plans_kv_figure_is_the_cache_transformers_allocates(tiny_model_dir)
     cache = PagedAttentionCache(config, cb, device="cpu", distributed_helper=DistributedHelper(None, None), dtype=torch.float32)
     held = cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
     assert est.bytes == held and cache.num_blocks == generation_batch(r).num_blocks
+
+
+def test_weights_cast_by_trls_paged_path_are_put_back_bit_for_bit():
+    """TRL's continuous-batching path runs `model.to(bfloat16)` under bf16 mixed precision and leaves it so; the
+    worker holds the float32 weights and buffers across generation and puts them back unchanged."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ftune.runtime.rl import hold_weights, put_back
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    model.register_buffer("inv_freq", torch.rand(4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    held = hold_weights(model, SimpleNamespace(bf16=True, fp16=False))
+    model.to(torch.bfloat16)  # what TRL does before generate_batch
+    assert model[0].weight.dtype == torch.bfloat16
+    put_back(held)
+    after = model.state_dict()
+    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], before[k]) for k in before)
+    assert list(model.parameters()) == params  # the optimizer's Parameter objects, still
+    assert hold_weights(model, SimpleNamespace(bf16=False, fp16=False)) is None
