@@ -126,8 +126,10 @@ def test_the_plans_kv_figure_is_the_cache_transformers_allocates(tiny_model_dir)
     r = recipe(max_prompt_length=24)
     est = generation_memory(r, config, "float32")
     cb = resolve_continuous_batching_config(
-        config, ContinuousBatchingConfig(**generation_batch(r).continuous_batching_config()), None, False)
-    cache = PagedAttentionCache(config, cb, device="cpu", distributed_helper=DistributedHelper(None, None), dtype=torch.float32)
+        config, ContinuousBatchingConfig(**generation_batch(r).continuous_batching_config()), None, False,
+        device=torch.device("cpu"))
+    cache = PagedAttentionCache(config, cb, device="cpu", distributed_helper=DistributedHelper(None, None),
+                                dtype=torch.float32)
     held = cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
     assert est.bytes == held and cache.num_blocks == generation_batch(r).num_blocks
 
