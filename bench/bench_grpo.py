@@ -110,7 +110,7 @@ def assets(folder: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
-def recipe(model_dir: Path, data: Path, out: Path) -> dict:
+def recipe(model_dir: Path, data: Path, out: Path, backend: str = "transformers") -> dict:
     return {
         "name": "bench-grpo",
         "model": {"path": str(model_dir), "dtype": "bfloat16" if SHAPE != "tiny" else "float32"},
@@ -120,7 +120,8 @@ def recipe(model_dir: Path, data: Path, out: Path) -> dict:
                   "lr_scheduler": "constant", "warmup_steps": 0, "logging_steps": 1, "seed": 0,
                   "mixed_precision": "bf16" if SHAPE != "tiny" else "no",
                   "rl": {"rewards": [{"name": "contains", "text": "the"}], "num_generations": GENERATIONS,
-                         "max_completion_length": COMPLETION, "beta": 0.0, "guard_logs": 10 * STEPS}},
+                         "max_completion_length": COMPLETION, "beta": 0.0, "guard_logs": 10 * STEPS,
+                         "generation": {"backend": backend}}},
         "checkpoint": {"strategy": "no", "resume": False},
         "output": {"dir": str(out), "report_to": ["none"], "loss_curve": False},
     }
@@ -143,10 +144,10 @@ def main() -> dict:
         result = json.loads(out.stdout.strip().splitlines()[-1])
         return result["tokens"] / result["train_runtime"]
 
-    def ftune(i: int) -> tuple[float, dict, float]:
-        run = folder / f"run{i}"
-        path = folder / f"recipe{i}.yaml"
-        path.write_text(yaml.safe_dump(recipe(model_dir, data, run)))
+    def ftune(i: int, backend: str = "transformers") -> tuple[float, dict, float]:
+        run = folder / f"run{i}-{backend}"
+        path = folder / f"recipe{i}-{backend}.yaml"
+        path.write_text(yaml.safe_dump(recipe(model_dir, data, run, backend)))
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path)], capture_output=True, text=True,
                        check=True, env=env, cwd=folder)
@@ -171,17 +172,22 @@ def main() -> dict:
                      "ftune_generation_share": round(share, 3), "ftune_wall_s": round(wall, 1)})
         print(f"  round {i + 1}: {rows[-1]}", flush=True)
 
-    paged = None
-    if gpu:  # TRL's transformers continuous batching (plain side): what ftune's plain generate could gain
+    paged = ftune_paged = None
+    if gpu:  # TRL's transformers continuous batching: the plain script's flag, and ftune's `backend: paged`
         try:
             paged = round(plain(continuous_batching=True), 1)
         except subprocess.CalledProcessError as err:
             paged = {"error": err.stderr[-1500:]}
+        try:
+            ftune_paged = round(ftune(ROUNDS, "paged")[0], 1)
+        except subprocess.CalledProcessError as err:
+            ftune_paged = {"error": (err.stdout or "")[-1000:] + (err.stderr or "")[-1000:]}
     shutil.rmtree(folder, ignore_errors=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     result = {"shape": SHAPE, "steps": STEPS, "completions_per_step": BATCH, "generations": GENERATIONS,
               "completion_tokens": COMPLETION, "threads": None if gpu else int(THREADS), "rounds": rows,
               "ftune_over_plain": spread(ratios), "plain_continuous_batching_tokens_per_s": paged,
+              "ftune_paged_tokens_per_s": ftune_paged,
               "load_average_at_end": round(load, 1)}
     if OUT:
         Path(OUT).write_text(json.dumps(result, indent=2))

@@ -74,7 +74,7 @@ if SMOKE:
                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
 TIMEOUT = int(os.environ.get("FTUNE_BENCH_TIMEOUT", "600"))
 OUT = os.environ.get("FTUNE_BENCH_OUT")
-CUDA_ONLY = ("liger", "packing", "qlora", "compile")  # variant names holding these need a CUDA device
+CUDA_ONLY = ("liger", "packing", "qlora", "compile", "fp8")  # variant names holding these need a CUDA device
 LORA = {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
 VARIANTS = {
     "lora": {"peft": LORA},
@@ -86,6 +86,9 @@ VARIANTS = {
     "full": {"peft": {"method": "full"}},
     "full+compile": {"peft": {"method": "full"}, "train": {"compile": True}},
     "lora-wait": {"peft": LORA},  # the LoRA run at each of WAIT_ROWS (wait_comparison)
+    # train.precision fp8 against its bf16 baseline with the same compile (gpu_suite's fp8-8b part)
+    "lora+compile": {"peft": LORA, "train": {"compile": True}},
+    "lora+fp8": {"peft": LORA, "train": {"compile": True, "precision": "fp8"}},
 }
 WAIT_TIMEOUT = int(os.environ.get("FTUNE_BENCH_WAIT_TIMEOUT", "300"))
 WAIT_BUDGET = int(os.environ.get("FTUNE_BENCH_WAIT_BUDGET", "1200"))

@@ -13,8 +13,12 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
   long-8b    70   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
                   then 2 steps at that length and at 4096 packed: peak vs plan at both
   qlora-8b   60   QLoRA nf4 at seq 4096
+  fp8-8b    150   `train.precision: fp8` (torchao float8, compiled) vs bf16 compiled, LoRA all-linear at seq 4096, batch
+                  2: tokens/s of each and their ratio beside `ftune plan`'s fp8 estimate; off an FP8 GPU (compute
+                  capability < 8.9, or the CPU smoke) the plan's estimate and this device's refusal only
   grpo-1.5b  60   GRPO on a Qwen2.5-1.5B shape (LoRA, 8 generations, 256-token completions): ftune vs plain TRL,
-                  generated tokens/s and the generation/training split (bench/bench_grpo.py)
+                  generated tokens/s and the generation/training split, then ftune with
+                  `train.rl.generation.backend: paged` beside TRL's continuous batching (bench/bench_grpo.py)
   full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW
   gpu-tests  40   pytest -m gpu tests/gpu
 
@@ -47,7 +51,7 @@ class Part:
 
 
 PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
-         Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 60, cuda_only=True),
+         Part("qlora-8b", 60, cuda_only=True), Part("fp8-8b", 150), Part("grpo-1.5b", 60, cuda_only=True),
          Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True)]
 
 
@@ -153,6 +157,8 @@ def run_part(part: Part, left: float, assets: Path, cuda: bool, facts: dict) -> 
         status, result, tail = _gpu_bench({"FTUNE_BENCH_SHAPE": "8b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
                                            "FTUNE_BENCH_STEPS": "8", "FTUNE_BENCH_VARIANTS": "qlora"}, budget, assets)
         return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "fp8-8b":
+        return fp8_part(budget, assets, cuda)
     if part.name == "full-3b":
         status, result, tail = _gpu_bench({"FTUNE_BENCH_SHAPE": "3b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
                                            "FTUNE_BENCH_STEPS": "10", "FTUNE_BENCH_VARIANTS": "full"}, budget, assets)
@@ -198,6 +204,47 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
         rows[str(seq)] = {"status": status, **next(iter(result.get("variants", {}).values()), {}),
                           **({"tail": tail} if status != "ok" else {})}
     return {"status": "ok", "result": rows}
+
+
+def fp8_part(budget: float, assets: Path, cuda: bool) -> dict:
+    """`ftune plan`'s fp8 estimate for the 8B LoRA recipe (as on an 80 GiB FP8 GPU), whether this device refuses
+    it, and on an FP8 GPU the measured tokens/s of fp8 and bf16 (both compiled) and their ratio."""
+    import yaml
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu  # noqa: E402 - the bench's recipe and assets
+
+    started = time.perf_counter()
+    shape = {"FTUNE_BENCH_SHAPE": "8b"} if not SMOKE else {}
+    os.environ.update(shape)
+    model_dir, data = gpu._assets(assets)
+    seq = 4096 if not SMOKE else 64
+    folder = Path(tempfile.mkdtemp(prefix="ftune-fp8-"))
+    recipe = {"name": "fp8", "model": {"path": str(model_dir), "dtype": "bfloat16"},
+              "data": {"train": [{"path": str(data)}], "max_seq_length": seq, "train_on": "all"},
+              "peft": {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
+              "train": {"max_steps": 2, "per_device_batch_size": 2, "gradient_checkpointing": True,
+                        "mixed_precision": "bf16", "compile": True, "precision": "fp8"},
+              "checkpoint": {"strategy": "no", "resume": False},
+              "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False}}
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    plan = [sys.executable, "-m", "ftune.cli.main", "plan", str(path)]
+    status, out, tail = _run([*plan, "--format", "json", "--gpu-memory", "80GiB"], shape, budget)
+    row: dict = {"plan_fp8": json.loads(out)["estimate"].get("fp8") if status == "ok" else {"status": status,
+                                                                                          "tail": tail}}
+    status, _, tail = _run(plan, shape, max(10.0, budget - (time.perf_counter() - started)))
+    row["refused_here"] = None if status == "ok" else tail[-600:]
+    if row["refused_here"] is not None or SMOKE:
+        return {"status": "ok", "result": row}
+    left = budget - (time.perf_counter() - started)
+    status, result, tail = _gpu_bench({**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "2",
+                                       "FTUNE_BENCH_STEPS": "10", "FTUNE_BENCH_VARIANTS": "lora+compile,lora+fp8"},
+                                      left, assets)
+    variants = result.get("variants", {})
+    bf16, fp8 = (variants.get(v, {}).get("tokens_per_s") for v in ("lora+compile", "lora+fp8"))
+    row |= {"variants": variants, "fp8_over_bf16": round(fp8 / bf16, 3) if bf16 and fp8 else None}
+    return {"status": status, "result": row, "tail": tail if status != "ok" else None}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -243,6 +243,13 @@ def render(file: str, plan, est, data: DataCount | None, missing: list | None = 
         word = "[green]fits[/]" if est.fits else "[red bold]does not fit[/]"
         console.print(f"[bold]verdict[/]      {word}: {fmt_bytes(est.total_bytes)} of "
                       f"{fmt_bytes(est.device_memory)} ({100 * est.total_bytes / est.device_memory:.0f}%)")
+    if est.generation is not None:
+        console.print(f"[bold]generation[/]   KV cache {fmt_bytes(est.generation.bytes)} per process "
+                      f"({est.generation.backend}): {est.generation.detail}")
+    if est.fp8 is not None:
+        from ftune.estimate.fp8 import describe
+
+        console.print(f"[bold]precision[/]    {describe(est.fp8)}")
     if est.longest_seq is not None:
         console.print(f"[bold]longest row[/]  {est.longest_seq:,} tokens fit (per_device_batch_size "
                       f"{plan.recipe.train.per_device_batch_size}; activations grow linearly with the row)")

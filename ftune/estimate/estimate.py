@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.estimate.fp8 import Fp8Cost, fp8_cost
+from ftune.estimate.fp8 import converted as fp8_converted
+from ftune.estimate.generation import GenerationMemory, generation_memory
 from ftune.estimate.meta import DTYPES, _build, resolve_config
 from ftune.estimate.teacher import TeacherFacts, teacher_facts, with_teacher
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
@@ -81,6 +84,10 @@ class Estimate:
     longest_seq: int | None = None  # longest row (tokens) whose peak fits the device memory (estimate.parallel)
     teacher: TeacherFacts | None = None
     """distill: the teacher's weights, logits and forward FLOPs per step beside the student's."""
+    generation: GenerationMemory | None = None
+    """grpo/rloo: the KV cache one process's generation batch holds (estimate.generation)."""
+    fp8: Fp8Cost | None = None
+    """`train.precision: fp8`: the layers converted, a step's cost and memory beside bf16 (estimate.fp8)."""
 
     @property
     def trainable_percent(self) -> float:
@@ -273,6 +280,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         from ftune.methods.lora import resolve_targets
 
         notes += resolve_targets(model, recipe.peft).notes
+    fp8_chosen = fp8_converted(model) if recipe.train.precision == "fp8" else None
     model = _apply_method(model, recipe, tokens.trained if tokens else None)
     model = model.to("meta")  # prefix encoders and adaption prompts may have been created on the CPU
     facts = _param_facts(model, quantized, recipe)
@@ -296,8 +304,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         seq = (recipe.data.max_prompt_length or 0) + rl.max_completion_length or seq
         notes.append(f"{recipe.train.objective}: activations for rows of {seq} tokens "
                      f"(data.max_prompt_length {recipe.data.max_prompt_length or 'unset: 0'} + max_completion_length "
-                     f"{rl.max_completion_length}); generation's KV cache (freed before the training forward) is "
-                     "not counted"
+                     f"{rl.max_completion_length}); generation's KV cache is freed before the training forward "
+                     "(see generation)"
                      + ("; vLLM colocated takes train.rl.generation.vllm_gpu_memory_utilization of each GPU on top"
                         if rl.generation.backend == "vllm" and rl.generation.vllm_mode == "colocate" else ""))
     elif not (seq_length or recipe.data.max_seq_length):
@@ -343,6 +351,14 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     fits = None if usable is None else memory.total <= usable
     longest = None if usable is None or attn == "eager" else longest_row(
         memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes)
+    generation = generation_memory(recipe, config, dtype) if rl is not None else None
+    if generation is not None:
+        resident = sum(i.bytes for i in memory.items if i.phase == "always")
+        if resident + generation.bytes > memory.total:
+            notes.append(f"generation's peak ({fmt_bytes(resident)} resident + {fmt_bytes(generation.bytes)} KV "
+                         f"cache = {fmt_bytes(resident + generation.bytes)}) is above the training peak")
+            fits = None if usable is None else resident + generation.bytes <= usable and bool(fits)
+    fp8 = fp8_cost(fp8_chosen, config, recipe, seq, memory.total) if fp8_chosen is not None else None
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
@@ -355,8 +371,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
-        moe=facts_moe, vision=facts_vision, longest_seq=longest, teacher=teacher,
-    )
+        moe=facts_moe, vision=facts_vision, longest_seq=longest, teacher=teacher, generation=generation,
+        fp8=fp8)
 
 
 def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,

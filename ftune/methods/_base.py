@@ -55,6 +55,9 @@ class MethodConfig(BaseModel):
     """Supported on a vision-language model (`model.task: image-text-to-text`)."""
     vllm_loads: ClassVar[bool] = False
     """vLLM (`train.rl.generation.backend: vllm`) can load what this method trains."""
+    paged_generates: ClassVar[bool] = False
+    """Continuous batching (`train.rl.generation.backend: paged`) samples from what this method trains: its own
+    paged KV cache carries no prefix key/values or adaption prompts, only the model's own layers."""
     inject_errors_at: ClassVar[str] = "peft"
     """The recipe key an `inject` error is located at (freeze: `peft.trainable`)."""
     experts_hint: ClassVar[str] = "use peft.method lora or full"

@@ -16,6 +16,7 @@ class Config(MethodConfig):
     trainable: list[str] = Field(min_length=1)
     """Regular expressions searched in parameter names (e.g. `layers\\.3[01]\\.`, `lm_head`); matches train."""
     vllm_loads: ClassVar[bool] = True
+    paged_generates: ClassVar[bool] = True
     inject_errors_at: ClassVar[str] = "peft.trainable"
     experts_hint: ClassVar[str] = "name them in peft.trainable (e.g. `mlp\\.experts\\.`)"
 

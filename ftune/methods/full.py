@@ -18,6 +18,7 @@ class Config(MethodConfig):
 
     trains_vision_models: ClassVar[bool] = True
     vllm_loads: ClassVar[bool] = True
+    paged_generates: ClassVar[bool] = True
 
     @property
     def uses_peft_library(self) -> bool:

@@ -65,6 +65,7 @@ class Config(MethodConfig):
 
     trains_vision_models: ClassVar[bool] = True
     vllm_loads: ClassVar[bool] = True
+    paged_generates: ClassVar[bool] = True
     experts_hint: ClassVar[str] = "set `peft.experts: true` (or target_modules: all-linear)"
 
     def problems(self, recipe) -> list[Problem]:

@@ -220,6 +220,30 @@ def precision(recipe: Recipe, device: str, mixed_precision: str) -> list[Problem
         if not torch.cuda.is_bf16_supported():
             return [Problem.at(where, f"bf16 needs an Ampere or newer GPU; this one is "
                                f"{torch.cuda.get_device_name(0)}", "use `train.mixed_precision=fp16`")]
+    return fp8(recipe, device)
+
+
+FP8_CAPABILITY = (8, 9)
+"""FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.0, 12.0)."""
+
+
+def fp8(recipe: Recipe, device: str) -> list[Problem]:
+    """`train.precision: fp8` on a device without FP8 tensor cores, or without torchao."""
+    if recipe.train.precision != "fp8":
+        return []
+    need = f"a GPU of compute capability >= {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} (Ada, Hopper, Blackwell)"
+    hint = "remove `train.precision` (bf16 mixed precision trains on any GPU)"
+    if device != "cuda":
+        return [Problem.at("train.precision", f"fp8 training needs {need}; this run is on {device}", hint)]
+    import torch
+
+    name, cap = torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
+    if cap < FP8_CAPABILITY:
+        return [Problem.at("train.precision", f"fp8 training needs {need}; this one is {name} "
+                           f"(compute capability {cap[0]}.{cap[1]})", hint)]
+    if not _importable("torchao.float8"):
+        return [Problem.at("train.precision", "fp8 training needs torchao, which is not installed",
+                           "pip install 'ftune[fp8]'   (torchao)")]
     return []
 
 

@@ -97,7 +97,8 @@ def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
             return [Problem.at("model.path", err.message, err.hint)]
     found = target_problems(model, recipe) + wrap_class_problems(recipe, model) + position_problems(recipe, model)
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
-    found += completion_position_problems(recipe, model) + parallelism.model_problems(recipe, model.config)
+    found += completion_position_problems(recipe, model) + paged_layer_problems(recipe, model)
+    found += parallelism.model_problems(recipe, model.config)
     return found + quantization.check_model_config(recipe, model, device)
 
 
@@ -179,6 +180,27 @@ def completion_position_problems(recipe: Recipe, model) -> list[Problem]:
                        f"{what}max_completion_length ({rl.max_completion_length}) is longer than the model's "
                        f"max_position_embeddings ({positions}, in {recipe.model.path}/config.json)",
                        f"keep max_completion_length + the prompt within {positions} tokens")]
+
+
+PAGED_LAYERS = ("full_attention", "sliding_attention")
+"""The layer types transformers' paged cache has allocators for (a hybrid's linear-attention or mamba layers not)."""
+
+
+def paged_layer_problems(recipe: Recipe, model) -> list[Problem]:
+    """`train.rl.generation.backend: paged` on a model with layers the paged cache can't hold: transformers would
+    raise at the first step's generation ("Invalid layer type")."""
+    rl = recipe.train.rl
+    if rl is None or not family_of(recipe).generates or rl.generation.backend != "paged":
+        return []
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    other = sorted({t for t in getattr(text, "layer_types", None) or () if t not in PAGED_LAYERS})
+    if not other:
+        return []
+    return [Problem.at("train.rl.generation.backend",
+                       f"continuous batching (backend paged) caches full and sliding attention layers only; "
+                       f"{recipe.model.path} also has {', '.join(other)} layers",
+                       "use `backend: transformers` for this model")]
 
 
 def target_hint(model) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftune.plan import paged
 from ftune.recipe.objectives import family_of, rl_setting
 from ftune.recipe.schema import Recipe
 
@@ -38,6 +39,9 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
         "use_vllm": rl.generation.backend == "vllm",
         "log_completions": False,  # ftune writes completions.jsonl itself (TRL's needs pandas/rich tables)
     }
+    if rl.generation.backend == "paged":  # TRL's in-process continuous batching, its cache sized by the Plan
+        out |= {"use_transformers_continuous_batching": True,
+                "transformers_continuous_batching_config": paged.generation_batch(recipe).continuous_batching_config()}
     if rl.generation.backend == "vllm":
         out |= {"vllm_mode": rl.generation.vllm_mode,
                 "vllm_gpu_memory_utilization": rl.generation.vllm_gpu_memory_utilization}
@@ -67,6 +71,9 @@ def notes(recipe: Recipe, world_size: int, continued: bool) -> list[str]:
     out = [f"{recipe.train.objective}: each step samples {prompts} prompt(s) x {rl_setting(recipe, 'num_generations')} "
            f"completions ({completions} in all, up to {rl.max_completion_length} tokens each) with "
            f"{rl.generation.backend}, then scores them with {len(rl.rewards)} reward(s)"]
+    if rl.generation.backend == "paged":
+        out.append(f"{recipe.train.objective} paged KV cache per process: "
+                   f"{paged.generation_batch(recipe).describe()} (transformers continuous batching)")
     if world_size > 1:
         out.append(split_note(recipe, world_size))
     beta = rl_setting(recipe, "beta")

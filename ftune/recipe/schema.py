@@ -526,9 +526,11 @@ class RewardSpec(BaseModel):
 
 
 class GenerationSection(Section):
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """How completions are sampled: the training model through transformers' generate, or vLLM (CUDA only;
-    `pip install vllm`)."""
+    backend: Literal["transformers", "paged", "vllm"] = "transformers"
+    """How completions are sampled: the training model through transformers' generate; `paged`, the same model
+    through transformers' continuous batching (TRL's `use_transformers_continuous_batching`: a paged KV cache,
+    finished completions make room for waiting ones; sdpa or eager attention, LoRA/full/freeze, text models); or
+    vLLM (CUDA only; `pip install vllm`). `ftune plan` shows the KV cache each reserves."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """vllm: `colocate` runs vLLM in the training processes (a share of GPU memory), `server` talks to
     `trl vllm-serve`."""
@@ -655,6 +657,11 @@ class TrainSection(Section):
     """Recompute activations in backward to save memory."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """Autocast precision (bf16 works on CPU)."""
+    precision: Literal["fp8"] | None = None
+    """`fp8`: the linear layers' matmuls in float8 (torchao's float8 training, dynamic tensorwise scaling; the
+    output head and MoE routers stay bf16), with `mixed_precision: bf16` and `compile: true`. Needs a GPU with FP8
+    tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell) and `pip install 'ftune[fp8]'`. `ftune plan`
+    shows the layers converted and the step cost beside bf16."""
     optimizer: str = "adamw_torch_fused"
     """Any transformers `optim` name (adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit, galore_adamw, ...);
     the default is transformers' own with torch >= 2.8 (fused AdamW, on CPU too)."""

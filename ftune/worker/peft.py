@@ -43,6 +43,10 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
 
     recipe = plan.recipe
     set_seed(recipe.train.seed)
+    if recipe.train.precision == "fp8":  # before an adapter wraps the layers (ftune.fp8; refused off FP8 GPUs)
+        from ftune import fp8
+
+        fp8.convert(model)
     if plan.model_load.adapter is not None:
         model = continue_adapter(model, plan)
         without_autograd(model)

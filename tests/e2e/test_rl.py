@@ -143,6 +143,28 @@ def test_rl_raises_the_reward_and_held_out_exact_match(name, rl_runs, work):
     assert sample[-1]["rewards"]["exact_match"] in (0.0, 1.0) and sample[-1]["prompt"].startswith("Q: ")
 
 
+@pytest.mark.extended
+def test_grpo_with_paged_generation_trains(work):
+    """`backend: paged`: TRL's transformers continuous batching generates (the Plan's cache handed to it), the
+    rewards vary within groups, and two steps move the weights. The completions are the same as generate's for
+    greedy decoding (tests/unit/test_paged_generation.py); sampled ones differ in their random draws."""
+    from safetensors.torch import load_file
+
+    recipe = rl_recipe(work["sft"], work["folder"] / "prompts.jsonl", "grpo", "runs/grpo-paged",
+                       generation={"backend": "paged"})
+    recipe["train"] |= {"max_steps": 2, "logging_steps": 1}
+    out, _ = run(work["folder"], recipe)
+    trainer = json.loads((out / "plan.json").read_text())["trainer"]
+    assert trainer["use_transformers_continuous_batching"] is True
+    assert trainer["transformers_continuous_batching_config"]["num_blocks"] >= 16  # one page per completion at least
+    logs = [r for r in metrics(out) if "reward" in r]
+    assert [r["step"] for r in logs] == [1, 2]
+    assert all(r["generated_tokens"] > 0 and 0 < r["completion_length"] <= 4 for r in logs), logs
+    assert any(r["reward_std"] > 0 and r["grad_norm"] > 0 for r in logs), logs  # something to learn, and learnt
+    before, after = load_file(work["sft"] / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 0
+
+
 LOSSES = {"grpo": {}, "dr_grpo": {}, "dapo": {}, "bnpo": {}, "cispo": {}, "sapo": {}, "luspo": {}, "vespo": {},
           "gspo": {"importance_sampling_level": "sequence"},
           "dapo-clip-higher": {"epsilon_high": 0.28, "mask_truncated_completions": True},

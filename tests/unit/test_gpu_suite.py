@@ -27,13 +27,18 @@ def suite(tmp_path, *args: str) -> dict:
 
 
 def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
-    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,grpo-1.5b,gpu-tests")
+    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,fp8-8b,grpo-1.5b,gpu-tests")
     parts = result["parts"]
-    assert result["smoke"] is True and list(parts) == ["env", "long-8b", "qlora-8b", "grpo-1.5b", "gpu-tests"]
+    assert result["smoke"] is True
+    assert list(parts) == ["env", "long-8b", "qlora-8b", "fp8-8b", "grpo-1.5b", "gpu-tests"]
     assert parts["env"]["result"]["torch"] and parts["env"]["result"]["device"] == "cpu"
     # the plan's longest row on an 80 GiB device: the tiny model's 256 positions bound it, not the memory
     assert parts["long-8b"]["status"] == "ok" and parts["long-8b"]["result"]["plan_longest_seq"] == 256
     assert all(parts[p]["status"] == "skipped" for p in ("qlora-8b", "grpo-1.5b", "gpu-tests"))
+    # fp8 on a CPU: the plan's estimate (as on an 80 GiB GPU) and this device's refusal at train.precision
+    fp8 = parts["fp8-8b"]
+    assert fp8["status"] == "ok" and fp8["result"]["plan_fp8"]["converted_layers"] > 0, fp8
+    assert "train.precision" in fp8["result"]["refused_here"] and "8.9" in fp8["result"]["refused_here"]
 
 
 def test_a_spent_budget_still_writes_every_part(tmp_path):

@@ -38,6 +38,7 @@ ALLOWED = {
     "output.report": "whether to refresh report.html at each log",
     "train.rl": "online RL's reward functions by name, the completions logged, the clipped-completions message",
     "train.router_collapse": "the router-collapse guard's settings",
+    "train.precision": "fp8: the linear layers converted before the PEFT method (chosen on the model by ftune.fp8)",
     "distributed.timeout": "named in the error on a collective that did not answer",
     "distributed.strategy": "the CPU FSDP shim", "distributed.fsdp": "the CPU FSDP shim (its version)",
 }

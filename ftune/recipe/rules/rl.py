@@ -110,6 +110,35 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
     if rl.generation.backend == "vllm" and not recipe.peft.vllm_loads:
         yield Problem.at("train.rl.generation.backend", f"vLLM can't load a {recipe.peft.method} adapter",
                          "use `backend: transformers`, or peft.method lora")
+    yield from paged_backend(recipe)
+
+
+PAGED_ATTENTION = ("sdpa", "eager", "flash_attention_2")
+"""What transformers' continuous batching attends with (eager runs as its `paged|eager`); flex_attention is not."""
+
+
+def paged_backend(recipe: Recipe) -> Iterator[Problem]:
+    """`backend: paged` where transformers' continuous batching can't run it, and vLLM's keys under another backend
+    (they would be silently ignored). The model's own layer types are checked on the meta model (plan.preflight)."""
+    g = recipe.train.rl.generation
+    for key in sorted(k for k in g.model_fields_set if k.startswith("vllm_")):
+        if g.backend != "vllm":
+            yield Problem.at(f"train.rl.generation.{key}", f"{key} sets vLLM, and backend is {g.backend}",
+                             "remove it, or set `backend: vllm`")
+    if g.backend != "paged":
+        return
+    if not recipe.peft.paged_generates:
+        yield Problem.at("train.rl.generation.backend", f"continuous batching (backend paged) keeps its own KV cache, "
+                         f"which has no room for {recipe.peft.method}'s prefix key/values or adaption prompts",
+                         "use `backend: transformers` with this method, or peft.method lora")
+    attn = recipe.model.attn_implementation
+    if attn is not None and attn not in PAGED_ATTENTION:
+        yield Problem.at("train.rl.generation.backend", f"continuous batching (backend paged) attends with sdpa, "
+                         f"eager or flash attention, and model.attn_implementation is {attn}",
+                         "set `model.attn_implementation: sdpa` (or eager), or use `backend: transformers`")
+    if recipe.model.task == "image-text-to-text":
+        yield Problem.at("train.rl.generation.backend", "continuous batching (backend paged) generates from text "
+                         "models only (TRL refuses a processor's images)", "use `backend: transformers`")
 
 
 def reference_buildable(recipe: Recipe) -> Iterator[Problem]:

@@ -123,5 +123,22 @@ def speed_levers_fit(recipe: Recipe) -> Iterator[Problem]:
                          f"model.task is '{recipe.model.task}'", "set `train.kernels: none`")
 
 
+def fp8_fits(recipe: Recipe) -> Iterator[Problem]:
+    """torchao's float8 training: bf16 autocast around it, torch.compile to fuse its scaling casts (eager float8 is
+    slower than bf16), and plain linear layers to convert (bitsandbytes' are not)."""
+    t = recipe.train
+    if t.precision != "fp8":
+        return
+    if t.mixed_precision != "bf16":
+        yield Problem.at("train.precision", f"fp8 training runs inside bf16 mixed precision; train.mixed_precision "
+                         f"is {t.mixed_precision}", "set `train.mixed_precision: bf16`")
+    if not t.compile:
+        yield Problem.at("train.precision", "fp8 training without torch.compile runs its scaling casts as separate "
+                         "kernels, slower than bf16", "set `train.compile: true`")
+    if recipe.quantization is not None:
+        yield Problem.at("train.precision", "fp8 training converts nn.Linear layers; a quantized base's layers are "
+                         "bitsandbytes', which it can't convert", "remove `quantization` (or train.precision)")
+
+
 RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval,
-                     speed_levers_fit]
+                     speed_levers_fit, fp8_fits]
