@@ -249,6 +249,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
     from ftune.estimate.probe import formula_profile, probe_activations
 
+    from ftune.estimate.qat import cost_lines as qat_cost_lines
     from ftune.estimate.tokens import plan_tokens
 
     model, config, dtype = _build(recipe, config_file)
@@ -341,6 +342,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    notes += qat_cost_lines(recipe, model, DTYPES[dtype], batch, seq)  # quantization.qat beside the baseline
     facts_moe = None
     if moe_counts is not None:
         facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)

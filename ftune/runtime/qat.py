@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ftune.quiet import quiet_torchao
+
 if TYPE_CHECKING:
     from ftune.recipe.schema import QatSection
 
@@ -33,17 +35,10 @@ def ptq_config(qat: QatSection):
     return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
 
 
-def _quiet_torchao() -> None:
-    """torchao's import logs the GPU extensions a CPU build lacks (harmless): keep them out of the run's output."""
-    import logging
-
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-
-
 def prepare(model, qat: QatSection):
     """Swap every quantized linear layer (`ftune.plan.qat.quantized_linears`: all but the output head) for
     torchao's fake-quantized linear, in place; fake quantization starts off when `start_after_steps` > 0."""
-    _quiet_torchao()
+    quiet_torchao()
     from torchao.quantization import quantize_
     from torchao.quantization.qat import QATConfig
 
@@ -97,7 +92,7 @@ def start_callback(qat: QatSection):
 
 def quantization_config(model, qat: QatSection):
     """transformers' TorchAoConfig of the scheme, skipping exactly the layers QAT left in full precision."""
-    _quiet_torchao()
+    quiet_torchao()
     from transformers import TorchAoConfig
 
     from ftune.plan.qat import quantized_linears
