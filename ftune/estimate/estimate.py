@@ -131,7 +131,7 @@ def _apply_method(model, recipe: Recipe, trained_tokens: list[int] | None = None
 def _quantize_layout(model, recipe: Recipe) -> set[int]:
     """Ids of the weights bitsandbytes will quantize (chosen exactly as the quantize stage does), after
     the k-bit preparation's upcast (`upcasts`): every other weight becomes fp32, as on the real model."""
-    if recipe.quantization is None:
+    if recipe.kbit is None:
         return set()
     from ftune.plan.quantization import fused_expert_problems, quantized_linears, upcasts
 
@@ -146,7 +146,7 @@ def _quantize_layout(model, recipe: Recipe) -> set[int]:
 
 
 def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
-    q = recipe.quantization
+    q = recipe.kbit
     kind = None if q is None else ("int8" if q.bits == 8 else q.type)
     seen: set[int] = set()
     facts = []
@@ -182,8 +182,8 @@ def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int,
     assert fsdp is not None
     bytes_of = {f.name: f for f in facts}
     def unit_bytes(module, prefix: str) -> int:
-        return sum(weight_bytes(bytes_of[prefix + n], recipe.quantization is not None and
-                                recipe.quantization.double_quant)
+        return sum(weight_bytes(bytes_of[prefix + n], recipe.kbit is not None and
+                                recipe.kbit.double_quant)
                    for n, _ in module.named_parameters() if prefix + n in bytes_of)
 
     units: list[tuple[str, int]] = []
@@ -259,6 +259,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
     from ftune.estimate.probe import formula_profile, probe_activations
 
+    from ftune.estimate.qat import cost_lines as qat_cost_lines
     from ftune.estimate.tokens import plan_tokens
 
     model, config, dtype = _build(recipe, config_file)
@@ -314,7 +315,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     attn = "eager" if built == "eager" else recipe.model.attn_implementation or "sdpa"
     batch = recipe.train.per_device_batch_size
     try:
-        keeps_input = quantized if recipe.quantization and recipe.quantization.bits == 8 else set()
+        keeps_input = quantized if recipe.kbit and recipe.kbit.bits == 8 else set()
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
                                     layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
@@ -362,6 +363,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    notes += qat_cost_lines(recipe, model, DTYPES[dtype], batch, seq)  # quantization.qat beside the baseline
     facts_moe = None
     if moe_counts is not None:
         facts_moe = moe_facts(model, recipe, moe_counts, embedding, notes)
@@ -382,7 +384,7 @@ def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout |
     common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
                   fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
                   reference_copy=train.objective if reference_copy(recipe) else None,
-                  double_quant=bool(recipe.quantization and recipe.quantization.double_quant),
+                  double_quant=bool(recipe.kbit and recipe.kbit.double_quant),
                   low_rank=galore_low_rank(train))
     if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
         return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,

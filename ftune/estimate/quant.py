@@ -57,7 +57,7 @@ def estimate_bytes(recipe: Recipe, model) -> dict[str, int]:
 
     Unquantized weights count as fp32 where k-bit preparation upcasts them (`upcasts`), else in the model dtype.
     """
-    q = recipe.quantization
+    q = recipe.kbit
     names = set(quantized_linears(recipe, model))
     upcast = upcasts(recipe)
     loaded = {"float32": 4, "bfloat16": 2, "float16": 2}.get(recipe.model.dtype)
@@ -95,7 +95,7 @@ def describe(recipe: Recipe, model) -> dict:
 
     Measured on a loaded model; predicted (`estimated: true`) on a meta-device model, as `ftune plan` has.
     """
-    q = recipe.quantization
+    q = recipe.kbit
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     b = estimate_bytes(recipe, model) if on_meta and q is not None else weight_bytes(model)
     total = b["quantized"] + b["other"]

@@ -38,7 +38,7 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
     if not spec.eight_bit and spec.states:
         consider("use train.optimizer: adamw_8bit", per_device(facts, profile, replace(layout,
                                                                                        optimizer="adamw_8bit")))
-    if recipe.quantization is None and recipe.peft.uses_peft_library:
+    if recipe.kbit is None and recipe.peft.uses_peft_library:
         q = [replace(f, quant="nf4") if _is_quantizable_fact(f) else f for f in facts]
         consider("use QLoRA (quantization: {bits: 4})", per_device(q, profile, layout))
     if layout.reference_copy:

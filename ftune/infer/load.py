@@ -54,7 +54,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
 
         # Quantize the base as the adapter was trained (final/ftune.json records it), guarded and upcast like
         # k-bit preparation, so eval reproduces the logged loss.
-        section = quantized.recorded_quantization(model_dir) or plan.recipe.quantization
+        section = quantized.recorded_quantization(model_dir) or plan.recipe.kbit
         recipe = plan.recipe.model_copy(update={"quantization": section})
         base = load_model(plan, tokenizer, labels=labels, spec=with_extra(model_load(recipe)))
         if section is not None:

@@ -50,6 +50,9 @@ class MergeResult:
     images: int = 0
     """Vision-language models: images in the check's inputs (their pixel inputs go through the vision tower and
     projector of both models, so a projector or vision LoRA that did not reach the merged weights fails it)."""
+    quantized: str | None = None
+    """A QAT run (`quantization.qat`): the scheme its linear layers were truly quantized to (torchao), checked
+    against the fake-quantized model the run trained and evaluated."""
     experts_checked: int = 0
     """MoE models: experts whose merged output was compared with the adapter's, one by one (every expert of
     every layer), so a delta dropped from one expert fails the merge even when no sample token reaches it."""
@@ -250,8 +253,9 @@ def check_out(target: Target, out: Path | None, force: bool) -> Path:
 
 
 def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, shard_size: int | str = "5GB",
-          force: bool = False, log: Callable[[str], None] = lambda s: None) -> MergeResult:
-    """Write the merged (or re-sharded) model of `target` to `out` (default: <run>/merged), verified."""
+          force: bool = False, quantize: bool = True, log: Callable[[str], None] = lambda s: None) -> MergeResult:
+    """Write the merged (or re-sharded) model of `target` to `out` (default: <run>/merged), verified; a QAT run's
+    truly quantized with its scheme (`quantize=False`: its full-precision weights, as GGUF export needs)."""
     action = refuse_unmergeable(target)
     plan = target.plan
     dtype = dtype or default_dtype(plan)
@@ -261,7 +265,7 @@ def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, 
         shutil.rmtree(stale, ignore_errors=True)
     tmp = outputs.partial_folder(out)
     try:
-        return _write_verified(target, plan, action, dtype, shard_size, out, tmp, log)
+        return _write_verified(target, plan, action, dtype, shard_size, out, tmp, log, quantize)
     except OSError as err:
         if err.errno not in outputs.WRITE_ERRNOS:
             raise
@@ -270,7 +274,7 @@ def merge(target: Target, *, out: Path | None = None, dtype: str | None = None, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> MergeResult:
+def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log, quantize) -> MergeResult:
     import transformers
 
     from ftune.infer.load import load_tokenizer, quiet_libraries
@@ -284,7 +288,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
     vision = load_vision(target) if is_vision(target) else None  # the processor travels with the merged model
     tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)
     fmt = prompt_format(plan.recipe, tok)
-    quant = target.record.get("quantization") or (plan.recipe.quantization.model_dump() if plan.recipe.quantization
+    quant = target.record.get("quantization") or (plan.recipe.kbit.model_dump() if plan.recipe.kbit
                                                    else None)
     base = f"unquantized {dtype}" + (f" (the run trained on a {quant['bits']}-bit base; the adapter is folded into "
                                      "full-precision weights, not dequantized ones)" if quant else "")
@@ -293,6 +297,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
               "task": plan.recipe.model.task}
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")  # first: a partial folder says what it is
 
+    cls = getattr(transformers, plan.model_load.auto_class)
     samples, sample_source, images = _sample_inputs(plan, tok, vision.processor if vision is not None else None)
     if action == "merge":
         from peft import PeftModel
@@ -308,6 +313,11 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
         reference = _logits(model, samples)
         expert_reference = None
 
+    qat = plan.recipe.qat if quantize else None
+    if qat is not None:  # the reference: the fake-quantized model the run trained; then the true conversion
+        model, reference = _convert(model, qat, cls, samples, dtype, tmp)
+        record["quantized"] = qat.scheme
+        (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     if getattr(model, "generation_config", None) is not None:  # causal LMs: stop where the run's answers end
         stops = stop_token_ids(tok, fmt)
         model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
@@ -327,7 +337,6 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
     if leftovers:
         raise RunError(f"merge check failed: adapter tensors remain in the merged model: {leftovers[:3]}",
                        hint="report this with the run dir; the run's final/ is untouched")
-    cls = getattr(transformers, plan.model_load.auto_class)
     reloaded = cls.from_pretrained(str(tmp), dtype=dtype).eval()
     checked = _check_experts(expert_reference, _expert_outputs(reloaded, dtype), dtype)  # first: it names the expert
     diff, scale = _max_diff(reference, _logits(reloaded, samples))
@@ -339,7 +348,25 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
             hint="nothing was written; try --dtype float32, and report this with the run dir")
     files = sorted(p.name for p in tmp.iterdir())
     result = MergeResult(str(out), "merged" if action == "merge" else "copied", dtype, base, diff, tolerance,
-                         len(samples), sample_source, files, images=images, experts_checked=checked)
+                         len(samples), sample_source, files, images=images, experts_checked=checked,
+                         quantized=qat.scheme if qat is not None else None)
     mark_complete(tmp, asdict(result))
     outputs.publish_folder(tmp, out)  # an existing out is a finished merge (check_out), replaced only now
     return result
+
+
+def _convert(model, qat, cls, samples: list[dict], dtype: str, tmp: Path):
+    """(the model truly quantized with the QAT scheme, the fake-quantized model's logits on `samples`): the trained
+    weights fake-quantized as in training, then saved plain and reloaded through transformers' TorchAoConfig, which
+    applies the same torchao config (QAT's convert step) and writes a folder plain `from_pretrained` reloads."""
+    from ftune.runtime import qat as qat_runtime
+
+    config = qat_runtime.quantization_config(model, qat)
+    reference = _logits(qat_runtime.prepare(model, qat.model_copy(update={"start_after_steps": 0})), samples)
+    plain = tmp.with_name(tmp.name + ".plain")
+    try:
+        qat_runtime.unwrap(model).save_pretrained(str(plain), safe_serialization=True)
+        del model
+        return cls.from_pretrained(str(plain), dtype=dtype, quantization_config=config).eval(), reference
+    finally:
+        shutil.rmtree(plain, ignore_errors=True)

@@ -81,9 +81,9 @@ class Config(MethodConfig):
                 "adapter only fits that new base, which ftune does not save (and peft runs LoftQ only on a CUDA "
                 "device with bitsandbytes)", "use `peft.init: pissa` (or `olora`), or QLoRA (`quantization: {bits: "
                 "4}`) with the default init")]
-        if recipe.quantization is not None:
+        if recipe.kbit is not None:
             found.append(Problem.at("peft.init", f"peft.init '{self.init}' rewrites the base weights, which a "
-                                    f"{recipe.quantization.bits}-bit base can't take",
+                                    f"{recipe.kbit.bits}-bit base can't take",
                                     "remove `quantization`, or use `peft.init: default`"))
         if recipe.distributed.strategy in ("fsdp", "deepspeed"):
             found.append(Problem.at("peft.init", f"peft.init '{self.init}' saves an adapter converted against the "

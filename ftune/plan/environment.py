@@ -13,7 +13,7 @@ from pathlib import Path
 from ftune import hub
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
-from ftune.plan import quantization
+from ftune.plan import qat, quantization
 from ftune.recipe.load import looks_local
 from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, family_of, objective
 from ftune.recipe.schema import Recipe
@@ -401,4 +401,4 @@ def devices(recipe: Recipe, device: str, num_processes: int) -> list[Problem]:
                                 "sync_module_states, which fails on CPU processes)", "remove it for CPU runs"))
     if quantization.needs_bitsandbytes(recipe):
         found += quantization.check_device(recipe, device)
-    return found
+    return found + qat.environment_problems(recipe, device)

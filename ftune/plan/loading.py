@@ -14,7 +14,7 @@ def model_load(recipe: Recipe, quantization=None, path: str | None = None, adapt
     """The recipe's model as loaded (`quantization` and `path` override the recipe's, as `ftune eval` needs;
     `adapter`: a saved adapter the peft stage continues)."""
     m = recipe.model
-    q = recipe.quantization if quantization is None else quantization
+    q = recipe.kbit if quantization is None else quantization
     kwargs: dict[str, Any] = {"dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
     layout = recipe.distributed.parallelism
     if m.attn_implementation:

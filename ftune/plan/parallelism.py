@@ -128,7 +128,7 @@ def _tp_problems(recipe: Recipe) -> list[Problem]:
         found.append(Problem.at("checkpoint.strategy", "tensor parallelism shards the model at load time, and "
                                 "transformers 5.23 can't checkpoint or resume such a model's optimizer state",
                                 "set `checkpoint.strategy: no` (final/ is still saved, gathered)"))
-    if recipe.quantization is not None:
+    if recipe.kbit is not None:
         found.append(Problem.at("quantization", "tensor parallelism splits full-precision weights: a quantized "
                                 "(bitsandbytes) model can't be sharded by its tp_plan", "drop quantization, or tp"))
     if not recipe.peft.trains_whole_model:

@@ -14,7 +14,7 @@ from pathlib import Path
 from ftune import hub
 from ftune.errors import FtuneError, Problem
 from ftune.modeling import build_meta_model, linear_layer_names
-from ftune.plan import parallelism, quantization
+from ftune.plan import parallelism, qat, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import FsdpSection, Recipe
@@ -99,7 +99,7 @@ def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
     found += completion_position_problems(recipe, model) + paged_layer_problems(recipe, model)
     found += parallelism.model_problems(recipe, model.config)
-    return found + quantization.check_model_config(recipe, model, device)
+    return found + quantization.check_model_config(recipe, model, device) + qat.model_problems(recipe, model)
 
 
 def target_problems(model, recipe: Recipe) -> list[Problem]:

@@ -48,23 +48,23 @@ def bnb_config(q: QuantizationSection | None) -> dict[str, Any] | None:
 def upcasts(recipe: Recipe) -> bool:
     """Whether k-bit preparation upcasts the unquantized weights to fp32: `quantization.upcast_non_quantized`,
     by default peft's upcast except under FSDP (one dtype per shard). The worker and the estimate both ask here."""
-    q = recipe.quantization
+    q = recipe.kbit
     if q is not None and q.upcast_non_quantized is not None:
         return q.upcast_non_quantized
     return recipe.distributed.strategy != "fsdp"
 
 
 def needs_bitsandbytes(recipe: Recipe) -> bool:
-    return recipe.quantization is not None or recipe.train.optimizer in BNB_OPTIMIZERS
+    return recipe.kbit is not None or recipe.train.optimizer in BNB_OPTIMIZERS
 
 
 def check_environment(recipe: Recipe) -> list[Problem]:
     """Problems with the installed bitsandbytes, for a recipe that needs it (checked without importing it)."""
     if not needs_bitsandbytes(recipe):
         return []
-    quantized = recipe.quantization is not None
+    quantized = recipe.kbit is not None
     where = "quantization" if quantized else "train.optimizer"
-    why = f"quantization.bits: {recipe.quantization.bits}" if quantized else f"train.optimizer: {recipe.train.optimizer}"
+    why = f"quantization.bits: {recipe.kbit.bits}" if quantized else f"train.optimizer: {recipe.train.optimizer}"
     if importlib.util.find_spec("bitsandbytes") is None:
         return [Problem.at(where, f"{why} needs bitsandbytes, which is not installed", INSTALL_HINT)]
     from importlib.metadata import PackageNotFoundError, version
@@ -100,7 +100,7 @@ def quantized_linears(recipe: Recipe, model) -> dict[str, tuple[int, int]]:
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     skip = HfQuantizer.get_modules_to_not_convert(
-        model, skip_patterns(recipe.quantization), getattr(model, "_keep_in_fp32_modules", None)
+        model, skip_patterns(recipe.kbit), getattr(model, "_keep_in_fp32_modules", None)
     )
     found = {}
     for name, module in model.named_modules():
@@ -120,7 +120,7 @@ def skip_patterns(q: QuantizationSection) -> list[str] | None:
 def fused_expert_problems(recipe: Recipe, model) -> list[Problem]:
     """QLoRA on an MoE model: bitsandbytes quantizes nn.Linear layers only, so the fused [experts, ...] tensors,
     most of the model, would stay in 16-bit: a "4-bit" run that needs nearly the memory of a 16-bit one."""
-    if recipe.quantization is None:
+    if recipe.kbit is None:
         return []
     from ftune.moe import count
 
@@ -132,7 +132,7 @@ def fused_expert_problems(recipe: Recipe, model) -> list[Problem]:
         "quantization.bits",
         f"{recipe.model.path} is a mixture-of-experts model whose experts are fused [experts, ...] tensors "
         f"({share:.0f}% of its parameters); bitsandbytes quantizes only linear layers, so the experts would stay "
-        f"unquantized and a {recipe.quantization.bits}-bit base would save little memory",
+        f"unquantized and a {recipe.kbit.bits}-bit base would save little memory",
         "remove the quantization section (LoRA on the 16-bit base, with `distributed.strategy: fsdp` to shard it), "
         "or pick a dense model for QLoRA (docs/moe.md)",
     )]
@@ -143,7 +143,7 @@ def check_model_config(recipe: Recipe, config, device: str = "cpu") -> list[Prob
 
     `config` is the model's config (a meta model is built from it) or an already built (meta) model.
     """
-    q = recipe.quantization
+    q = recipe.kbit
     if q is None or q.bits != 4 or device != "cpu":
         return []
     if not hasattr(config, "named_modules"):

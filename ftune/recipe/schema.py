@@ -310,9 +310,26 @@ class DataSection(Section):
 
 
 # --------------------------------------------------------------------------------------- quantization
+class QatSection(Section):
+    """Quantization-aware training (torchao): the linear layers train through fake quantization, so the weights
+    learn to survive the scheme `ftune merge` then quantizes them to for real (docs/quantization.md)."""
+
+    scheme: Literal["int4-weight", "int8-dynamic-act-int4-weight", "fp8"]
+    """int4-weight: int4 weights (symmetric, one scale per group of `group_size` inputs); int8-dynamic-act-int4-weight:
+    the same weights with int8 activations quantized per token at run time; fp8: float8 (e4m3) weights and
+    activations per row, only on GPUs with FP8 (compute capability 8.9+)."""
+    group_size: int = Field(32, gt=0)
+    """Inputs sharing one int4 weight scale (a power of two dividing every quantized layer's input size); smaller
+    is more accurate and larger on disk. Not used by fp8."""
+    start_after_steps: int = Field(0, ge=0)
+    """Train this many steps unquantized first, then turn fake quantization on (0: from the first step)."""
+
+
 class QuantizationSection(Section):
-    bits: Literal[4, 8]
-    """Load the base model in 4-bit (QLoRA) or 8-bit."""
+    bits: Literal[4, 8] | None = None
+    """Load the base model in 4-bit (QLoRA) or 8-bit (bitsandbytes). Not with `qat`."""
+    qat: QatSection | None = None
+    """Train through fake quantization and export the truly quantized model (torchao); not with `bits`."""
     type: Literal["nf4", "fp4"] = "nf4"
     """4-bit data type."""
     double_quant: bool = False
@@ -852,7 +869,7 @@ class Recipe(Section):
     peft: PeftSection = Field(default_factory=lambda: config_classes()[0]())  # type: ignore[valid-type]
     """Fine-tuning method: lora | prefix | llama-adapter | full | freeze."""
     quantization: QuantizationSection | None = None
-    """Load the base quantized with bitsandbytes (QLoRA)."""
+    """Load the base quantized with bitsandbytes (QLoRA: `bits`), or train quantization-aware (`qat`, torchao)."""
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     """Processes, machines and sharding."""
     train: TrainSection = Field(default_factory=TrainSection)
@@ -863,3 +880,14 @@ class Recipe(Section):
     """Checkpoints and resume."""
     output: OutputSection = Field(default_factory=OutputSection)
     """Where results go."""
+
+    @property
+    def kbit(self) -> QuantizationSection | None:
+        """The bitsandbytes-quantized base (`quantization.bits`); None without one, a QAT-only section too."""
+        q = self.quantization
+        return q if q is not None and q.bits is not None else None
+
+    @property
+    def qat(self) -> QatSection | None:
+        """Quantization-aware training (`quantization.qat`), or None."""
+        return self.quantization.qat if self.quantization is not None else None

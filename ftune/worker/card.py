@@ -14,8 +14,8 @@ def model_card(plan, metrics: dict, steps: int, recipe_text: str) -> str:
     peft = r.peft
     method = peft.method + (f" (r={peft.r}, alpha={peft.alpha:g})" if hasattr(peft, "r") and hasattr(peft, "alpha")
                             else "")
-    if r.quantization is not None:
-        method += f", {r.quantization.bits}-bit base"
+    if r.kbit is not None:
+        method += f", {r.kbit.bits}-bit base"
     sources = [f"- `{s.path}` ({s.format}" + (f", at most {s.limit} rows" if s.limit else "") + ")"
                for s in r.data.train]
     t = plan.trainer  # what ran, as the Plan gave it to the trainer

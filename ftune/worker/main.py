@@ -56,7 +56,7 @@ def run_stages(plan: Plan) -> dict:
                         log=console.print if console else (lambda *a, **k: None), processor=processor)
     model = load_model(plan, tok, labels=bundle.label_names)
     quant_line = None
-    if recipe.quantization is not None:
+    if recipe.kbit is not None:
         from ftune.estimate.quant import describe, describe_line
         from ftune.worker import quantize
 
@@ -64,6 +64,10 @@ def run_stages(plan: Plan) -> dict:
                                  checkpointing=plan.activation_checkpointing == "trainer")
         quant_line = describe_line(describe(recipe, model))
     model, counts = apply_method(model, plan, tokenizer.trained_token_ids(tok, recipe.model))
+    if recipe.qat is not None:  # the trained linears fake-quantized (full and freeze runs: rules.quantization)
+        from ftune.runtime import qat
+
+        model = qat.prepare(model, recipe.qat)
     if main and save.converts_initial(plan):
         save.save_initial_adapter(model, run.initial_adapter)
     if console:
@@ -91,6 +95,8 @@ def run_stages(plan: Plan) -> dict:
         if why is not None:
             raise FtuneError(f"train.objective '{recipe.train.objective}' on {model.config.model_type} image rows "
                              f"is not supported: {why}", hint="train this family with `train.objective: sft`")
+    if recipe.qat is not None and recipe.qat.start_after_steps:
+        callbacks.append(qat.start_callback(recipe.qat))
     trainer = train.build_trainer(plan, model, processor if trl_images else tok, bundle, args, callbacks)
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
@@ -112,6 +118,8 @@ def run_stages(plan: Plan) -> dict:
     final_metrics = final_eval(trainer) if trainer.eval_dataset is not None else {}
     if recipe.eval.generate is not None and trainer.eval_dataset is not None:
         final_metrics.update(_generation_metrics(plan, trainer, tok, console))
+    if recipe.qat is not None:  # final/ holds the trained full-precision weights; `ftune merge` quantizes them
+        qat.unwrap(trainer.model)
     saved = save.save_final(trainer, plan, processor or tok)
     result = {}
     if console:

@@ -17,7 +17,7 @@ def header(console, plan, counts, bundle, quantization: str | None = None) -> No
     table.add_column(style="bold cyan")
     table.add_column()
     table.add_row("model", f"{r.model.path} ({r.model.task}, {plan.model_load.kwargs['dtype']})")
-    table.add_row("method", r.peft.method + (f" · {r.quantization.bits}-bit" if r.quantization else "")
+    table.add_row("method", r.peft.method + (f" · {r.kbit.bits}-bit" if r.kbit else "")
                   + (f" · continuing {plan.model_load.adapter}" if plan.model_load.adapter else ""))
     if quantization:
         table.add_row("quantized", quantization)

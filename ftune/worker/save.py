@@ -141,7 +141,8 @@ def save_final(trainer, plan, tokenizer) -> dict:
         "task": plan.recipe.model.task,
         "base_model": plan.recipe.model.path,
         "adapter": is_adapter,
-        "quantization": plan.recipe.quantization.model_dump() if plan.recipe.quantization else None,
+        "quantization": plan.recipe.kbit.model_dump() if plan.recipe.kbit else None,
+        "qat": plan.recipe.qat.model_dump() if plan.recipe.qat else None,  # final/ holds the unquantized weights
         "tensors": len(expected),
     }
     (final / RECORD).write_text(json.dumps(meta, indent=2) + "\n")

@@ -52,6 +52,10 @@ CORPUS = {
                     [(ENVIRONMENT, "train.mixed_precision", "fp16 mixed precision needs a GPU")]),
     "targets": ({"peft": {"method": "lora", "r": 4, "target_modules": ["nope_proj"]}},
                 [(MODEL, "peft.target_modules", "matches no module of the model")]),
+    "qat-fp8-on-cpu": ({"peft": {"method": "full"}, "quantization": {"qat": {"scheme": "fp8"}}},
+                       [(ENVIRONMENT, "quantization.qat.scheme", "fp8 needs a GPU with float8 matmuls")]),
+    "qat-groups": ({"peft": {"method": "full"}, "quantization": {"qat": {"scheme": "int4-weight", "group_size": 256}}},
+                   [(MODEL, "quantization.qat.group_size", "group_size 256 must divide the input size")]),
 }
 
 
@@ -72,8 +76,8 @@ def _write(tmp_path, model_dir, text_file, change: dict):
               "peft": {"method": "lora", "r": 4, "target_modules": ["q_proj"]},
               "train": {"max_steps": 1, "per_device_batch_size": 2}, "output": {"dir": str(tmp_path / "runs" / "r")}}
     for section, values in change.items():
-        if section != "data":
-            recipe[section] = {**recipe.get(section, {}), **values}
+        if section != "data":  # peft: replaced (another method has other keys)
+            recipe[section] = values if section == "peft" else {**recipe.get(section, {}), **values}
     if recipe["model"]["path"] == "EMPTY":
         recipe["model"]["path"] = str(empty)
     if "init_from" in recipe["model"]:  # a student of the tiny model's layers, distilled from it

@@ -31,6 +31,8 @@ ALLOWED = {
     "data.images": "how vision-chat images are read and resized (what the rows' images are, like their paths)",
     "peft": "the method's own section, given to its inject()",
     "quantization": "the record in final/ftune.json",
+    "kbit": "quantization with `bits` (Recipe.kbit): whether k-bit preparation runs, and final/ftune.json's record",
+    "qat": "quantization.qat (Recipe.qat): torchao's fake quantization set up as the section says, and the record",
     "train.seed": "seeding", "train.callbacks": "plugin callbacks by name", "train.objective": "the loss family",
     "train.early_stopping": "the callback's settings", "train.activation_offloading": "a context manager",
     "eval.generate": "generation metrics' settings",

@@ -273,7 +273,7 @@ def classification_labels(recipe: Recipe) -> Iterator[Problem]:
 
 
 def quantized_needs_adapter(recipe: Recipe) -> Iterator[Problem]:
-    q, method = recipe.quantization, recipe.peft.method
+    q, method = recipe.kbit, recipe.peft.method
     if q is not None and not recipe.peft.uses_peft_library:
         yield Problem.at(
             "quantization.bits",

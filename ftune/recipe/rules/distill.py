@@ -90,9 +90,9 @@ def init_layers(recipe: Recipe) -> Iterator[Problem]:
     if m.init != "pretrained":
         yield Problem.at("model.init", "model.init_from copies trained layers; `init: random` would discard them",
                          "remove model.init, or model.init_from")
-    if recipe.quantization is not None:
+    if recipe.kbit is not None:
         yield Problem.at("model.init_from", "a student built from layers is built in full precision; quantized "
-                         "loading would quantize the whole source first", "remove the quantization section")
+                         "loading would quantize the whole source first", "remove quantization.bits")
 
 
 RULES: list[Rule] = [distill_section, distill_rows, init_layers]

@@ -55,7 +55,7 @@ def machine_rank_in_range(recipe: Recipe) -> Iterator[Problem]:
 
 
 def no_8bit_with_fsdp(recipe: Recipe) -> Iterator[Problem]:
-    q = recipe.quantization
+    q = recipe.kbit
     if recipe.distributed.strategy == "fsdp" and q is not None and q.bits == 8:
         yield Problem.at("quantization.bits",
                         "8-bit quantization can't be sharded with FSDP (bitsandbytes Int8Params are not "

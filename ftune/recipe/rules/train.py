@@ -135,9 +135,13 @@ def fp8_fits(recipe: Recipe) -> Iterator[Problem]:
     if not t.compile:
         yield Problem.at("train.precision", "fp8 training without torch.compile runs its scaling casts as separate "
                          "kernels, slower than bf16", "set `train.compile: true`")
-    if recipe.quantization is not None:
+    if recipe.kbit is not None:
         yield Problem.at("train.precision", "fp8 training converts nn.Linear layers; a quantized base's layers are "
                          "bitsandbytes', which it can't convert", "remove `quantization` (or train.precision)")
+    if recipe.qat is not None:
+        yield Problem.at("train.precision", "fp8 training and quantization.qat both replace the nn.Linear layers "
+                         "(float8 vs fake-quantized); one run can't do both", "remove `quantization.qat` (or "
+                         "train.precision)")
 
 
 RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval,
