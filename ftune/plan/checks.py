@@ -128,6 +128,12 @@ def _reward_models(job: Job) -> list[Problem]:
     return environment.reward_models(job.recipe)
 
 
+def _tool_tables(job: Job) -> list[Problem]:
+    from ftune.recipe.rules.tools import table_files
+
+    return table_files(job.recipe)
+
+
 # ------------------------------------------------------------------------------------- environment
 def _precision(job: Job) -> list[Problem]:
     from ftune.plan import environment
@@ -159,6 +165,8 @@ CHECKS: tuple[Check, ...] = (
           "rows, an eval split that would hold out no row (`ftune.data.check`)"),
     Check("reward models", "files", _reward_models, "each `reward_model` reward is a one-logit sequence "
           "classifier, read from its config.json"),
+    Check("tool tables", "files", _tool_tables, "each `lookup` tool's table file exists and reads as a table "
+          "(`ftune.recipe.rules.tools.table_files`)"),
     Check("precision", "environment", _precision, "the mixed precision this device can run"),
     Check("machine", "environment", _machine, "the packages, kernels and devices the recipe needs on this machine"),
 )
