@@ -21,9 +21,16 @@ TOOL_TEMPLATES = {"hermes": ("hermes",)}
 make agree; TRL checks at start that it renders a whole tool-calling conversation)."""
 
 
+def _with_tools(recipe: Recipe) -> bool:
+    """The objective runs a tool loop (grpo; `rl_section` refuses the keys for the others)."""
+    from ftune.recipe.objectives import objective
+
+    t = recipe.train
+    return family_of(recipe).generates and t.rl is not None and "tools" in objective(t.objective).settings
+
+
 def _tools(recipe: Recipe):
-    rl = recipe.train.rl
-    return rl.tools if family_of(recipe).generates and rl is not None else []
+    return recipe.train.rl.tools if _with_tools(recipe) else []
 
 
 def tools_known(recipe: Recipe) -> Iterator[Problem]:
@@ -72,7 +79,7 @@ def tools_known(recipe: Recipe) -> Iterator[Problem]:
 def tool_settings(recipe: Recipe) -> Iterator[Problem]:
     """The tool loop's settings need tools; the tools need a chat template that writes their calls."""
     rl = recipe.train.rl
-    if not family_of(recipe).generates or rl is None:
+    if not _with_tools(recipe):
         return
     if not rl.tools:
         for key in ("max_tool_calls", "tool_error_reward", "tool_format", "tool_timeout"):
