@@ -142,7 +142,7 @@ def lookup(args):
 
 # ------------------------------------------------------------------------------------------ regex_extract
 def regex_extract(args):
-    from ftune.rewards import backtracks
+    from ftune.patterns import backtracks
 
     def call(params, row) -> str:
         pattern = params.pattern

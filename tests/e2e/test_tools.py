@@ -110,7 +110,7 @@ def answer_with_tools(model_dir: Path, rows: list[tuple[str, dict, str]], max_ca
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
                                           return_tensors="pt")["input_ids"]
             with torch.inference_mode():
-                out = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tok.eos_token_id,
+                out = model.generate(ids, max_new_tokens=80, do_sample=False, eos_token_id=tok.eos_token_id,
                                      pad_token_id=tok.pad_token_id)
             text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False).split("<|im_end|>")[0]
             call = re.search(r"<tool_call>\s*(\{.*\})\s*</tool_call>", text, re.DOTALL)
