@@ -353,6 +353,11 @@ def eval_rewards(plan, model, tokenizer, dataset, *, max_samples: int | None = N
     from ftune import generation
 
     rl = plan.recipe.train.rl
+    if rl.tools:
+        raise RunError("ftune eval scores plain completions and does not run the tool loop, so the rewards of a "
+                       "recipe with train.rl.tools would be scored on answers that could call no tool",
+                       hint="read the held-out rewards from a GRPO run's logs; the tool loop in eval is not "
+                       "done yet (docs/rl.md)")
     rows = dataset.select(range(min(len(dataset), max_samples))) if max_samples else dataset
     if len(rows) == 0:
         raise RunError("the eval data has no prompts to score", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")
