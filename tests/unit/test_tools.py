@@ -228,3 +228,29 @@ def test_hermes_renders_tool_turns_that_trl_accepts(tiny_tokenizer_dir):
     ids = tok('<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call><|im_end|>',
               add_special_tokens=False)["input_ids"]
     assert parse_response(tok, ids, prefix=prefix)["tool_calls"] == [call]
+
+
+def test_chat_rows_keep_an_assistants_tool_calls_in_one_form():
+    from ftune.data.chat_rows import chat_anomalies, normalize_messages
+
+    fields = SimpleNamespace(messages="messages", role="role", content="content")
+    src = SimpleNamespace(spec=SimpleNamespace(fields=fields, roles=None))
+
+    def fail(i, message, hint=None):
+        return ValueError(message)
+
+    rows = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"function": {"name": "lookup", "arguments": {"key": "a", "expression": None}}},
+                {"name": "calculator", "arguments": '{"expression": "1+1"}'}]},
+            {"role": "tool", "content": "1"}]
+    msgs = normalize_messages(rows, src, 0, fail)
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "lookup", "arguments": {"key": "a"}}},
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}]}
+    assert msgs[2] == {"role": "tool", "content": "1"} and "empty_content" not in chat_anomalies(msgs)
+    with pytest.raises(ValueError, match="`arguments` is not JSON"):
+        normalize_messages([{"role": "assistant", "content": "", "tool_calls": [{"name": "x", "arguments": "{"}]}],
+                           src, 0, fail)
+    with pytest.raises(ValueError, match="on an assistant message"):
+        normalize_messages([{"role": "user", "content": "", "tool_calls": [{"name": "x"}]}], src, 0, fail)
