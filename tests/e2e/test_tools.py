@@ -142,7 +142,9 @@ copying), 0.325 after 300, 1.0 after 1000 (measured, 40 fresh rows)."""
 def test_sft_then_grpo_answers_held_out_questions_from_the_lookup_table(sft, tiny_model_dir):
     """Before training the model answers none (it calls no tool); after the SFT stage on worked tool calls and
     GRPO with `lookup` on each row's table, at least 0.8 of fresh held-out rows (fresh tables: nothing to
-    memorise), and completions.jsonl shows the calls with their results."""
+    memorise), and completions.jsonl shows the calls with their results. The rise is the SFT stage's: after
+    SFT_STEPS every sampled completion already scored 1 (measured), and GRPO, run from a 300-step SFT model
+    (0.325 held out), did not raise the reward in 40 steps (docs/rl.md#tools-trainrltools-name-args)."""
     folder = sft["folder"]
     held = [task(random.Random(1000 + i)) for i in range(40)]
     before = answer_with_tools(sft["base"], held, tokenizer_dir=sft["model"])
@@ -152,13 +154,15 @@ def test_sft_then_grpo_answers_held_out_questions_from_the_lookup_table(sft, tin
     write_jsonl(folder / "prompts.jsonl", [{"prompt": prompt(k), "table": t, "answer": a} for k, t, a in rows])
     recipe = grpo_recipe(model, folder / "prompts.jsonl", "runs/grpo", [{"name": "lookup", "column": "table"}],
                          max_steps=10, logging_steps=5, learning_rate=1e-4)
+    # after SFT_STEPS every sampled completion scored 1 (measured): the zero-advantage guard would stop the run
+    recipe["train"]["rl"]["guard_logs"] = 10
     out = run(folder, recipe, "grpo")
     after_sft, after = answer_with_tools(model, held), answer_with_tools(out / "final", held)
     logs = [r for r in metrics(out) if "reward" in r]
     print("held-out accuracy: before", before, "sft", after_sft, "sft+grpo", after,
           "rewards", [round(r["reward"], 3) for r in logs])
     assert before < 0.2
-    assert after >= 0.8, (after_sft, after)
+    assert after >= 0.8 and after_sft >= 0.8, (after_sft, after)
     assert all(r["tools/call_frequency"] >= 0.9 and r["tools/failure_frequency"] == 0 for r in logs), logs
     sample = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     calls = [c for s in sample for c in s["tool_calls"]]
