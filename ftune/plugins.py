@@ -56,12 +56,27 @@ class RewardPlugin:
 
 
 @dataclass(frozen=True)
+class ToolPlugin:
+    make: str
+    """'module:function' called as make(args) -> call, where call(params, row: dict) -> str runs one tool call
+    (GRPO `train.rl.tools`): `params` is an instance of `params`, `row` the prompt row's columns."""
+    params: Any
+    """A pydantic model of the call's arguments, as the model writes them: its fields (with their docstrings) are
+    the tool's signature the chat template shows, and a call whose arguments don't fit it is a tool error."""
+    description: str
+    """What the tool does, in one line the model reads (the tool's description in the prompt)."""
+    args: Any = None
+    """A pydantic model class validating the tool's recipe arguments (the keys of its entry besides name)."""
+
+
+@dataclass(frozen=True)
 class Plugin:
     callbacks: dict[str, CallbackPlugin] = field(default_factory=dict)
     methods: dict[str, str] = field(default_factory=dict)
     """Method name -> module with `Config` (a MethodConfig with `method: Literal[name]`) and `inject`."""
     formats: dict[str, FormatPlugin] = field(default_factory=dict)
     rewards: dict[str, RewardPlugin] = field(default_factory=dict)
+    tools: dict[str, ToolPlugin] = field(default_factory=dict)
     objectives: dict[str, Any] = field(default_factory=dict)
     """Objective name -> `ftune.recipe.objectives.Objective` (its family, its config and trainer classes)."""
     version: str = ""
@@ -69,7 +84,7 @@ class Plugin:
 
 
 KINDS = {"callbacks": "callback", "methods": "method", "formats": "format", "rewards": "reward",
-         "objectives": "objective"}
+         "tools": "tool", "objectives": "objective"}
 """The registries a plugin can add to: a `Plugin` field -> the name of one entry in messages. A new registry
 (rewards, ...) is a field of `Plugin` and a row here; its built-in table reaches plugins only through `merged`,
 which refuses a plugin name that shadows a built-in one, so the guard comes with the registry."""
@@ -97,6 +112,10 @@ class Registry:
     @property
     def rewards(self) -> dict[str, RewardPlugin]:
         return self.by_kind["rewards"]
+
+    @property
+    def tools(self) -> dict[str, ToolPlugin]:
+        return self.by_kind["tools"]
 
     @property
     def objectives(self) -> dict[str, Any]:

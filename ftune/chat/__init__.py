@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-BUILTIN: tuple[str, ...] = ("llama3", "chatml", "mistral", "gemma", "phi3", "qwen", "qwen3", "alpaca")
+BUILTIN: tuple[str, ...] = ("llama3", "chatml", "mistral", "gemma", "phi3", "qwen", "qwen3", "alpaca", "hermes")
 
 # The token that ends an assistant turn in each built-in template (eos_token where the template writes it),
 # i.e. the token generation must learn to emit so that it stops.
@@ -23,6 +23,7 @@ END_OF_TURN: dict[str, str] = {
     "gemma": "<end_of_turn>",
     "phi3": "<|end|>",
     "alpaca": "eos_token",
+    "hermes": "<|im_end|>",
 }
 # End-of-turn markers of common templates, counted as stops when they are one token of the tokenizer.
 KNOWN_STOPS: tuple[str, ...] = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|eom_id|>",

@@ -35,7 +35,8 @@ DEFAULT_CHAT_TEMPLATE_SPANS = (
 
 
 def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
-    """Messages as [{role, content}] with roles mapped to system/user/assistant/tool."""
+    """Messages as [{role, content}] with roles mapped to system/user/assistant/tool; an assistant message's
+    `tool_calls` ([{"function": {"name", "arguments"}}], as chat templates take them) is kept."""
     f = src.spec.fields
     mapping = {**DEFAULT_ROLE_MAP, **(src.spec.roles or {})}
     if not isinstance(messages, list):
@@ -48,7 +49,7 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
     for k, m in enumerate(messages):
         # the common row first: a dict with a known role and string content (the checks below, all passed)
         if type(m) is dict and type(r := m.get(role_key)) is str and type(c := m.get(content_key)) is str and \
-                (role := mapping.get(r)) in _ROLE_SET:
+                (role := mapping.get(r)) in _ROLE_SET and not m.get("tool_calls"):
             out.append({"role": role, "content": c})
             continue
         if not isinstance(m, dict) or f.role not in m or f.content not in m:
@@ -67,8 +68,35 @@ def normalize_messages(messages, src: Source, i: int, fail) -> list[dict]:
             )
         if (wrong := not_text(m[f.content])) is not None:  # content parts (images) would be stringified
             raise fail(i, f"message {k + 1}'s `{f.content}` holds {wrong[0]}, not text", hint=wrong[1])
-        out.append({"role": role, "content": "" if m[f.content] is None else str(m[f.content])})
+        msg = {"role": role, "content": "" if m[f.content] is None else str(m[f.content])}
+        if m.get("tool_calls"):  # an assistant's structured calls: the chat template writes them (hermes)
+            if role != "assistant" or not isinstance(m["tool_calls"], list):
+                raise fail(i, f"message {k + 1}: `tool_calls` is a list, on an assistant message")
+            msg["tool_calls"] = [_tool_call(c, lambda why: fail(i, f"message {k + 1}: {why}"))
+                                 for c in m["tool_calls"]]
+        out.append(msg)
     return out
+
+
+def _tool_call(call, fail) -> dict:
+    """One call as `{"type": "function", "function": {"name", "arguments": {...}}}`: `arguments` may be a JSON
+    string; keys holding null are left out (a JSON Lines file read as Arrow gives every call every argument name
+    of the file, null where absent)."""
+    import json
+
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise fail("a tool call is {\"name\": ..., \"arguments\": {...}} (or under \"function\")")
+    args = fn.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise fail(f"tool call {fn['name']!r}: `arguments` is not JSON") from None
+    if not isinstance(args, dict):
+        raise fail(f"tool call {fn['name']!r}: `arguments` is an object of name: value")
+    return {"type": "function", "function": {"name": fn["name"],
+                                             "arguments": {k: v for k, v in args.items() if v is not None}}}
 
 
 ANOMALIES = ("assistant_first", "user_twice", "empty_content")
@@ -84,7 +112,7 @@ def chat_anomalies(messages: list[dict]) -> set[str]:
         found.add("assistant_first")
     if any(a["role"] == b["role"] == "user" for a, b in zip(turns, turns[1:])):
         found.add("user_twice")
-    if any(not m["content"].strip() for m in messages):
+    if any(not m["content"].strip() and not m.get("tool_calls") for m in messages):
         found.add("empty_content")
     return found
 
@@ -94,7 +122,7 @@ def anomaly_bits(messages: list[dict]) -> int:
     one pass over the messages (it runs on every chat row; tested equal to `chat_anomalies`)."""
     bits, previous = 0, None
     for m in messages:
-        if not m["content"].strip():
+        if not m["content"].strip() and not m.get("tool_calls"):
             bits |= 4  # empty_content
         role = m["role"]
         if role == "system":

@@ -92,6 +92,9 @@ def build(
         data_section=data.model_dump(mode="json", exclude={"cache_dir", "num_proc"}),
         extra={"task": recipe.model.task, "labels": recipe.model.labels, "num_labels": recipe.model.num_labels,
                "seed": recipe.train.seed,
+               # tools keep the prompts as messages, counted with the tools' signatures
+               **({"tools": [t.model_dump(mode="json") for t in recipe.train.rl.tools]}
+                  if recipe.train.rl is not None and recipe.train.rl.tools else {}),
                # a plugin format's code is part of the result: its version is part of the key
                "plugins": sorted({installed().versions[s.spec.format] for s in train_srcs + eval_srcs
                                   if s.spec.format in installed().formats}),

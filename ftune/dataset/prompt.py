@@ -1,7 +1,9 @@
 """Prompt data for online RL (grpo, rloo): rows → {prompt, answer?, ...the other columns, _row}.
 
 The prompt is a string, or chat messages rendered here with the run's chat template and its generation prompt,
-so TRL generates from plain text and every reward sees the same prompt. `answer` (mapped by `fields.answer`)
+so TRL generates from plain text and every reward sees the same prompt. With `train.rl.tools` the prompt stays
+chat messages (a string prompt becomes one user turn): TRL renders them with the tools' signatures and runs the
+tool loop; the columns the tools read (a row's table or document) pass through like the others. `answer` (mapped by `fields.answer`)
 and every other column pass through to the rewards; `_row` names the source row, so a reward that fails is
 reported with the row it failed on. The prompt keeps its last `data.max_prompt_length` tokens. The order of steps,
 the seeds and the cache are the SFT pipeline's.
@@ -28,6 +30,33 @@ def _answer_readers(recipe: Recipe) -> list[str]:
     return answer_readers(recipe)
 
 
+def tool_signatures(recipe: Recipe) -> list[dict] | None:
+    """The tools' JSON schemas the chat template shows (None without tools)."""
+    rl = recipe.train.rl
+    if rl is None or not rl.tools:
+        return None
+    from ftune.tools import available, signature
+
+    known = available()
+    return [signature(spec.name, known[spec.name]) for spec in rl.tools]
+
+
+def tool_columns(recipe: Recipe) -> list[str]:
+    """The prompt rows' columns the tools read (their per-row data)."""
+    rl = recipe.train.rl
+    if rl is None or not rl.tools:
+        return []
+    from ftune.tools import available, row_columns
+
+    known = available()
+    out = []
+    for spec in rl.tools:
+        plugin = known[spec.name]
+        args = plugin.args.model_validate(spec.args) if plugin is not None and plugin.args is not None else None
+        out += [c for c in row_columns(spec.name, args) if c not in out]
+    return out
+
+
 def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: Path, seed: int):
     import numpy as np
 
@@ -51,10 +80,21 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
         return DataError(f"{src.where}: row {rows[i] + 1} of {src.spec.path}: {message}", hint=hint,
                          location=row_location(src.path, src.kind, rows[i]) if src.local else None)
 
+    tools = tool_signatures(recipe)
+    columns = tool_columns(recipe)
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise DataError(f"{src.where}: train.rl.tools read each row's `{'`, `'.join(missing)}`, but row 1 of "
+                        f"{src.spec.path} has: {', '.join(ds.column_names)}",
+                        hint="add the column to every row (the tool's per-row data), or give the tool a `path`",
+                        location=row_location(src.path, src.kind, 0) if src.local else None)
+
     def encode(row: dict, i: int) -> dict:
         prompt = row[f.prompt]
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             raise fail(i, f"field `{f.prompt}` is empty")
+        if tools:
+            return encode_messages(row, prompt, i)
         if not isinstance(prompt, str):
             msgs = normalize_messages(prompt, src, i, fail)
             try:
@@ -68,6 +108,33 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
             prompt, ids = tok.decode(ids[-max_prompt:]), ids[-max_prompt:]
         out = {"prompt": prompt, ROW: f"{src.where} row {rows[i] + 1} of {src.spec.path}", "_len": len(ids),
                "_truncated": cut}
+        if readers and row.get(f.answer) in (None, ""):
+            raise fail(i, f"field `{f.answer}` is empty, and reward {', '.join(readers)} reads it")
+        if f.answer in row:
+            out["answer"] = None if row[f.answer] is None else str(row[f.answer])
+        return out
+
+    def encode_messages(row: dict, prompt, i: int) -> dict:
+        """With tools the prompt stays chat messages (TRL renders them with the tools and runs the tool loop);
+        its length is counted as TRL renders it. A prompt can't be cut at a message boundary: too long is an
+        error."""
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+            normalize_messages(prompt, src, i, fail)
+        try:
+            text = tok.apply_chat_template(msgs, chat_template=template, tools=tools, tokenize=False,
+                                           add_generation_prompt=True)
+        except Exception as err:  # noqa: BLE001 - jinja raise_exception(), bad role order, ...
+            raise fail(i, f"the chat template rejected the conversation: {err}") from err
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if max_prompt is not None and n > max_prompt:
+            raise fail(i, f"the prompt is {n} tokens with the tools' signatures, longer than "
+                       f"data.max_prompt_length ({max_prompt}); with tools a prompt is not cut",
+                       hint="raise data.max_prompt_length, or shorten the prompt")
+        for c in columns:
+            if row.get(c) is None:
+                raise fail(i, f"field `{c}` is empty, and train.rl.tools read it")
+        out = {"prompt": msgs, ROW: f"{src.where} row {rows[i] + 1} of {src.spec.path}", "_len": n,
+               "_truncated": False}
         if readers and row.get(f.answer) in (None, ""):
             raise fail(i, f"field `{f.answer}` is empty, and reward {', '.join(readers)} reads it")
         if f.answer in row:

@@ -134,6 +134,12 @@ def _distill(job: Job) -> list[Problem]:
     return distill.problems(job.recipe) if job.inputs or job.reads_model else []
 
 
+def _tool_tables(job: Job) -> list[Problem]:
+    from ftune.recipe.rules.tools import table_files
+
+    return table_files(job.recipe)
+
+
 # ------------------------------------------------------------------------------------- environment
 def _precision(job: Job) -> list[Problem]:
     from ftune.plan import environment
@@ -167,6 +173,8 @@ CHECKS: tuple[Check, ...] = (
           "classifier, read from its config.json"),
     Check("distillation", "files", _distill, "the distill teacher is a model folder whose tokenizer (vocabulary, "
           "special tokens) is the student's; model.init_from's layers exist (`ftune.plan.distill.problems`)"),
+    Check("tool tables", "files", _tool_tables, "each `lookup` tool's table file exists and reads as a table "
+          "(`ftune.recipe.rules.tools.table_files`)"),
     Check("precision", "environment", _precision, "the mixed precision this device can run"),
     Check("machine", "environment", _machine, "the packages, kernels and devices the recipe needs on this machine"),
 )

@@ -52,6 +52,8 @@ def config_kwargs(recipe: Recipe) -> dict[str, Any]:
         out |= {"loss_type": rl.loss_type or (SEQUENCE_LOSS if level == "sequence" else GRPO_LOSS),
                 "scale_rewards": rl.scale_rewards or GRPO_SCALE, "importance_sampling_level": level,
                 "delta": rl.delta, "top_entropy_quantile": rl.top_entropy_quantile}
+        if rl.tools:  # TRL runs the tool loop (ftune.runtime.tools); None would be unbounded
+            out["max_tool_calling_iterations"] = rl.max_tool_calls
     return out
 
 

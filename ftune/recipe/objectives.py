@@ -118,6 +118,9 @@ class Objective:
         return self.module.split(".")[0] == TRL_PACKAGE
 
 
+TOOL_SETTINGS = ("tools", "max_tool_calls", "tool_error_reward", "tool_format", "tool_timeout")
+"""GRPO's tool-calling keys (TRL's GRPOTrainer runs the tool loop; its RLOOTrainer has none)."""
+
 OBJECTIVES: dict[str, Objective] = {
     o.name: o
     for o in (
@@ -138,7 +141,8 @@ OBJECTIVES: dict[str, Objective] = {
         # online RL: `settings` are the train.rl keys
         Objective("grpo", "trl", "GRPOConfig", "GRPOTrainer", "prompt", RL_COMMON + ("loss_type", "scale_rewards",
                                                                            "importance_sampling_level", "delta",
-                                                                           "top_entropy_quantile"),
+                                                                           "top_entropy_quantile")
+                  + TOOL_SETTINGS,
                   family="rl", takes_images=True),
         Objective("rloo", "trl", "RLOOConfig", "RLOOTrainer", "prompt", RL_COMMON, family="rl"),
         # GKD (experimental in TRL 1.16) over the stable DistillationTrainer, which only trains on-policy, on

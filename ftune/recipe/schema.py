@@ -294,7 +294,7 @@ class DataSection(Section):
     repeat)."""
     chat_template: str | None = None
     """Chat template for `chat` rows and `as_chat` sources: a built-in name (llama3, chatml, mistral, gemma, phi3,
-    qwen, qwen3, alpaca), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
+    qwen, qwen3, alpaca, hermes: ChatML with tool calls), a Jinja string, or unset for the tokenizer's own (ftune's default when it has none)."""
     streaming: bool = False
     """Read, tokenize and pack the training rows while training runs (a `datasets.IterableDataset`), with no cache
     and no pass over the data first: for data too large to preprocess. Needs `train.max_steps`; several processes
@@ -542,6 +542,20 @@ class RewardSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+class ToolSpec(BaseModel):
+    """One tool: `{name, ...its arguments}`; the arguments are checked by the tool's own model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+    name: str
+    """A built-in tool (calculator, lookup, regex_extract; `python` is refused: no sandbox) or one an installed
+    plugin registers."""
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class GenerationSection(Section):
     backend: Literal["transformers", "paged", "vllm"] = "transformers"
     """How completions are sampled: the training model through transformers' generate; `paged`, the same model
@@ -599,6 +613,22 @@ class RLSection(Section):
     advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
     completions_sample: int = Field(8, ge=0)
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
+    tools: list[ToolSpec] = Field(default_factory=list)
+    """grpo only: tools the policy may call while it answers (TRL's multi-turn tool loop): the prompts stay chat
+    messages, the chat template shows the tools, each call's result is appended as a `tool` turn (masked from the
+    loss) and generation continues (docs/rl.md#tools)."""
+    max_tool_calls: int = Field(3, ge=1)
+    """grpo with tools: tool-calling rounds per completion at most (TRL's max_tool_calling_iterations)."""
+    tool_error_reward: float = 0.0
+    """grpo with tools: the reward of a completion with a tool call that failed (raised, didn't fit the tool's
+    arguments, named no tool, or ran past tool_timeout); its other rewards count 0."""
+    tool_format: Literal["hermes"] = "hermes"
+    """grpo with tools: how the chat template writes a tool call and how completions are parsed for one: `hermes`
+    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in ChatML turns, Qwen2.5's and Hermes' format; the
+    built-in chat template `hermes` renders it)."""
+    tool_timeout: float = Field(5.0, gt=0.0, le=600.0)
+    """grpo with tools: seconds one tool call may take; one past it is killed (its process restarted) and is a tool
+    error."""
     reward_timeout: float = Field(10.0, gt=0.0, le=600.0)
     """Seconds one reward may take on one completion. The rewards run in a process of their own: one past its
     limit (a regex that backtracks, a plugin that loops) is killed and stops the run (exit 3) naming the reward and

@@ -44,7 +44,7 @@ def reward_function(spec, plugin, pool=None, index: int = 0, limit_s: float = DE
         answers = columns.get("answer") or [None] * n
         rows = columns.get(ROW) or [f"completion {j + 1}" for j in range(n)]
         other = {k: v for k, v in columns.items()
-                 if isinstance(v, list) and len(v) == n and k not in ("answer", ROW)}
+                 if isinstance(v, list) and len(v) == n and k not in ("answer", ROW, "environments")}
         samples = [Sample(prompt=str(prompts[j]),
                           completion=completions[j] if isinstance(completions[j], str) else completions[j][-1]["content"],
                           completion_ids=tuple(completion_ids[j]) if completion_ids is not None else (),
@@ -94,8 +94,13 @@ def reward_functions(plan, device) -> list:
     pool = Pool([scored_entry(spec, known[spec.name]) for spec in scored], rl.reward_timeout) if scored else None
     if pool is not None:
         pool.start()
-    return [reward_model_function(spec, device) if spec.name == REWARD_MODEL
-            else reward_function(spec, known[spec.name], pool, scored.index(spec)) for spec in rl.rewards]
+    funcs = [reward_model_function(spec, device) if spec.name == REWARD_MODEL
+             else reward_function(spec, known[spec.name], pool, scored.index(spec)) for spec in rl.rewards]
+    if rl.tools:  # a completion with a failed tool call scores tool_error_reward alone (ftune.runtime.tools)
+        from ftune.runtime.tools import zero_failed
+
+        funcs = [zero_failed(f) for f in funcs]
+    return funcs
 
 
 def guard(plan):
@@ -198,6 +203,12 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     rl = plan.recipe.train.rl
     run = plan.run
     funcs = reward_functions(plan, args.device)
+    tool_kwargs = {}
+    if rl.tools:
+        from ftune.runtime import tools
+
+        tools.response_parser(tokenizer, rl.tool_format)
+        tool_kwargs["environment_factory"] = tools.environment_factory(plan)
 
     class RLTrainer(trainer_class):
         def create_accelerator_and_postprocess(self):
@@ -213,6 +224,8 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
                 out = super()._generate(prompts)
             finally:
                 put_back(held)
+            if rl.tools:
+                self._ftune_tool_record(out)
             step = getattr(self, "_ftune_step", None)
             if step is not None:
                 step[1] += time.perf_counter() - start
@@ -259,6 +272,27 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
                 with run.completions.open("a") as f:
                     f.writelines(json.dumps(r, default=_shown) + "\n" for r in sample)
 
+        def _ftune_tool_record(self, out) -> None:
+            """Each rollout's calls (name, arguments, result, error) and the text masked from its loss (the
+            tool results TRL appended: `tool_mask` 0), kept beside TRL's logged completions."""
+            from accelerate.utils import gather_object
+
+            from ftune.runtime.tools import note_unrouted
+
+            completion_ids, tool_mask, completions = out[1], out[2], out[3]
+            note_unrouted(self.environments, completions)
+            records = []
+            for j, env in enumerate(self.environments or []):
+                mask = tool_mask[j] if tool_mask is not None else []
+                masked = [t for t, m in zip(completion_ids[j], mask) if m == 0]
+                records.append({"tool_calls": list(env.calls),
+                                "masked": self.processing_class.decode(masked) if masked else ""})
+            if not hasattr(self, "_ftune_tools"):
+                from collections import deque
+
+                self._ftune_tools = deque(maxlen=self._logs["prompt"].maxlen)
+            self._ftune_tools.extend(gather_object(records))
+
         def _sample(self) -> list[dict] | None:
             """The last `completions_sample` completions generated, with their rewards (rank 0)."""
             logs = getattr(self, "_logs", None)
@@ -269,9 +303,12 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
             advantages = list(logs.get("advantages", []))
             k = min(rl.completions_sample, len(comps))
             out = []
+            calls = list(getattr(self, "_ftune_tools", []))
+            calls = calls[len(calls) - len(comps):] if len(calls) >= len(comps) else [{}] * len(comps)
             for j in range(len(comps) - k, len(comps)):
                 out.append({"step": self.state.global_step, "time": round(time.time(), 3), "prompt": prompts[j],
-                            "completion": comps[j], "rewards": {n: v[j] for n, v in rewards.items() if j < len(v)},
+                            "completion": comps[j], **calls[j],
+                            "rewards": {n: v[j] for n, v in rewards.items() if j < len(v)},
                             **({"advantage": advantages[j]} if j < len(advantages) else {})})
             return out
 
@@ -287,6 +324,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
         eval_dataset=eval_rows,
         processing_class=tokenizer,
         callbacks=[guard(plan), *callbacks],
+        **tool_kwargs,
     )
     restore_saved_modules_dtype(trainer.model)
     trainer.remove_callback(PrinterCallback)
@@ -358,6 +396,11 @@ def eval_rewards(plan, model, tokenizer, dataset, *, max_samples: int | None = N
     from ftune import generation
 
     rl = plan.recipe.train.rl
+    if rl.tools:
+        raise RunError("ftune eval scores plain completions and does not run the tool loop, so the rewards of a "
+                       "recipe with train.rl.tools would be scored on answers that could call no tool",
+                       hint="read the held-out rewards from a GRPO run's logs; the tool loop in eval is not "
+                       "done yet (docs/rl.md)")
     rows = dataset.select(range(min(len(dataset), max_samples))) if max_samples else dataset
     if len(rows) == 0:
         raise RunError("the eval data has no prompts to score", hint="set data.eval (e.g. `data.eval={split: 0.1}`)")

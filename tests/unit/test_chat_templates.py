@@ -16,7 +16,7 @@ CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "con
                 {"role": "assistant", "content": "hello"}, {"role": "user", "content": "add 2 and 3"},
                 {"role": "assistant", "content": "5"}]
 END = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "qwen": "<|im_end|>", "qwen3": "<|im_end|>", "mistral": "</s>",
-       "gemma": "<end_of_turn>", "phi3": "<|end|>", "alpaca": "</s>"}
+       "gemma": "<end_of_turn>", "phi3": "<|end|>", "alpaca": "</s>", "hermes": "<|im_end|>"}
 
 
 @pytest.fixture(scope="module")

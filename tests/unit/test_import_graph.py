@@ -2,11 +2,12 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 plugins, outputs, typed, moe, clock, models, quiet, hub   what plugins register; the output policy; text
-                                                               checks; MoE and VLM structure; durations shown;
-                                                               library noise off; a model id in the HF cache
+  1 plugins, outputs, typed, moe, clock, models, quiet, hub,  what plugins register; the output policy; text
+    patterns                                                   checks; MoE and VLM structure; durations shown;
+                                                               library noise off; a model id in the HF cache;
+                                                               regexes that backtrack
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
-    rewards, gguf, fp8
+    rewards, tools, gguf, fp8
   3 recipe, report                                             the recipe language; a run dir's report page
   4 data, benchmarks                                           data files read lightly: both sides (checks, formats);
                                                                lm-eval task names and the harness run on a model
@@ -34,9 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1, "hub": 1,
-    "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2, "fp8": 2,
-    "gguf": 2,
+    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1, "hub": 1, "patterns": 1,
+    "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
+    "gguf": 2, "tools": 2, "fp8": 2,
     "recipe": 3, "report": 3,
     "data": 4, "benchmarks": 4,
     "plan": 5, "importers": 5, "generation": 5,
