@@ -36,8 +36,8 @@ def markdown(summary: dict) -> str:
         lines.append("")
     if "samples" in rl:
         curve = ", ".join(f"{value:.2f}" for _, value in rl["reward"])
-        lines += [f"Stage D, GRPO with the `numeric` reward on stage C's adapter ({rl['steps']} steps of 4 training "
-                  f"sums x 4 sampled answers): greedy answers right on **{rl['score_before']:.0%} → "
+        lines += [f"Stage D, GRPO with the `numeric` reward on stage C's adapter ({rl['steps']} steps of 2 training "
+                  f"sums x 8 sampled answers): greedy answers right on **{rl['score_before']:.0%} → "
                   f"{rl['score_after']:.0%}** of {rl['held_out_questions']} held-out one-digit sums; mean sampled "
                   f"reward per log {curve}. Greedy answers:", "",
                   "| held-out question | before (after C) | after D |", "|---|---|---|"]

@@ -59,14 +59,17 @@ def score(answers: list[str], held: list[tuple[int, int]]) -> float:
 
 def answers(target_arg: str, held: list[tuple[int, int]]) -> list[str]:
     """Greedy answers of the model (a base folder or a run dir) to the held-out questions, within the budget."""
-    from ftune.generation import encode_prompt, generate
+    from ftune.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
     from ftune.infer.load import load_for_generation
     from ftune.infer.source import resolve
 
     lo = load_for_generation(resolve(target_arg, allow_model=True))
-    prompts = [encode_prompt(lo.fmt, lo.tokenizer, {"messages": row(a, b)["prompt"]}) for a, b in held]
-    done = generate(lo.model, lo.tokenizer, prompts, stop_ids=lo.stop_ids, max_new_tokens=NEW_TOKENS,
-                    batch_size=len(prompts))
+    # The chat template the prompts were rendered with in training: a `format: prompt` run's own format reads as
+    # plain text (its rows may hold strings or messages), so the tokenizer's template is named here.
+    fmt = model_prompt_format(lo.tokenizer)
+    prompts = [encode_prompt(fmt, lo.tokenizer, {"messages": row(a, b)["prompt"]}) for a, b in held]
+    done = generate(lo.model, lo.tokenizer, prompts, stop_ids=stop_token_ids(lo.tokenizer, fmt, lo.stop_ids),
+                    max_new_tokens=NEW_TOKENS, batch_size=len(prompts))
     return [c.text.strip() for c in done]
 
 
