@@ -284,9 +284,25 @@ def pixel_inputs(processor, paths: list[list[str]], settings, ids=None) -> dict:
     out: dict = {}
     if nested:
         px = processor.image_processor(images=nested, return_tensors="pt")
-        out.update({k: v for k, v in px.items() if isinstance(v, torch.Tensor)})
-    if ids is not None and "mm_token_type_ids" in getattr(processor, "model_input_names", []):
-        found = image_token_ids(processor)
-        out["mm_token_type_ids"] = torch.isin(ids, torch.tensor(sorted(found))).to(torch.int) if found else \
+        unused = set(getattr(processor, "unused_input_names", []))  # Gemma 3's num_crops: generate() refuses it
+        out.update({k: v for k, v in px.items() if isinstance(v, torch.Tensor) and k not in unused})
+    key = type_ids_key(processor)
+    if ids is not None and key:
+        # the processor's own list where it has one (Gemma 3: the soft tokens, not <start_of_image>)
+        found = {t for t in getattr(processor, "image_token_ids", None) or [] if isinstance(t, int)} or \
+            image_token_ids(processor)
+        out[key] = torch.isin(ids, torch.tensor(sorted(found))).to(torch.int) if found else \
             torch.zeros_like(ids, dtype=torch.int)
     return out
+
+
+def type_ids_key(processor) -> str | None:
+    """The input that marks a batch's image tokens, where the family's model reads one: Qwen-VL's
+    `mm_token_type_ids` (M-RoPE positions), Gemma 3's `token_type_ids` (image tokens attend to each other both
+    ways, as in pretraining). PaliGemma's `token_type_ids` mean prefix and suffix instead: not built here."""
+    names = getattr(processor, "model_input_names", [])
+    if "mm_token_type_ids" in names:
+        return "mm_token_type_ids"
+    if "token_type_ids" in names and getattr(processor, "return_mm_token_type_ids", False):
+        return "token_type_ids"  # the processor renames its mm_token_type_ids so (Gemma 3, ShieldGemma 2)
+    return None
