@@ -232,6 +232,31 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     return report
 
 
+def first_rows(recipe, processor, n: int, max_images: int | None) -> tuple[list[dict], str]:
+    """The first `n` rows of the eval sources (train sources when `data.eval` is a split) that the data stage would
+    keep, read directly (`ftune.data.sample.local_rows`) and encoded as it does: `input_ids` with the image
+    placeholders expanded and the rows' image paths; and which rows they are (`eval`, `train`). For commands after
+    training that need a handful of inputs (`ftune merge`'s check): never the whole data stage, whose cold cache
+    would re-encode every row and image. A row the data stage would refuse or drop is passed over."""
+    from ftune.data.sample import local_rows
+
+    settings = Settings(processor, template_of(recipe, processor), recipe.data.images, recipe.data.max_seq_length,
+                        recipe.data.train_on, max_images)
+    found: list[dict] = []
+    split, peeked = local_rows(recipe, n)
+    for src, rows in peeked:
+        if len(found) >= n:
+            break
+        for r in range(len(rows)):  # one at a time: a bad row costs only itself
+            try:
+                enc, _ = encode_source(src, rows, [r], settings)
+            except DataError:
+                continue
+            if enc[0]["_trainable"] > 0:
+                found.append({"input_ids": list(enc[0]["input_ids"]), "images": list(enc[0]["images"])})
+    return found[:n], split
+
+
 def images_digest(srcs, settings) -> str:
     """sha256 over every image a vision-chat source names (path and content): part of the data cache key, so
     an image replaced under the same name re-encodes the data. Unreadable rows hash by their text: the encoder
