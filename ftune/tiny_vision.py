@@ -122,3 +122,53 @@ def build_tiny_paligemma(folder: str | Path, tokenizer, *, image_size: int = 28,
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), projection_dim=hidden_size,
         hidden_size=hidden_size)
     return _save(folder, config, processor, tokenizer)
+
+
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+
+
+def build_tiny_qwen2_vl(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                        hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A Qwen2-VL (its ViT with 2D RoPE, the patch merger as projector, a Qwen2 decoder with M-RoPE): an image
+    becomes `<|vision_start|>` + (image_size / patch_size / 2)^2 `<|image_pad|>` tokens + `<|vision_end|>`.
+    transformers 5.23 builds its processor only with a video processor, which needs torchvision (the GPU suite's
+    `vlm-qwen2` part carries a wheel): without it this raises ImportError before writing anything."""
+    from transformers import Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    config, images = qwen2_vl_parts(tokenizer, image_size=image_size, patch_size=patch_size,
+                                    hidden_size=hidden_size, vision_size=vision_size, num_layers=num_layers)
+    videos = Qwen2VLVideoProcessor(**qwen_sizes(image_size, patch_size))  # a dummy that raises without torchvision
+    processor = Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=videos,
+                                 chat_template=VLM_TEMPLATE.replace("<image>", "".join(QWEN_VISION_TOKENS[:3])))
+    import torch
+
+    torch.manual_seed(seed)
+    return _save(folder, config, processor, tokenizer)
+
+
+def qwen_sizes(image_size: int, patch_size: int) -> dict:
+    """Qwen2-VL's image (and video) processor settings for images of exactly `image_size` square."""
+    pixels = image_size * image_size
+    return dict(size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=patch_size, merge_size=2,
+                temporal_patch_size=2)
+
+
+def qwen2_vl_parts(tokenizer, *, image_size: int = 28, patch_size: int = 14, hidden_size: int = 64,
+                   vision_size: int = 32, num_layers: int = 2):
+    """The tiny Qwen2-VL's config and image processor (both work without torchvision; the tokenizer gets the
+    vision tokens): what `build_tiny_qwen2_vl` saves beside the processor."""
+    from transformers import Qwen2VLConfig, Qwen2VLImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": [*VLM_TOKENS, *QWEN_VISION_TOKENS]})
+    tokenizer.eos_token = "<|im_end|>"
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+           (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
+            ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"))}
+    config = Qwen2VLConfig(
+        vision_config=dict(depth=1, embed_dim=vision_size, hidden_size=hidden_size, num_heads=2, mlp_ratio=2,
+                           patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2,
+                           initializer_range=INIT_RANGE),
+        text_config=_text(tokenizer, hidden_size, num_layers,
+                          rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 4]}),
+        initializer_range=INIT_RANGE, tie_word_embeddings=False, **ids)
+    return config, Qwen2VLImageProcessorPil(**qwen_sizes(image_size, patch_size))
