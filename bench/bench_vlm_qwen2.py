@@ -59,12 +59,12 @@ def colour_rows(folder: Path, rows: int, side: int) -> Path:
     return path
 
 
-def _recipe(folder: Path, model: Path, data: Path, **sections) -> Path:
+def _recipe(folder: Path, model_dir: Path, rows: Path, **sections) -> Path:
     import yaml
 
     recipe = {"schema_version": 1, "name": "vlm-qwen2",
-              "model": {"path": str(model), "task": "image-text-to-text", "dtype": "float32"},
-              "data": {"train": [{"path": str(data), "format": "vision-chat"}], "eval": {"split": 0.2},
+              "model": {"path": str(model_dir), "task": "image-text-to-text", "dtype": "float32"},
+              "data": {"train": [{"path": str(rows), "format": "vision-chat"}], "eval": {"split": 0.2},
                        "max_seq_length": 64},
               "peft": {"method": "lora", "r": 8, "alpha": 16, "target_modules": "all-linear"},
               "train": {"max_steps": 30, "learning_rate": 1e-2, "per_device_batch_size": 8},
