@@ -21,6 +21,10 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
                   `train.rl.generation.backend: paged` beside TRL's continuous batching (bench/bench_grpo.py)
   full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW
   gpu-tests  40   pytest -m gpu tests/gpu
+  vlm-qwen2 180   Qwen2-VL, which needs torchvision: installs a carried torchvision wheel that matches this torch
+                  (FTUNE_BENCH_WHEELS, default wheels/), then a tiny Qwen2-VL learns the colour task, merges and
+                  generates with images; a Qwen2.5-VL-3B shape's tokens/s and peak vs plan (bench/bench_vlm_qwen2.py).
+                  Without a wheel: "skipped", why "no torchvision wheel"
 
 `FTUNE_BENCH_SMOKE=1` runs the parts that can run on a CPU on a tiny model (the others are recorded as skipped),
 so tests/unit/test_gpu_suite.py checks this script in `make test`; its figures mean nothing.
@@ -51,8 +55,11 @@ class Part:
 
 
 PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
+PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
          Part("qlora-8b", 60, cuda_only=True), Part("fp8-8b", 150), Part("grpo-1.5b", 60, cuda_only=True),
-         Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True)]
+         Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True), Part("vlm-qwen2", 180)]
+WHEELS = Path(os.environ.get("FTUNE_BENCH_WHEELS") or REPO / "wheels")
+"""Where a GPU session carries wheels the machine can't download (a torchvision built for the device's torch)."""
 
 
 def _run(argv: list[str], env: dict, timeout: float) -> tuple[str, str, str]:
@@ -174,11 +181,66 @@ def run_part(part: Part, left: float, assets: Path, cuda: bool, facts: dict) -> 
         result = json.loads(out.read_text() or "{}") if out.exists() and out.stat().st_size else {}
         out.unlink(missing_ok=True)
         return {"status": status, "result": result, "tail": tail if status != "ok" else None}
+    if part.name == "vlm-qwen2":
+        return vlm_qwen2(budget)
     if part.name == "gpu-tests":
         status, _, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                              "tests/gpu"], {}, budget)
         return {"status": status, "tail": tail[-1500:]}
     raise ValueError(part.name)
+
+
+def torchvision_for(torch_version: str) -> str:
+    """The torchvision release built for a torch release: torch 2.N pairs with torchvision 0.(N+15)."""
+    major, minor = (int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    return f"0.{minor + 15}" if major == 2 else "?"
+
+
+def torchvision_works() -> str | None:
+    """None when torchvision imports and runs a compiled op with this torch (a wheel for another torch or CUDA
+    fails here: `operator torchvision::nms does not exist`); else the error's last line."""
+    probe = "import torch, torchvision; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)"
+    status, _, tail = _run([sys.executable, "-c", probe], {}, 120)
+    return None if status == "ok" else (tail.strip().splitlines() or ["?"])[-1]
+
+
+def torchvision_ready(wheels: Path) -> str | None:
+    """None when torchvision works with this torch, after installing the carried wheel that matches it
+    (`torchvision-0.(N+15)*.whl` in `wheels` for torch 2.N, `pip install --no-deps --no-index`); else why not, for
+    the record (the part is skipped, not failed)."""
+    import torch
+
+    if torchvision_works() is None:
+        return None
+    want = torchvision_for(torch.__version__)
+    found = sorted(wheels.glob("torchvision-*.whl")) if wheels.is_dir() else []
+    if not found:
+        return f"no torchvision wheel (none in {wheels}; torch {torch.__version__} needs torchvision {want})"
+    match = [w for w in found if w.name.split("-")[1].split("+")[0].rsplit(".", 1)[0] == want]
+    if not match:
+        return (f"no torchvision wheel for torch {torch.__version__} (torchvision {want}) in {wheels}: found "
+                f"{', '.join(w.name for w in found)}")
+    status, _, tail = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(match[-1])],
+                           {}, 180)
+    if status != "ok":
+        return f"installing {match[-1].name} failed: {tail[-500:]}"
+    failed = torchvision_works()
+    return None if failed is None else f"{match[-1].name} is installed but fails with torch {torch.__version__}: {failed}"
+
+
+def vlm_qwen2(budget: float) -> dict:
+    """bench/bench_vlm_qwen2.py once torchvision works; skipped (why: no torchvision wheel ...) otherwise."""
+    started = time.perf_counter()
+    why = torchvision_ready(WHEELS)
+    if why is not None:
+        return {"status": "skipped", "why": why}
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    status, _, tail = _run([sys.executable, str(REPO / "bench/bench_vlm_qwen2.py")], {"FTUNE_BENCH_OUT": str(out)},
+                           max(10.0, budget - (time.perf_counter() - started)))
+    result = json.loads(out.read_text() or "{}") if out.exists() and out.stat().st_size else {}
+    out.unlink(missing_ok=True)
+    return {"status": status, "result": result, "tail": tail if status != "ok" else None}
 
 
 def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:

@@ -218,12 +218,14 @@ def build_tiny_llava(folder: str | Path, tokenizer, *, image_size: int = 28, pat
 
 
 def build_tiny_idefics3(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
-                        hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+                        hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, init_range: float = 0.02,
+                        seed: int = 0):
     """A randomly initialised Idefics3 (SigLIP-style vision tower, pixel-shuffle connector, Llama) with its
     processor (the same chatml template; `<image>` rewritten by the processor into
     `<fake_token_around_image><global-img><image><fake_token_around_image>`: one image token per image, no
     splitting), saved in `folder`. The second family the tests train: its processor rewrites the placeholder
-    instead of repeating it."""
+    instead of repeating it. `init_range`: the weights' init std (0.2 to learn the colour task in a few dozen
+    steps through `ftune run`, as `build_tiny_llava`'s)."""
     import torch
     from transformers import AutoModelForImageTextToText, Idefics3Config, Idefics3ImageProcessor, Idefics3Processor
 
@@ -242,10 +244,12 @@ def build_tiny_idefics3(folder: str | Path, tokenizer, *, image_size: int = 28, 
                          num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=2 * hidden_size, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False),
-        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+                         tie_word_embeddings=False, initializer_range=init_range),
+        initializer_range=init_range, scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
     )
     model = AutoModelForImageTextToText.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(folder))
     processor.save_pretrained(str(folder))
     return model

@@ -1,6 +1,7 @@
 """The first few rows of a run's data, read directly and tokenized as its data stage does: for the commands after
 training that need a handful of inputs (`ftune merge`'s check), never the whole data stage (which would
-re-preprocess every row on a cold cache)."""
+re-preprocess every row on a cold cache). A vision run's rows, with their images, are encoded from `local_rows` by
+`ftune.dataset.vision.first_rows` (the processor's expansion lives there)."""
 
 from __future__ import annotations
 
@@ -25,24 +26,36 @@ def first_rows(recipe, tokenizer, n: int, rows_kind: str = "sft") -> tuple[list[
     absent), encoded by the format's encoder with the run's chat template (`rows_kind` `sft`, `Plan.data.rows`),
     or the row's text columns tokenized (preference and prompt rows, which TRL tokenizes); and which rows they are
     (`eval`, `train`). ([], reason) when no local row can be read: hub data, a missing file."""
-    evals = [s for s in sources(recipe, splits=("eval",))]
-    split, picked = ("eval", evals) if evals else ("train", list(sources(recipe, splits=("train",))))
     found: list[list[int]] = []
-    for where, spec in picked:
+    split, peeked = local_rows(recipe, n)
+    for src, rows in peeked:
         if len(found) >= n:
             break
-        if spec.type == "hub":
-            continue
-        try:
-            src = resolve(spec, where)
-            peeked = peek(src, n - len(found)) if src.local else None
-        except (DataError, OSError):
-            continue
-        if not peeked or not peeked[1]:
-            continue
-        found += (_encoded(src, peeked[1], recipe, tokenizer) if rows_kind == "sft"
-                  else [row_ids(r, tokenizer) for r in peeked[1]])
+        found += (_encoded(src, rows, recipe, tokenizer) if rows_kind == "sft"
+                  else [row_ids(r, tokenizer) for r in rows])
     return [ids for ids in found if ids][:n], split
+
+
+def local_rows(recipe, n: int):
+    """(`eval` or `train`, an iterator of (source, its first `n` rows)) over the local sources a check samples: the
+    eval sources, else the train sources (`data.eval` a split or absent). Hub sources and unreadable files are
+    passed over; rows are read only as the caller asks for the next source."""
+    evals = list(sources(recipe, splits=("eval",)))
+    split, picked = ("eval", evals) if evals else ("train", list(sources(recipe, splits=("train",))))
+
+    def rows():
+        for where, spec in picked:
+            if spec.type == "hub":
+                continue
+            try:
+                src = resolve(spec, where)
+                peeked = peek(src, n) if src.local else None
+            except (DataError, OSError):
+                continue
+            if peeked and peeked[1]:
+                yield src, peeked[1]
+
+    return split, rows()
 
 
 def _encoded(src, rows: list[dict], recipe, tokenizer) -> list[list[int]]:

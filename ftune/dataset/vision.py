@@ -232,6 +232,31 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     return report
 
 
+def first_rows(recipe, processor, n: int, max_images: int | None) -> tuple[list[dict], str]:
+    """The first `n` rows of the eval sources (train sources when `data.eval` is a split) that the data stage would
+    keep, read directly (`ftune.data.sample.local_rows`) and encoded as it does: `input_ids` with the image
+    placeholders expanded and the rows' image paths; and which rows they are (`eval`, `train`). For commands after
+    training that need a handful of inputs (`ftune merge`'s check): never the whole data stage, whose cold cache
+    would re-encode every row and image. A row the data stage would refuse or drop is passed over."""
+    from ftune.data.sample import local_rows
+
+    settings = Settings(processor, template_of(recipe, processor), recipe.data.images, recipe.data.max_seq_length,
+                        recipe.data.train_on, max_images)
+    found: list[dict] = []
+    split, peeked = local_rows(recipe, n)
+    for src, rows in peeked:
+        if len(found) >= n:
+            break
+        for r in range(len(rows)):  # one at a time: a bad row costs only itself
+            try:
+                enc, _ = encode_source(src, rows, [r], settings)
+            except DataError:
+                continue
+            if enc[0]["_trainable"] > 0:
+                found.append({"input_ids": list(enc[0]["input_ids"]), "images": list(enc[0]["images"])})
+    return found[:n], split
+
+
 def images_digest(srcs, settings) -> str:
     """sha256 over every image a vision-chat source names (path and content): part of the data cache key, so
     an image replaced under the same name re-encodes the data. Unreadable rows hash by their text: the encoder
@@ -283,9 +308,25 @@ def pixel_inputs(processor, paths: list[list[str]], settings, ids=None) -> dict:
     out: dict = {}
     if nested:
         px = processor.image_processor(images=nested, return_tensors="pt")
-        out.update({k: v for k, v in px.items() if isinstance(v, torch.Tensor)})
-    if ids is not None and "mm_token_type_ids" in getattr(processor, "model_input_names", []):
-        found = image_token_ids(processor)
-        out["mm_token_type_ids"] = torch.isin(ids, torch.tensor(sorted(found))).to(torch.int) if found else \
+        unused = set(getattr(processor, "unused_input_names", []))  # Gemma 3's num_crops: generate() refuses it
+        out.update({k: v for k, v in px.items() if isinstance(v, torch.Tensor) and k not in unused})
+    key = type_ids_key(processor)
+    if ids is not None and key:
+        # the processor's own list where it has one (Gemma 3: the soft tokens, not <start_of_image>)
+        found = {t for t in getattr(processor, "image_token_ids", None) or [] if isinstance(t, int)} or \
+            image_token_ids(processor)
+        out[key] = torch.isin(ids, torch.tensor(sorted(found))).to(torch.int) if found else \
             torch.zeros_like(ids, dtype=torch.int)
     return out
+
+
+def type_ids_key(processor) -> str | None:
+    """The input that marks a batch's image tokens, where the family's model reads one: Qwen-VL's
+    `mm_token_type_ids` (M-RoPE positions), Gemma 3's `token_type_ids` (image tokens attend to each other both
+    ways, as in pretraining). PaliGemma's `token_type_ids` mean prefix and suffix instead: not built here."""
+    names = getattr(processor, "model_input_names", [])
+    if "mm_token_type_ids" in names:
+        return "mm_token_type_ids"
+    if "token_type_ids" in names and getattr(processor, "return_mm_token_type_ids", False):
+        return "token_type_ids"  # the processor renames its mm_token_type_ids so (Gemma 3, ShieldGemma 2)
+    return None

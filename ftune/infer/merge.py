@@ -120,10 +120,6 @@ def _sample_inputs(plan, tokenizer, processor=None) -> tuple[list[dict], str, in
     return picked, f"{len(picked)} {where} rows", 0
 
 
-def _rows(bundle):
-    return (bundle.eval, "eval") if bundle.eval is not None and len(bundle.eval) else (bundle.train, "train")
-
-
 def _ids(ids: list[int]):
     import torch
 
@@ -131,25 +127,24 @@ def _ids(ids: list[int]):
 
 
 def _image_samples(plan, processor) -> tuple[list[dict], str, int]:
-    """A vision-language run's check inputs: its eval (or train) rows with their images, as the run's collator
-    builds them (placeholders expanded, pixel inputs from the processor; a row is cut after SAMPLE_TOKENS tokens
-    but never inside its image tokens); rows with images first. A drawn image with a fixed question when the data
-    is gone, so the check always runs through the vision tower."""
-    from ftune import dataset as data
-    from ftune.dataset.vision import image_token_ids, pixel_inputs
+    """A vision-language run's check inputs: its first eval (or train) rows with their images, read directly and
+    encoded as the data stage does (`ftune.dataset.vision.first_rows`: placeholders expanded; never the whole data
+    stage), with pixel inputs as the run's collator builds them (a row is cut after SAMPLE_TOKENS tokens but never
+    inside its image tokens); rows with images first. A drawn image with a fixed question when the data is gone,
+    so the check always runs through the vision tower."""
+    from ftune.dataset.vision import first_rows, image_token_ids, pixel_inputs
 
     settings = plan.recipe.data.images
     try:
-        bundle = data.build(plan.recipe, processor.tokenizer, plan.data, log=lambda *a, **k: None,
-                            processor=processor)
-        rows, where = _rows(bundle)
+        rows, where = first_rows(plan.recipe, processor, SAMPLES, plan.data.max_images)
     except (FtuneError, OSError):
         rows, where = [], None
+    if not rows:
+        where = None
     image_ids = image_token_ids(processor)
-    order = sorted(range(len(rows)), key=lambda i: not rows[i]["images"])[:SAMPLES] if len(rows) else []
     samples, images = [], 0
-    for i in order:
-        ids, paths = list(rows[i]["input_ids"]), list(rows[i]["images"] or [])
+    for row in sorted(rows, key=lambda r: not r["images"]):
+        ids, paths = row["input_ids"], row["images"]
         last = max((k for k, t in enumerate(ids) if t in image_ids), default=-1)
         ids = _ids(ids[: max(SAMPLE_TOKENS, last + 1)])
         samples.append({"input_ids": ids, **pixel_inputs(processor, [paths], settings, ids)})

@@ -32,7 +32,15 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    return colour_rows(tmp_path_factory.mktemp("vdata"), 24)
+    """The colour task, each question numbered: two rows of one colour are otherwise the same tokens and the same
+    pixels, so two ranks that drew the same colours in the same order showed the same first batch (the data-split
+    check failed on main for that alone: both ranks' batches were red, green by other rows)."""
+    path = colour_rows(tmp_path_factory.mktemp("vdata"), 24)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["messages"][0]["content"][1]["text"] += f" {i}"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def _recipe(vlm_dir: Path, data: Path, out: Path, distributed: dict, batch: int) -> dict:

@@ -247,8 +247,9 @@ def test_merge_folds_into_the_whole_vlm_checked_on_image_inputs_and_generates_th
 
     merged, result = merged_vlm
     assert result["action"] == "merged" and result["max_diff"] <= result["tolerance"]
-    # the check ran on the eval rows with their images: pixel inputs through the vision tower and projector
-    assert result["images"] == 4 and result["sample_source"] == "4 eval rows with 4 images (pixel_values)"
+    # the check ran on the data file's first rows (the eval split is drawn from it) with their images, read directly
+    # as for a text run: pixel inputs through the vision tower and projector
+    assert result["images"] == 4 and result["sample_source"] == "4 train rows with 4 images (pixel_values)"
     assert {"processor_config.json", "chat_template.jinja", "tokenizer.json"} <= set(result["files"])
     weights, base = load_file(str(merged / "model.safetensors")), load_file(str(vlm_dir / "model.safetensors"))
     assert sorted(weights) == sorted(base)  # the whole model: vision tower and projector included, no adapter name
@@ -287,7 +288,7 @@ def test_merge_check_sees_a_projector_that_did_not_reach_the_merged_weights(colo
     capsys.readouterr()
     code = main(["merge", str(colour_run / "runs" / "r"), "--out", str(tmp_path / "m"), "--dtype", "float32"])
     err = capsys.readouterr().err
-    assert code == 3 and "merge check failed" in err and "on 4 eval rows with 4 images (pixel_values)" in err, err
+    assert code == 3 and "merge check failed" in err and "on 4 train rows with 4 images (pixel_values)" in err, err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -296,19 +297,18 @@ def test_merge_check_draws_an_image_when_the_runs_data_is_gone(merged_vlm, colou
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from ftune.errors import FtuneError
+    from ftune.data import sample
     from ftune.infer import merge
     from ftune.infer.source import resolve
     from ftune.infer.vision import load_vision
-    from ftune import dataset as data
 
     target = resolve(str(colour_run / "runs" / "r"))
     proc = load_vision(target).processor
 
-    def gone(*args, **kwargs):
-        raise FtuneError("data.train[0]: the file is gone")
+    def gone(src, n):
+        raise FileNotFoundError(src.path)
 
-    monkeypatch.setattr(data, "build", gone)
+    monkeypatch.setattr(sample, "peek", gone)  # the data file is gone when the check reads its first rows
     [sample], source, images = merge._sample_inputs(target.plan, proc.tokenizer, proc)
     assert images == 1 and source == ("a drawn image with a fixed question (pixel_values; the run's data or its "
                                       "images are unavailable)")

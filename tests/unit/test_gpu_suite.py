@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 def suite(tmp_path, *args: str) -> dict:
     out = tmp_path / "gpu.json"
-    env = {**os.environ, "FTUNE_BENCH_SMOKE": "1", "FTUNE_BENCH_ASSETS": str(tmp_path / "assets")}
+    env = {**os.environ, "FTUNE_BENCH_SMOKE": "1", "FTUNE_BENCH_ASSETS": str(tmp_path / "assets"),
+           "FTUNE_BENCH_WHEELS": str(tmp_path / "wheels")}
     proc = subprocess.run([sys.executable, str(REPO / "bench/gpu_suite.py"), "--out", str(out), *args],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -27,10 +28,13 @@ def suite(tmp_path, *args: str) -> dict:
 
 
 def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
-    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,fp8-8b,grpo-1.5b,gpu-tests")
+    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,fp8-8b,grpo-1.5b,gpu-tests,vlm-qwen2")
     parts = result["parts"]
     assert result["smoke"] is True
-    assert list(parts) == ["env", "long-8b", "qlora-8b", "fp8-8b", "grpo-1.5b", "gpu-tests"]
+    assert list(parts) == ["env", "long-8b", "qlora-8b", "fp8-8b", "grpo-1.5b", "gpu-tests", "vlm-qwen2"]
+    if _suite_module().torchvision_works() is not None:  # no wheel carried (FTUNE_BENCH_WHEELS is empty here)
+        assert parts["vlm-qwen2"]["status"] == "skipped", parts["vlm-qwen2"]
+        assert parts["vlm-qwen2"]["why"].startswith("no torchvision wheel (none in "), parts["vlm-qwen2"]
     assert parts["env"]["result"]["torch"] and parts["env"]["result"]["device"] == "cpu"
     # the plan's longest row on an 80 GiB device: the tiny model's 256 positions bound it, not the memory
     assert parts["long-8b"]["status"] == "ok" and parts["long-8b"]["result"]["plan_longest_seq"] == 256
@@ -41,10 +45,59 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
     assert "train.precision" in fp8["result"]["refused_here"] and "8.9" in fp8["result"]["refused_here"]
 
 
+def _suite_module():
+    import importlib.util
+
+    if "gpu_suite" not in sys.modules:  # its dataclass looks its module up there
+        spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "bench" / "gpu_suite.py")
+        sys.modules["gpu_suite"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["gpu_suite"])
+    return sys.modules["gpu_suite"]
+
+
+@pytest.mark.parametrize("torch_version,want", [("2.11.0+cu130", "0.26"), ("2.13.0", "0.28"), ("2.5.1", "0.20")])
+def test_the_torchvision_release_for_a_torch_release(torch_version, want):
+    assert _suite_module().torchvision_for(torch_version) == want
+
+
+def test_the_vlm_part_installs_the_matching_carried_wheel_or_says_why_not(tmp_path, monkeypatch):
+    """Every branch of torchvision_ready forced: works already; no wheel; wheels for another torch; the matching
+    wheel installed (pip's argv checked) and then working, or still failing (a CPU/CUDA mismatch)."""
+    import torch
+
+    suite_mod = _suite_module()
+    want = suite_mod.torchvision_for(torch.__version__)
+    works = iter([])
+    monkeypatch.setattr(suite_mod, "torchvision_works", lambda: next(works))
+    installed = []
+    monkeypatch.setattr(suite_mod, "_run", lambda argv, env, timeout: installed.append(argv) or ("ok", "", ""))
+    works = iter([None])
+    assert suite_mod.torchvision_ready(tmp_path / "none") is None and installed == []
+    works = iter(["ModuleNotFoundError: No module named 'torchvision'"])
+    assert suite_mod.torchvision_ready(tmp_path / "none").startswith("no torchvision wheel (none in ")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torchvision-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    works = iter(["x"])
+    why = suite_mod.torchvision_ready(wheels)
+    assert why.startswith(f"no torchvision wheel for torch {torch.__version__} (torchvision {want})") and \
+        "torchvision-0.1.0-" in why and installed == []
+    right = wheels / f"torchvision-{want}.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl"
+    right.write_bytes(b"")
+    works = iter(["x", None])
+    assert suite_mod.torchvision_ready(wheels) is None
+
+    assert "--no-index" in installed[-1] and installed[-1][-1] == str(right)
+    works = iter(["x", "RuntimeError: operator torchvision::nms does not exist"])
+    assert suite_mod.torchvision_ready(wheels) == (f"{right.name} is installed but fails with torch "
+                                                   f"{torch.__version__}: RuntimeError: operator torchvision::nms "
+                                                   "does not exist")
+
+
 def test_a_spent_budget_still_writes_every_part(tmp_path):
     parts = suite(tmp_path, "--budget", "5")["parts"]
     assert [p for p, row in parts.items() if row["status"] != "not run"] == []
-    assert "lora-8b" in parts and "full-3b" in parts
+    assert "lora-8b" in parts and "full-3b" in parts and "vlm-qwen2" in parts
 
 
 @pytest.mark.extended

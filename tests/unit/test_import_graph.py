@@ -8,7 +8,8 @@ Layers, lowest first; a module imports only from its own package or a lower laye
                                                                regexes that backtrack
   2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
     rewards, tools, gguf, fp8
-  3 recipe, report                                             the recipe language; a run dir's report page
+  3 recipe, report, tiny_vision                                the recipe language; a run dir's report page; tiny
+                                                               VLMs of more families (over tiny's template)
   4 data, benchmarks                                           data files read lightly: both sides (checks, formats);
                                                                lm-eval task names and the harness run on a model
   5 plan, importers, generation                                decisions before launch; prompts, stop tokens,
@@ -38,7 +39,7 @@ LAYERS = {
     "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1, "hub": 1, "patterns": 1,
     "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
     "gguf": 2, "tools": 2, "fp8": 2,
-    "recipe": 3, "report": 3,
+    "recipe": 3, "report": 3, "tiny_vision": 3,
     "data": 4, "benchmarks": 4,
     "plan": 5, "importers": 5, "generation": 5,
     "estimate": 6, "dataset": 6,

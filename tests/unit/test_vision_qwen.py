@@ -62,3 +62,31 @@ def test_with_torchvision_found_the_check_lets_it_through(recipe_file, monkeypat
     llava = recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": str(recipe_file.parent)})})
     (recipe_file.parent / "config.json").write_text('{"model_type": "llava"}')
     assert torchvision(llava) == []  # LLaVA's processor has no video processor
+
+
+def test_the_tiny_qwen2_vl_of_the_gpu_suite_takes_its_image_processor_s_inputs(tiny_tokenizer_dir):
+    """What `ftune.tiny_vision.build_tiny_qwen2_vl` saves, less the processor (which needs torchvision): the config
+    and the PIL image processor agree (a 28x28 image: a 2x2 patch grid, merged into one `<|image_pad|>`), the model
+    reads them with M-RoPE's `mm_token_type_ids`, and `part_of` splits it as Qwen's layout says."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from ftune.models.vision import part_of
+    from ftune.tiny_vision import qwen2_vl_parts
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    config, images = qwen2_vl_parts(tok)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config)
+    px = images(images=[[Image.new("RGB", (28, 28), (220, 30, 30))]], return_tensors="pt")
+    assert px["image_grid_thw"].tolist() == [[1, 2, 2]]
+    ids = tok("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what colour<|im_end|>",
+              return_tensors="pt")["input_ids"]
+    assert int((ids == config.image_token_id).sum()) == 1
+    out = model(input_ids=ids, labels=ids, mm_token_type_ids=(ids == config.image_token_id).int(), **px)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.model.visual.merger.mlp[0].weight.grad.abs().sum() > 0  # the image reached the loss
+    parts = {part_of(n, "qwen2_vl") for n, _ in model.named_parameters()}
+    assert parts == {"vision", "projector", "language"}

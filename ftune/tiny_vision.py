@@ -1,0 +1,174 @@
+"""Tiny vision-language models of the families whose processor works without torchvision, built offline from
+configs with their processors (LLaVA-NeXT, Gemma 3, PaliGemma; LLaVA and Idefics3 are in `ftune.tiny`), for the
+tests' colour task and the benchmarks. Each saves a folder AutoProcessor and AutoModelForImageTextToText load.
+
+The weights' init std is 0.2 (not transformers' 0.02) where the family takes it, so that a LoRA under a frozen
+random head can move the logits far enough to learn in a few dozen steps, as for the tiny LLaVA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftune.tiny import VLM_TEMPLATE, VLM_TOKENS
+
+INIT_RANGE = 0.2
+
+
+def _text(tokenizer, hidden_size: int, num_layers: int, **extra) -> dict:
+    """A small decoder's config for the language model."""
+    return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * hidden_size,
+                max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, initializer_range=INIT_RANGE, **extra)
+
+
+def _siglip(image_size: int, patch_size: int, vision_size: int) -> dict:
+    return dict(hidden_size=vision_size, num_hidden_layers=1, num_attention_heads=2, intermediate_size=2 * vision_size,
+                image_size=image_size, patch_size=patch_size)
+
+
+def _save(folder: str | Path, config, processor, tokenizer):
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    return model
+
+
+def build_tiny_llava_next(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                          hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A LLaVA-NeXT (CLIP tower, projector, `image_newline`, Llama): an image is its base view plus the tiles of
+    the best grid resolution (one grid here, `image_size` square), each (image_size / patch_size)^2 tokens, with a
+    newline token per row of tiles' patches."""
+    import torch
+    from transformers import LlavaNextConfig, LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    torch.manual_seed(seed)
+    tokenizer.add_special_tokens({"additional_special_tokens": VLM_TOKENS})
+    tokenizer.eos_token = "<|im_end|>"
+    grid = [[image_size, image_size]]
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": image_size}, image_grid_pinpoints=grid,
+                                        crop_size={"height": image_size, "width": image_size})
+    processor = LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, chat_template=VLM_TEMPLATE,
+                                   patch_size=patch_size, vision_feature_select_strategy="default",
+                                   num_additional_image_tokens=1)
+    config = LlavaNextConfig(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=vision_size, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=2 * vision_size, image_size=image_size,
+                           patch_size=patch_size, projection_dim=vision_size),
+        text_config=dict(model_type="llama", **_text(tokenizer, hidden_size, num_layers)),
+        image_grid_pinpoints=grid, initializer_range=INIT_RANGE,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1, tie_word_embeddings=False)
+    return _save(folder, config, processor, tokenizer)
+
+
+def build_tiny_gemma3(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                      hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A Gemma 3 (SigLIP tower, pooling projector, Gemma 3 decoder): the chat template's `<start_of_image>` is
+    expanded by the processor into `\\n\\n<start_of_image>` + `mm_tokens_per_image` soft tokens +
+    `<end_of_image>\\n\\n`."""
+    import torch
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
+
+    torch.manual_seed(seed)
+    extra = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer.add_special_tokens({"additional_special_tokens": [*VLM_TOKENS, *extra.values()]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.save_pretrained(str(folder))  # reloaded with the named tokens Gemma3Processor reads (boi_token, ...)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), extra_special_tokens=extra)
+    tokens = (image_size // patch_size) ** 2
+    images = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size})
+    processor = Gemma3Processor(image_processor=images, tokenizer=tokenizer,
+                                chat_template=VLM_TEMPLATE.replace("<image>", "<start_of_image>"),
+                                image_seq_length=tokens)
+    config = Gemma3Config(
+        vision_config=_siglip(image_size, patch_size, vision_size),
+        text_config=_text(tokenizer, hidden_size, num_layers, head_dim=16, sliding_window=512,
+                          query_pre_attn_scalar=16),
+        mm_tokens_per_image=tokens, boi_token_index=tokenizer.convert_tokens_to_ids(extra["boi_token"]),
+        eoi_token_index=tokenizer.convert_tokens_to_ids(extra["eoi_token"]),
+        image_token_index=tokenizer.convert_tokens_to_ids(extra["image_token"]), initializer_range=INIT_RANGE,
+        tie_word_embeddings=False)
+    return _save(folder, config, processor, tokenizer)
+
+
+PALIGEMMA_TEMPLATE = VLM_TEMPLATE.replace("<|im_end|>\n", "<|im_end|>")
+"""PaliGemma's processor appends a newline to the text: turns that end with a special token keep the tokens of the
+rendered text the processor's (no `\\n\\n` merged across the end)."""
+
+
+def build_tiny_paligemma(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                         hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A PaliGemma (SigLIP tower, linear projector, Gemma 2 decoder): the processor expands `<image>` into
+    (image_size / patch_size)^2 image tokens and puts the BOS token after the last one."""
+    import torch
+    from transformers import PaliGemmaConfig, PaliGemmaProcessor, SiglipImageProcessorPil
+
+    torch.manual_seed(seed)
+    tokenizer.add_special_tokens({"additional_special_tokens": VLM_TOKENS})
+    tokenizer.eos_token = "<|im_end|>"
+    tokens = (image_size // patch_size) ** 2
+    images = SiglipImageProcessorPil(size={"height": image_size, "width": image_size})
+    images.image_seq_length = tokens
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer, chat_template=PALIGEMMA_TEMPLATE)
+    config = PaliGemmaConfig(
+        vision_config=dict(_siglip(image_size, patch_size, vision_size), projection_dim=hidden_size),
+        text_config=dict(model_type="gemma2", **_text(tokenizer, hidden_size, num_layers, head_dim=16)),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), projection_dim=hidden_size,
+        hidden_size=hidden_size)
+    return _save(folder, config, processor, tokenizer)
+
+
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+
+
+def build_tiny_qwen2_vl(folder: str | Path, tokenizer, *, image_size: int = 28, patch_size: int = 14,
+                        hidden_size: int = 64, vision_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A Qwen2-VL (its ViT with 2D RoPE, the patch merger as projector, a Qwen2 decoder with M-RoPE): an image
+    becomes `<|vision_start|>` + (image_size / patch_size / 2)^2 `<|image_pad|>` tokens + `<|vision_end|>`.
+    transformers 5.23 builds its processor only with a video processor, which needs torchvision (the GPU suite's
+    `vlm-qwen2` part carries a wheel): without it this raises ImportError before writing anything."""
+    from transformers import Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    config, images = qwen2_vl_parts(tokenizer, image_size=image_size, patch_size=patch_size,
+                                    hidden_size=hidden_size, vision_size=vision_size, num_layers=num_layers)
+    videos = Qwen2VLVideoProcessor(**qwen_sizes(image_size, patch_size))  # a dummy that raises without torchvision
+    processor = Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=videos,
+                                 chat_template=VLM_TEMPLATE.replace("<image>", "".join(QWEN_VISION_TOKENS[:3])))
+    import torch
+
+    torch.manual_seed(seed)
+    return _save(folder, config, processor, tokenizer)
+
+
+def qwen_sizes(image_size: int, patch_size: int) -> dict:
+    """Qwen2-VL's image (and video) processor settings for images of exactly `image_size` square."""
+    pixels = image_size * image_size
+    return dict(size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=patch_size, merge_size=2,
+                temporal_patch_size=2)
+
+
+def qwen2_vl_parts(tokenizer, *, image_size: int = 28, patch_size: int = 14, hidden_size: int = 64,
+                   vision_size: int = 32, num_layers: int = 2):
+    """The tiny Qwen2-VL's config and image processor (both work without torchvision; the tokenizer gets the
+    vision tokens): what `build_tiny_qwen2_vl` saves beside the processor."""
+    from transformers import Qwen2VLConfig, Qwen2VLImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": [*VLM_TOKENS, *QWEN_VISION_TOKENS]})
+    tokenizer.eos_token = "<|im_end|>"
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+           (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
+            ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"))}
+    config = Qwen2VLConfig(
+        vision_config=dict(depth=1, embed_dim=vision_size, hidden_size=hidden_size, num_heads=2, mlp_ratio=2,
+                           patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2,
+                           initializer_range=INIT_RANGE),
+        text_config=_text(tokenizer, hidden_size, num_layers,
+                          rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 4]}),
+        initializer_range=INIT_RANGE, tie_word_embeddings=False, **ids)
+    return config, Qwen2VLImageProcessorPil(**qwen_sizes(image_size, patch_size))
