@@ -10,6 +10,7 @@ folder searched and the download command. Light: huggingface_hub's cache lookup 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ftune.errors import Problem
@@ -17,6 +18,16 @@ from ftune.errors import Problem
 _TRUE = ("1", "true", "yes", "on")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 """A folder or snapshot holds a tokenizer when it holds one of these."""
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def looks_local(value: str) -> bool:
+    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name).
+    `ftune validate --check-paths` and `ftune run` both decide with this."""
+    return value.startswith(("/", ".", "~")) or value.endswith(_DATA_SUFFIXES) or not _HUB_ID.match(value)
+
 
 
 def offline(environ=None) -> bool:

@@ -136,7 +136,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise loaded.error(err.problems + unsized) from None
     if unsized:
         raise loaded.error(unsized)
-    from ftune.estimate.meta import resolve_config
+    from ftune.models.meta import resolve_config
     from ftune.plan.preflight import length_problems
 
     # the length against the model's positions, as the compiler's preflight checks a local config, for a config

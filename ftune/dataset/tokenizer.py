@@ -20,7 +20,7 @@ def load(path: str, recipe, token: str | None = None):
     except (OSError, ValueError) as err:
         from pathlib import Path
 
-        from ftune.recipe.load import looks_local
+        from ftune.hub import looks_local
 
         if looks_local(path) and not Path(path).expanduser().exists():
             # transformers would read a missing folder as a hub repo id ("Repo id must be in the form ...")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
-from ftune.estimate.meta import DTYPES, _build, resolve_config
+from ftune.models.meta import DTYPES, _build, resolve_config
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
 from ftune.estimate.memory import (
     Layout,
@@ -31,7 +31,7 @@ from ftune.estimate.memory import (
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
 from ftune.estimate.vision import VisionFacts, base_parts, with_images
-from ftune.modeling import linear_layer_names
+from ftune.models.config import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import FsdpSection, Recipe
 
@@ -259,7 +259,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
         notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
                      "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
-    from ftune.moe import count, moe_layout
+    from ftune.models.moe import count, moe_layout
 
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None

@@ -1,5 +1,5 @@
 """What `ftune plan` says about a vision-language model: the parameters of the vision tower, the projector and the
-language model (total and trainable, split by `ftune.models.vision.part_of`, the one rule the peft stage uses too),
+language model (total and trainable, split by `ftune.models.vision_parts.part_of`, the one rule the peft stage uses too),
 what one image costs (vision-encoder patches and language-model tokens, from `data.images.max_pixels` and the
 model's patch and merge sizes), and the activations the image encoder keeps for backward.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ftune.models.vision import PARTS, part_of
+from ftune.models.vision_parts import PARTS, part_of
 
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
@@ -128,7 +128,7 @@ def image_cost(config, max_pixels: int | None = None) -> ImageCost | None:
 
 def base_parts(recipe, model, config) -> dict[str, tuple[int, int]] | None:
     """`count_by_part` of the base model for `model.task: image-text-to-text` (before the method adds to it)."""
-    from ftune.estimate.catalog import VISION_TASK
+    from ftune.models.catalog import VISION_TASK
 
     return count_by_part(model, model_type_of(config)) if recipe.model.task == VISION_TASK else None
 

@@ -63,7 +63,7 @@ def _expert_outputs(model, dtype: str) -> dict[tuple[str, int], object] | None:
     (experts module, expert). None for a dense model. Called on the adapter model and on the merged one."""
     import torch
 
-    from ftune.moe import base_name, moe_layout
+    from ftune.models.moe import base_name, moe_layout
 
     layout = moe_layout(model)
     if layout is None:

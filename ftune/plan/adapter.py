@@ -19,7 +19,7 @@ from ftune import adapter, hub
 from ftune.errors import FtuneError, Problem
 from ftune.methods import METHODS, method_module
 from ftune.plan.environment import safetensors_problem
-from ftune.recipe.load import looks_local
+from ftune.hub import looks_local
 from ftune.recipe.schema import Recipe
 
 NEW_ADAPTER = "or point model.path at a base model to train a new adapter"

@@ -14,7 +14,7 @@ from ftune import hub
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
 from ftune.plan import quantization
-from ftune.recipe.load import looks_local
+from ftune.hub import looks_local
 from ftune.recipe.objectives import TRL_INSTALL, TRL_PACKAGE, family_of, objective
 from ftune.recipe.schema import Recipe
 from ftune.recipe.trackers import TRACKERS
@@ -261,7 +261,7 @@ TORCHVISION_INSTALL = ("pip install torchvision, the build of your torch (torch 
 def torchvision(recipe: Recipe) -> list[Problem]:
     """A VLM family whose processor transformers builds only with torchvision (`NEEDS_TORCHVISION`: Qwen-VL's
     takes a video processor even for images), read from the local config.json, on a machine without it."""
-    from ftune.models.vision import NEEDS_TORCHVISION, local_model_type
+    from ftune.models.vision_parts import NEEDS_TORCHVISION, local_model_type
 
     if recipe.model.task != "image-text-to-text" or importlib.util.find_spec("torchvision") is not None:
         return []

@@ -11,7 +11,7 @@ from pathlib import Path
 from ftune import hub
 from ftune.errors import Problem
 from ftune.data.images import URL
-from ftune.recipe.load import looks_local
+from ftune.hub import looks_local
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources
 

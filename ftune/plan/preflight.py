@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ftune import hub
 from ftune.errors import FtuneError, Problem
-from ftune.modeling import build_meta_model, linear_layer_names
+from ftune.models.config import build_meta_model, linear_layer_names
 from ftune.plan import parallelism, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.objectives import family_of
@@ -126,7 +126,7 @@ def target_problems(model, recipe: Recipe) -> list[Problem]:
 
 def router_problems(recipe: Recipe, model) -> list[Problem]:
     """Router settings on a model without a router: they would do nothing, silently."""
-    from ftune.moe import moe_layout
+    from ftune.models.moe import moe_layout
 
     m = recipe.model
     written = [k for k in ("router_aux_loss_coef", "output_router_logits") if getattr(m, k) is not None]
@@ -146,7 +146,7 @@ def length_problems(recipe: Recipe, config, longest: int | None = None) -> list[
     """data.max_seq_length, or (unset) the data's `longest` tokenized row, past the positions `config` covers
     (`modeling.positions`: max_position_embeddings, stretched by a rope scaling factor where the config says so).
     The compiler's preflight and `ftune plan` (whose config may come from the cache or the catalog) ask here."""
-    from ftune.modeling import positions
+    from ftune.models.config import positions
 
     length = recipe.data.max_seq_length or longest
     config = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -71,7 +71,7 @@ def without_autograd(model) -> list[str]:
     (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
     too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
     Returns the modules switched (none for a text model or a tower that trains)."""
-    from ftune.models.vision import is_vision_language, outermost, part_of
+    from ftune.models.vision_parts import is_vision_language, outermost, part_of
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kind = getattr(getattr(base, "config", None), "model_type", None)

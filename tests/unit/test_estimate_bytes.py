@@ -100,7 +100,7 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
 
     from ftune.methods import method_module
     from ftune.estimate.estimate import _apply_method
-    from ftune.estimate.meta import _build, resolve_config
+    from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
@@ -237,10 +237,10 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
 
     from ftune.methods import method_module
     from ftune.estimate.estimate import _apply_method, _quantize_layout
-    from ftune.estimate.meta import _build, resolve_config
+    from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
-    from ftune.modeling import build_meta_model
+    from ftune.models.config import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ftune.cli.main import main
-from ftune.modeling import positions
+from ftune.models.config import positions
 from ftune.plan.preflight import length_problems
 from ftune.recipe.schema import Recipe
 

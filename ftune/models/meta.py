@@ -8,13 +8,12 @@ from pathlib import Path
 
 from ftune import hub
 from ftune.errors import FtuneError, Problem, RecipeError
-from ftune.estimate import catalog
-from ftune.recipe.schema import Recipe
+from ftune.models import catalog
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def resolve_config(recipe: Recipe) -> tuple[Path, str]:
+def resolve_config(recipe) -> tuple[Path, str]:
     """The config.json to build from, in this order: `model.path` as a local folder or file, the offline
     HF cache, `model.config`, the bundled catalog (by id, or by name for mirrors and variants).
 
@@ -50,7 +49,7 @@ def resolve_config(recipe: Recipe) -> tuple[Path, str]:
                                       "Hugging Face models (config.json and safetensors weights)",
                                       "point model.path at the original HF model folder (or its hub id) the GGUF "
                                       "was converted from")])
-    from ftune.recipe.load import looks_local
+    from ftune.hub import looks_local
 
     if looks_local(path):  # a folder that isn't there: never suggest downloading a path
         where = "" if Path(path).expanduser().is_absolute() else f" (relative to the working directory, {Path.cwd()})"
@@ -83,7 +82,7 @@ def _own_config(value: str) -> tuple[Path, str]:
     return file, f"model.config {file}"
 
 
-def resolve_dtype(recipe: Recipe, config) -> str:
+def resolve_dtype(recipe, config) -> str:
     if recipe.model.dtype != "auto":
         return recipe.model.dtype
     own = getattr(config, "dtype", None)
@@ -91,7 +90,7 @@ def resolve_dtype(recipe: Recipe, config) -> str:
     return name if name in DTYPES else "float32"
 
 
-def _build(recipe: Recipe, config_file: Path):
+def _build(recipe, config_file: Path):
     """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
     import torch
     from transformers import (
