@@ -1,5 +1,6 @@
-"""A model's structure from its config, shared by both sides: the meta-device preflight and the estimator
-(before launch) and the worker's model stage. Heavy libraries are imported inside the functions."""
+"""A model's config with the recipe's task settings, its linear layers and the positions it covers, shared by both
+sides: the meta-device build (`ftune.models.meta`: the preflight and the estimator, before launch) and the worker's
+model stage. Heavy libraries are imported inside the functions."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def load_config(recipe, token: str | None = None, labels: list[str] | None = Non
             f"cannot load the model config from {path}: {str(err).splitlines()[0]}",
             hint="model.path must be a folder with config.json (or a hub id where a hub is reachable)",
         ) from err
+    return apply_task(config, recipe, labels)
+
+
+def apply_task(config, recipe, labels: list[str] | None = None):
+    """`config` with the recipe's task settings (the worker's load and the meta-device build alike): the labels of a
+    classifier (`model.labels`, else the data's `labels`, else the config's count; a reward model's one logit) and
+    `model.attn_implementation`."""
+    model = recipe.model
     # the one name compared outside the objectives' modules: this room sits below ftune.recipe (the import graph),
     # so it can't ask the objective's family (Family.one_logit) without importing upward
     if model.task == "sequence-classification" and recipe.train.objective == "reward":
@@ -40,19 +49,6 @@ def load_config(recipe, token: str | None = None, labels: list[str] | None = Non
     if model.attn_implementation:
         config._attn_implementation = model.attn_implementation
     return config
-
-
-def build_meta_model(recipe, config=None):
-    """The model on the meta device: shapes and names only, no weights read, no memory used."""
-    import transformers
-    from accelerate import init_empty_weights
-
-    if config is None:
-        config = load_config(recipe)
-        config._attn_implementation = "eager"  # shapes and names don't depend on the kernel (flash may be absent here)
-    cls = getattr(transformers, TASK_CLASSES[recipe.model.task])
-    with init_empty_weights():
-        return cls.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
 
 
 def linear_layer_names(model) -> list[str]:

@@ -1,9 +1,12 @@
 """The recipe's base model on the meta device, from its config alone (no weights): which config.json to read
-(the model's own, the offline HF cache, `model.config`, the bundled catalog), its dtype, and the build.
+(the model's own, the HF cache, the hub when a run may fetch it, `model.config`, the bundled catalog), its dtype,
+and the build. The one resolver and the one builder of the compiler's preflight (so `plan` and `run` compile the
+same Plan: FSDP wrap classes, DDP's unused parameters), the quantization checks and the estimator.
 A problem at a recipe key is a `RecipeError` of unlocated `Problem`s: the caller locates them in its recipe."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ftune import hub
@@ -13,9 +16,10 @@ from ftune.models import catalog
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def resolve_config(recipe) -> tuple[Path, str]:
-    """The config.json to build from, in this order: `model.path` as a local folder or file, the offline
-    HF cache, `model.config`, the bundled catalog (by id, or by name for mirrors and variants).
+def resolve_config(recipe, *, fetch: bool = False) -> tuple[Path, str]:
+    """The config.json to build from, in this order: `model.path` as a local folder or file, the HF cache, the
+    hub (only with `fetch`, online: `run` reads what the worker will load), `model.config`, the bundled catalog (by
+    id, or by name for mirrors and variants).
 
     The model's own config wins; `model.config` is what the user names for everything else, so it comes
     before the catalog's match by name.
@@ -31,6 +35,10 @@ def resolve_config(recipe) -> tuple[Path, str]:
     cached = hub.cached_file(path, "config.json", recipe.model.revision)
     if cached is not None:
         return cached, f"hf-cache {cached}"
+    if fetch and not hub.offline() and not hub.looks_local(path):
+        fetched = _fetch(path, recipe.model.revision)
+        if fetched is not None:
+            return fetched, f"hub {path}"
     if recipe.model.config is not None:
         return _own_config(recipe.model.config)
     vision = recipe.model.task == catalog.VISION_TASK
@@ -90,29 +98,76 @@ def resolve_dtype(recipe, config) -> str:
     return name if name in DTYPES else "float32"
 
 
-def _build(recipe, config_file: Path):
-    """The recipe's base model on the meta device. Returns (model, config, dtype name)."""
-    import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoModelForSequenceClassification,
-    )
-
-    remote = recipe.model.trust_remote_code
+def _fetch(repo_id: str, revision: str | None) -> Path | None:
+    """The id's config.json from the hub (into the cache, as the worker's load would), or None where the hub can't
+    give it: the resolver goes on to `model.config` and the catalog."""
     try:
-        config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=remote)
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id, "config.json", revision=revision))
+    except Exception:  # unreachable, gated, missing: what the run would meet is the model check's to say
+        return None
+
+
+def read_config(recipe, config_file: Path):
+    """The config at `config_file` with the recipe's task settings (`ftune.models.config.apply_task`, as the worker
+    loads it). A model's own folder is read as a folder, so its remote code (`trust_remote_code`) is found."""
+    from transformers import AutoConfig
+
+    from ftune.models.config import apply_task
+
+    source = config_file.parent if config_file.name == "config.json" else config_file
+    try:
+        config = AutoConfig.from_pretrained(str(source), trust_remote_code=recipe.model.trust_remote_code)
     except (ValueError, KeyError, OSError) as e:
         raise FtuneError(f"cannot read model config {config_file}: {e}", hint="set model.trust_remote_code "
                          "if the model ships its own code") from None
+    return apply_task(config, recipe)
+
+
+@dataclass
+class MetaModel:
+    """The recipe's base model on the meta device, the config it was built from, its dtype name and where the
+    config came from (`local ...`, `hf-cache ...`, `hub ...`, `model.config ...`, `catalog ...`, `given`)."""
+
+    model: object
+    config: object
+    dtype: str
+    source: str
+
+
+def meta_model(recipe, config=None, *, fetch: bool = False) -> MetaModel:
+    """The one meta-device build: from `config` when given (already as the run loads it), else from the config the
+    resolver finds (`resolve_config`, read with the recipe's task settings)."""
+    source = "given"
+    if config is None:
+        file, source = resolve_config(recipe, fetch=fetch)
+        config = read_config(recipe, file)
+    model, dtype = _instantiate(recipe, config)
+    return MetaModel(model, config, dtype, source)
+
+
+def build_meta_model(recipe, config=None, *, fetch: bool = False):
+    """The model on the meta device: shapes and names only, no weights read, no memory used (`meta_model`)."""
+    return meta_model(recipe, config, fetch=fetch).model
+
+
+def _build(recipe, config_file: Path):
+    """The recipe's base model on the meta device from `config_file`. Returns (model, config, dtype name)."""
+    built = meta_model(recipe, read_config(recipe, config_file))
+    return built.model, built.config, built.dtype
+
+
+def _instantiate(recipe, config):
+    """`config`'s model for the recipe's task on the meta device, in its dtype. Returns (model, dtype name)."""
+    import torch
+    import transformers
+
+    from ftune.models.config import TASK_CLASSES
+
+    remote = recipe.model.trust_remote_code
     dtype = resolve_dtype(recipe, config)
-    auto = AutoModelForCausalLM
-    if recipe.model.task == "sequence-classification":
-        auto = AutoModelForSequenceClassification
-        config.num_labels = recipe.model.num_labels or len(recipe.model.labels or []) or config.num_labels
-    elif recipe.model.task == catalog.VISION_TASK:
-        auto = AutoModelForImageTextToText
+    auto = getattr(transformers, TASK_CLASSES[recipe.model.task])
     attn = "eager" if recipe.model.attn_implementation == "eager" else "sdpa"
 
     def build(attn: str):
@@ -130,4 +185,4 @@ def _build(recipe, config_file: Path):
     except (ValueError, ImportError, RuntimeError, TypeError) as e:
         raise FtuneError(f"cannot build {recipe.model.path} on the meta device: {e}",
                          hint="check model.task and model.trust_remote_code for this architecture") from None
-    return model, config, dtype
+    return model, dtype

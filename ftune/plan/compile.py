@@ -103,9 +103,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
     the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
     files and data, this machine) and the model's structure on the meta device (`ftune.plan.preflight`; without
-    `check_inputs` only when the model's config is local). `check_inputs` checks model/data paths and the run
-    dir; `gpus` compiles for that many GPUs per machine instead of the visible ones (planning a GPU job on a
-    laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
+    `check_inputs` on the config the one resolver finds: the cache's, `model.config`, the catalog's).
+    `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine instead
+    of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
     variables (`ftune.plan.cluster`; default os.environ); `reads_model`: the model folder's checks run without
     `check_inputs` (`plan`, whose estimate reads it)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
@@ -149,9 +149,11 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
     experts = wrap = None
-    if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
+    if model_known and converted:  # not on top of a refusal
         continued = (written, adapter_dir) if adapter_dir is not None else None
-        found, experts, wrap = preflight.inspect(recipe, device, continued)  # the model on the meta device
+        # the model on the meta device, from the one resolver's config (the folder, the cache, the hub, model.config,
+        # the catalog): `plan` without the inputs decides the wrap classes and DDP's unused parameters as `run` does
+        found, experts, wrap = preflight.inspect(recipe, device, continued, required=check_inputs)
         problems += found
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)

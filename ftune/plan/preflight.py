@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 
 from ftune import hub
-from ftune.errors import FtuneError, Problem
-from ftune.models.config import build_meta_model, linear_layer_names
+from ftune.errors import FtuneError, Problem, RecipeError
+from ftune.models.config import linear_layer_names
+from ftune.models.meta import build_meta_model, meta_model
 from ftune.plan import parallelism, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.objectives import family_of
@@ -28,15 +29,20 @@ def config_is_local(recipe: Recipe) -> bool:
         hub.offline() and hub.cached_file(m.path, "config.json", m.revision) is not None)
 
 
-def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None
+def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None, *, required: bool = True
             ) -> tuple[list[Problem], ExpertsKind | None, list[str] | None]:
     """`problems` on the meta model, how it holds its experts (the DDP decision, ftune.plan.ddp) and the layer
-    classes FSDP wraps (`wrap_classes`): one build. `continued`: the recipe as written and the adapter folder, when
-    `recipe` continues an adapter."""
+    classes FSDP wraps (`wrap_classes`): one build, from the config the one resolver finds
+    (`ftune.models.meta.resolve_config`: the model's folder, the HF cache, the hub when `required`, `model.config`,
+    the catalog), so `plan` (without the inputs) and `run` decide alike. `continued`: the recipe as written and the
+    adapter folder, when `recipe` continues an adapter. `required`: a config found nowhere is a problem (`run`);
+    otherwise nothing is inspected (`plan` says so through its estimate, `data` and `eval` need no model)."""
     try:
-        model = build_meta_model(recipe)
+        model = meta_model(recipe, fetch=required).model
+    except RecipeError as err:  # at the key the resolver names (model.path, model.config, model.task)
+        return (list(err.problems) if required else []), None, None
     except FtuneError as err:  # an unreadable config: at the key that names the model
-        return [Problem.at("model.path", err.message, err.hint)], None, None
+        return ([Problem.at("model.path", err.message, err.hint)] if required else []), None, None
     found = problems(recipe, device, model)
     if continued is not None:
         found += continued_target_problems(continued[0], recipe, continued[1], model)
@@ -50,7 +56,6 @@ def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, mode
     cfg = written.peft
     if not cfg.adapts_linear_layers or cfg.target_modules != "all-linear" or recipe.peft.target_modules == "all-linear":
         return []
-    from ftune.errors import RecipeError
     from ftune.methods.lora import resolve_targets
 
     try:

@@ -147,7 +147,7 @@ def check_model_config(recipe: Recipe, config, device: str = "cpu") -> list[Prob
     if q is None or q.bits != 4 or device != "cpu":
         return []
     if not hasattr(config, "named_modules"):
-        from ftune.models.config import build_meta_model
+        from ftune.models.meta import build_meta_model
 
         config = build_meta_model(recipe, config)
     model = config

@@ -32,7 +32,7 @@ def _load(model_dir, recipe: Recipe):
 
     from ftune.methods import lora
     from ftune.estimate.quant import describe
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
@@ -113,7 +113,7 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
     from bitsandbytes.nn import Linear4bit
 
     from ftune.estimate.quant import describe
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config
     from ftune.runtime.quantized import guard
 
@@ -174,7 +174,7 @@ def test_trainer_with_eval_on_start_learns(tiny_model_dir, tmp_path):
 
 def test_describe_measures_quantized_weights_and_plan_estimate_agrees(tiny_model_dir):
     from ftune.estimate.quant import describe
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 

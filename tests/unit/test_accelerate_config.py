@@ -324,7 +324,7 @@ def test_fsdp_trainer_kwargs_make_valid_training_arguments(tmp_path):
 
 
 def test_wrap_classes_checked_against_the_model(tiny_model_dir):
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.preflight import wrap_class_problems
 
     def problems(fsdp):

@@ -240,7 +240,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 

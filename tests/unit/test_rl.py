@@ -146,7 +146,7 @@ def test_answer_readers_need_an_answer_column(tmp_path):
 
 
 def test_prompt_plus_completion_past_the_model_positions(tmp_path, tiny_model_dir):
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.preflight import completion_position_problems
 
     recipe = load_recipe(_write(tmp_path, grpo(max_completion_length=500), {"max_prompt_length": 20,

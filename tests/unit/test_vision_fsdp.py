@@ -37,7 +37,7 @@ def _plan(path: Path):
 
 
 def test_fsdp_wraps_the_vision_encoder_and_the_language_decoder_layers(tmp_path, vlm_dir, capsys):
-    from ftune.models.config import build_meta_model
+    from ftune.models.meta import build_meta_model
 
     path = _recipe(tmp_path, vlm_dir, distributed={"strategy": "fsdp", "num_processes": 2})
     declared = build_meta_model(_plan(path).recipe)._no_split_modules
