@@ -60,6 +60,19 @@ def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Pat
     return Path(found) if isinstance(found, str) else None
 
 
+def dataset_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The snapshot folder of a hub dataset in the cache (`datasets--org--name/snapshots/<commit>/`, what
+    `datasets.load_dataset` downloads its files into), at `revision` (a branch, tag or commit; default main), or
+    None when the cache doesn't hold it. Nothing is downloaded."""
+    if looks_local(repo_id):
+        return None
+    repo = cache_root() / f"datasets--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else (revision or "")
+    folder = repo / "snapshots" / commit
+    return folder if commit and folder.is_dir() else None
+
+
 def snapshot(repo_id: str, revision: str | None = None, marker: str = "config.json") -> Path | None:
     """The snapshot folder of the id at `revision`, if it holds `marker` (config.json for a model,
     adapter_config.json for an adapter): the folder transformers loads offline."""

@@ -1,4 +1,5 @@
 """The pre-launch checks on the data files: does each local source have the fields, format and roles it needs?
+A hub dataset the Hugging Face cache holds is checked for its fields and the answer column an RL reward reads.
 
 Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`, `ftune data`) and by `ftune validate --check-paths`,
 so all of them refuse the same data. Light on purpose: it reads the first rows with the standard library
@@ -12,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.errors import Problem
+from ftune.hub import looks_local
 from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.recipe.sources import sources
 from ftune.typed import not_text
 from ftune.data.errors import DataError, chat_fields_hint, field_hint
 from ftune.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
-from ftune.data.sources import peek, resolve
+from ftune.data.sources import peek, peek_hub, resolve
 
 PEEK_ROWS = 5
 
@@ -31,8 +33,8 @@ def check_fields(recipe: Recipe) -> list[Problem]:
         if spec.type != "hub" and spec.is_glob:
             problems += _check_glob(recipe, where, spec)
             continue
-        if spec.type != "hub" and not Path(spec.path).expanduser().exists():
-            continue  # missing: the input check reports it (or a hub name the loader resolves)
+        if spec.type != "hub" and not Path(spec.path).expanduser().exists() and looks_local(spec.path):
+            continue  # missing: the input check reports it (a hub name is read from the cache, where it is)
         problems += _check_source(recipe, where, spec)[0]
     return problems
 
@@ -76,7 +78,7 @@ def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list
     problems: list[Problem] = []
     try:
         src = resolve(spec, where)
-        peeked = peek(src, PEEK_ROWS) if src.local else None
+        peeked = peek(src, PEEK_ROWS) if src.local else peek_hub(src, PEEK_ROWS)  # a hub dataset: the cache's files
     except DataError as err:
         return [Problem.at(f"{where}.path", _strip(err.message, where), err.hint)], None
     if peeked is None:
@@ -102,6 +104,8 @@ def _check_source(recipe: Recipe, where: str, spec) -> tuple[list[Problem], list
                          f", but the first rows of {spec.path} have: {', '.join(columns) or 'no fields'}",
                          "add an answer to every row, map its column (`fields: {answer: solution}`), or use "
                          "rewards that read no answer (regex, json, length)"))
+        return problems, columns
+    if not src.local:  # a hub dataset: its fields and the answer column; its rows' contents are the data stage's
         return problems, columns
     problems += _check_text_fields(where, spec, src, rows)
     if spec.format == "chat":

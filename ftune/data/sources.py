@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftune import hub
 from ftune.errors import Location
 from ftune.recipe.schema import DataSource
 from ftune.data.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8, not_utf8
@@ -254,6 +255,28 @@ def peek(src: Source, n: int = 5) -> tuple[list[str], list[dict]] | None:
     if src.kind == "disk":
         return _peek_disk(Path(src.path), split_names(src.spec.split)[0]), []
     return None
+
+
+def peek_hub(src: Source, n: int = 5) -> tuple[list[str], list[dict]] | None:
+    """A hub dataset's columns and first `n` rows of its split, read from the files `datasets` downloaded into the
+    Hugging Face cache (`ftune.hub.dataset_snapshot`); None when the cache doesn't hold it (online, the data stage
+    reads it after launch) or its files don't say which holds the split."""
+    snap = hub.dataset_snapshot(src.path)
+    if snap is None:
+        return None
+    split = split_names(src.spec.split)[0]
+    files = sorted(f for f in snap.rglob("*") if f.is_file() and EXTENSIONS.get(f.suffix.lower()) and
+                   f.name.lower() != "readme.md")
+
+    def names_split(f: Path) -> bool:  # data/train-00000-of-00001.parquet, train.jsonl, train/part-0.parquet
+        parts = f.relative_to(snap).with_suffix("").parts
+        return any(re.split(r"[-_.]", p)[0] == split for p in parts)
+
+    chosen = [f for f in files if names_split(f)] or (files if split == "train" and len(files) == 1 else [])
+    if not chosen:
+        return None
+    file = chosen[0]
+    return peek(Source(src.spec, src.where, str(file), EXTENSIONS[file.suffix.lower()]), n)
 
 
 def _peek_json(src: Source, n: int) -> tuple[list[str], list[dict]]:
