@@ -42,8 +42,8 @@ def read_table(path: Path = TABLE) -> tuple[list[tuple[str, str]], list[tuple[st
     return modules, names
 
 
-_FROM = re.compile(r"^(?P<indent>[ \t]*)from (?P<mod>[\w.]+) import (?P<body>\([^)]*\)|[^\n]*?)(?P<tail>[ \t]*(#[^\n]*)?)$",
-                   re.M)
+_FROM = re.compile(r"^(?P<indent>[ \t]*)from (?P<mod>[\w.]+) import (?P<body>\((?:[^()#]|#[^\n]*)*\)|[^\n#]*?)"
+                   r"(?P<tail>[ \t]*(#[^\n]*)?)$", re.M)
 
 
 def _split_names(body: str) -> list[str]:
@@ -70,8 +70,9 @@ def _import_line(indent: str, mod: str, names: list[str], width: int = 120) -> s
     return "\n".join(out)
 
 
-def _rewrite_from(text: str, moved: dict[tuple[str, str], str]) -> str:
-    """`from MOD import a, b`: each name whose (MOD, name) moved goes to its new module; the rest stays."""
+def _rewrite_from(text: str, moved: dict[tuple[str, str], tuple[str, str]]) -> str:
+    """`from MOD import a, b`: each name whose (MOD, name) moved goes to its new module (under its new name, bound
+    to the old one: `from ftune.plan import plan as model`); the rest stays."""
 
     def fix(m: re.Match) -> str:
         mod, names = m["mod"], _split_names(m["body"])
@@ -79,7 +80,10 @@ def _rewrite_from(text: str, moved: dict[tuple[str, str], str]) -> str:
             return m.group(0)
         groups: dict[str, list[str]] = {}
         for n in names:
-            groups.setdefault(moved.get((mod, n.split(" as ")[0].strip()), mod), []).append(n)
+            name, _, alias = (part.strip() for part in n.partition(" as "))
+            target, new_name = moved.get((mod, name), (mod, name))
+            bound = alias or name
+            groups.setdefault(target, []).append(new_name if new_name == bound else f"{new_name} as {bound}")
         lines = [_import_line(m["indent"], target, ns) for target, ns in groups.items()]
         return "\n".join(lines) + (m["tail"] or "")
 
@@ -92,20 +96,20 @@ def rewrite(text: str, modules: list[tuple[str, str]], names: list[tuple[str, st
     for old, new in modules:
         parent, _, leaf = old.rpartition(".")
         new_parent, _, new_leaf = new.rpartition(".")
-        if leaf == new_leaf and parent:
-            by_parent[(parent, leaf)] = new_parent
+        if parent and new_parent:
+            by_parent[(parent, leaf)] = (new_parent, new_leaf)
     text = _rewrite_from(text, by_parent)
     # dotted names and slash paths, one pass (longest first), so a rewritten name is never rewritten again
     table = {}
     for old, new in modules:
         table[old] = new
         table[old.replace(".", "/")] = new.replace(".", "/")
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(table, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(re.escape(k) for k in sorted(table, key=len, reverse=True))
                          + r")(?![\w])")
     if table:
         text = pattern.sub(lambda m: table[m.group(1)], text)
     # public names moved between modules
-    text = _rewrite_from(text, {(om, n): nm for om, nm, n in names})
+    text = _rewrite_from(text, {(om, n): (nm, n) for om, nm, n in names})
     for om, nm, n in names:  # dotted references to the name (docs, strings): old.module.Name
         text = re.sub(r"(?<![\w.])" + re.escape(f"{om}.{n}") + r"(?![\w])", f"{nm}.{n}", text)
     return text

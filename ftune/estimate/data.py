@@ -103,7 +103,7 @@ def _conversation(row: dict, source) -> list[dict] | None:
         return [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
     if source.format != "chat":
         return None
-    from ftune.data.formats import DEFAULT_ROLE_MAP
+    from ftune.datafiles.formats import DEFAULT_ROLE_MAP
 
     roles = {**DEFAULT_ROLE_MAP, **(source.roles or {})}
     messages = row.get(f.messages)
@@ -120,7 +120,7 @@ def _chat_renderer(recipe, tokenizer_path: str):
         return None
     from transformers import AutoTokenizer
 
-    from ftune.data.chat_rows import ChatRenderer, chat_template_of
+    from ftune.datafiles.chat_rows import ChatRenderer, chat_template_of
 
     hf = AutoTokenizer.from_pretrained(str(Path(tokenizer_path).expanduser()))
     renderer = ChatRenderer(hf, chat_template_of(recipe, hf))  # the data stage's renderer (apply_chat_template's text)

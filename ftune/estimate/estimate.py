@@ -16,21 +16,12 @@ from pathlib import Path
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.models.meta import DTYPES, _build, resolve_config
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
-from ftune.estimate.memory import (
-    Layout,
-    MemoryItem,
-    ParamFact,
-    fmt_bytes,
-    galore_low_rank,
-    layer_split,
-    optimizer_spec,
-    parse_bytes,  # noqa: F401  (re-exported for the CLI)
-    per_device,
-    weight_bytes,
-)
+from ftune.estimate.memory import Layout, fmt_bytes, layer_split, parse_bytes, per_device, weight_bytes
+from ftune.estimate.facts import MemoryItem, ParamFact
+from ftune.estimate.optimizer import galore_low_rank, optimizer_spec
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
-from ftune.estimate.vision import VisionFacts, base_parts, with_images
+from ftune.estimate.vision_cost import VisionFacts, base_parts, with_images
 from ftune.models.config import linear_layer_names
 from ftune.plan.preference import reference_copy
 from ftune.recipe.schema import FsdpSection, Recipe

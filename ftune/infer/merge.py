@@ -103,7 +103,7 @@ def _sample_inputs(plan, tokenizer, processor=None) -> tuple[list[dict], str, in
     """A few eval rows (train rows when there is no eval split) as the run tokenized them, as model inputs
     (`input_ids`, and a vision-language run's pixel inputs); fixed texts (with a drawn image) when the data is gone.
     Also: where they came from, and the number of images they show."""
-    from ftune.data.sample import first_rows
+    from ftune.datafiles.sample import first_rows
 
     if processor is not None:
         return _image_samples(plan, processor)
@@ -132,8 +132,8 @@ def _image_samples(plan, processor) -> tuple[list[dict], str, int]:
     builds them (placeholders expanded, pixel inputs from the processor; a row is cut after SAMPLE_TOKENS tokens
     but never inside its image tokens); rows with images first. A drawn image with a fixed question when the data
     is gone, so the check always runs through the vision tower."""
-    from ftune import dataset as data
-    from ftune.dataset.vision import image_token_ids, pixel_inputs
+    from ftune import datastage as data
+    from ftune.datastage.vision_chat import image_token_ids, pixel_inputs
 
     settings = plan.recipe.data.images
     try:
@@ -168,7 +168,7 @@ def _drawn_sample(plan, processor) -> dict:
     would): the check's input when the run's rows are gone."""
     from PIL import Image
 
-    from ftune.dataset.vision import template_of
+    from ftune.datastage.vision_chat import template_of
 
     side = max(28, int(plan.recipe.data.images.min_pixels ** 0.5))
     image = Image.new("RGB", (side, side))
@@ -279,7 +279,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log) -> M
 
     quiet_libraries()
     tmp.mkdir(parents=True)
-    from ftune.infer.vision import is_vision, load_vision
+    from ftune.infer.image_prompts import is_vision, load_vision
 
     vision = load_vision(target) if is_vision(target) else None  # the processor travels with the merged model
     tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)

@@ -36,7 +36,7 @@ class Target:
 def _plan(run_root: Path):
     from pydantic import ValidationError
 
-    from ftune.plan.model import Plan
+    from ftune.plan.plan import Plan
 
     path = RunDir(run_root).plan
     try:

@@ -2,7 +2,7 @@
 
 Decides device, world size, the one mixed precision, effective batch, run directory, what to resume from,
 the accelerate config + launch command, the model-loading kwargs and the TrainingArguments kwargs. Checks
-that need this machine (`ftune.plan.environment`) are reported here, located in the recipe, all at once.
+that need this machine (`ftune.plan.checks.environment`) are reported here, located in the recipe, all at once.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 from ftune import __version__, adapter, benchmarks, hub
 from ftune.errors import Problem
-from ftune.plan import (accelerate, batching, checks, cluster, ddp, environment, gguf, parallelism, preference,
-                        preflight, quantization, resume, rl)
+from ftune.plan import accelerate, batching, checks, cluster, ddp, gguf, parallelism, preference, quantization, rl
+from ftune.plan.checks import environment, preflight, resume
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
-from ftune.plan.model import LaunchSpec, Plan
+from ftune.plan.plan import LaunchSpec, Plan
 from ftune.plan.threads import CpuThreads, cap_num_proc, cpu_threads, usable_cores
 from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import checkpointing_owner, training_arguments
@@ -102,7 +102,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
     the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
-    files and data, this machine) and the model's structure on the meta device (`ftune.plan.preflight`; without
+    files and data, this machine) and the model's structure on the meta device (`ftune.plan.checks.preflight`; without
     `check_inputs` on the config the one resolver finds: the cache's, `model.config`, the catalog's).
     `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine instead
     of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's

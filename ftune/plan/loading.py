@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftune.models.config import TASK_CLASSES
-from ftune.plan.model import ModelLoad
+from ftune.plan.plan import ModelLoad
 from ftune.plan.quantization import bnb_config
 from ftune.recipe.schema import Recipe
 

@@ -15,7 +15,7 @@ from ftune.errors import RunError
 from ftune.rewards import REWARD_MODEL, Sample, available
 from ftune.rundir import is_complete
 from ftune.runtime.reward_pool import Entry, Pool, RewardsInterrupted, RewardTimeout
-from ftune.dataset.prompt import BOOKKEEPING, ROW
+from ftune.datastage.prompt import BOOKKEEPING, ROW
 
 TIMES = ("generation_time", "training_time", "generated_tokens")
 """ftune's per-step timing in metrics.jsonl (means over each logging window, as TRL logs its own): seconds spent

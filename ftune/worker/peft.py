@@ -55,7 +55,7 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
             model = module.inject(model, recipe.peft, recipe.model.task)
     except ValueError as err:
         if "target" in str(err).lower() and recipe.peft.adapts_linear_layers:
-            from ftune.plan.preflight import target_hint
+            from ftune.plan.checks.preflight import target_hint
 
             raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",
                              hint=target_hint(model)) from err

@@ -248,9 +248,9 @@ def _assert_learned(run_dir) -> None:
 
 def _reloaded_eval_loss(run_dir, **load) -> float:
     """Eval loss of final/ reloaded with `quantized.load_for_eval` on a freshly quantized base, same eval data."""
-    from ftune.plan.model import Plan
-    from ftune import dataset as data
-    from ftune.dataset import tokenizer
+    from ftune.plan.plan import Plan
+    from ftune import datastage as data
+    from ftune.datastage import tokenizer
     from ftune.runtime import quantized, train
 
     plan = Plan.load(run_dir / "plan.json")

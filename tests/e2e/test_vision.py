@@ -299,8 +299,8 @@ def test_merge_check_draws_an_image_when_the_runs_data_is_gone(merged_vlm, colou
     from ftune.errors import FtuneError
     from ftune.infer import merge
     from ftune.infer.source import resolve
-    from ftune.infer.vision import load_vision
-    from ftune import dataset as data
+    from ftune.infer.image_prompts import load_vision
+    from ftune import datastage as data
 
     target = resolve(str(colour_run / "runs" / "r"))
     proc = load_vision(target).processor

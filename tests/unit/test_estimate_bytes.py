@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ftune.estimate.estimate import estimate
-from ftune.estimate.memory import (
-    ActivationProfile,
-    Layout,
-    ParamFact,
-    optimizer_state_bytes,
-    optimizer_spec,
-    per_device,
-    quantized_weight_bytes,
-)
+from ftune.estimate.facts import ActivationProfile, ParamFact
+from ftune.estimate.memory import Layout, per_device, quantized_weight_bytes
+from ftune.estimate.optimizer import optimizer_state_bytes, optimizer_spec
 from ftune.recipe.schema import Recipe
 
 METHODS = {

@@ -14,7 +14,7 @@ import yaml
 
 from ftune import hub
 from ftune.cli.main import main
-from ftune.data.check import check_fields
+from ftune.datafiles.check import check_fields
 from ftune.recipe import load_recipe
 
 COMMIT = "d" * 40

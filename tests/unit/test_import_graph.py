@@ -11,12 +11,12 @@ Layers, lowest first; a module imports only from its own package or a lower laye
   3 rundir, lifecycle, methods, tiny, chat, adapter,           shared by both sides
     rewards, gguf
   4 recipe, report                                             the recipe language; a run dir's report page
-  5 data, benchmarks                                           data files read lightly: both sides (checks, formats);
+  5 datafiles, benchmarks                                      data files read lightly: both sides (checks, formats);
                                                                lm-eval task names and the harness run on a model
   6 plan, importers, generation                                decisions before launch; prompts, stop tokens,
                                                                decoding and their metrics (both sides: the end of
                                                                a run, eval, generate, chat)
-  7 estimate, dataset                                          what a recipe will cost; the data stage (tokenizer,
+  7 estimate, datastage                                        what a recipe will cost; the data stage (tokenizer,
                                                                tokenized / packed / cached rows: both sides, the
                                                                worker's and `ftune data`'s)
   8 runtime                                                    a process holding the model, either side: the model
@@ -41,9 +41,9 @@ LAYERS = {
     "models": 2,
     "rundir": 3, "lifecycle": 3, "methods": 3, "tiny": 3, "chat": 3, "adapter": 3, "rewards": 3, "gguf": 3,
     "recipe": 4, "report": 4,
-    "data": 5, "benchmarks": 5,
+    "datafiles": 5, "benchmarks": 5,
     "plan": 6, "importers": 6, "generation": 6,
-    "estimate": 7, "dataset": 7,
+    "estimate": 7, "datastage": 7,
     "runtime": 8,
     "launch": 9, "worker": 9,
     "infer": 10,
@@ -92,11 +92,11 @@ def test_no_upward_or_sideways_imports():
     assert bad == []
 
 
-PARENT = {"recipe", "data", "plan", "importers", "estimate", "launch", "cli"}
+PARENT = {"recipe", "datafiles", "plan", "importers", "estimate", "launch", "cli"}
 
 
 def test_the_parent_side_never_imports_the_worker():
-    """No exceptions: `ftune data` builds the data through `ftune.dataset` (below both sides), `ftune eval` scores a
+    """No exceptions: `ftune data` builds the data through `ftune.datastage` (below both sides), `ftune eval` scores a
     trained model through `ftune.infer.evaluate` (after training, like `generate`, `chat` and `merge`)."""
     bad = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
                  if _package(a) in PARENT and _package(b) == "worker")
@@ -105,8 +105,8 @@ def test_the_parent_side_never_imports_the_worker():
 
 def test_the_data_stage_is_below_both_sides():
     """The worker runs the data stage and `ftune data` shows it (and fills the same cache): it imports neither."""
-    dataset = {m for m in GRAPH if _package(m) == "dataset"}
-    assert "ftune.dataset.tokenizer" in dataset and "ftune.dataset.packing" in dataset
+    dataset = {m for m in GRAPH if _package(m) == "datastage"}
+    assert "ftune.datastage.tokenizer" in dataset and "ftune.datastage.packing" in dataset
     assert not {b for m in dataset for b in GRAPH[m] if _package(b) in {"worker", "infer", "cli", "launch"}}
 
 

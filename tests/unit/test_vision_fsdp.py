@@ -80,7 +80,7 @@ def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, visio
 
     from ftune.runtime.model import load_model
     from ftune.worker.peft import apply_method
-    from ftune.dataset.tokenizer import load_processor
+    from ftune.datastage.tokenizer import load_processor
 
     plan = _plan(_recipe(tmp_path, vlm_dir, train={"max_steps": 1, "gradient_checkpointing": True},
                          peft={"method": "lora", "target_modules": "all-linear",

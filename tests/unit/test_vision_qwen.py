@@ -51,7 +51,7 @@ def test_qwen2_5_vl_without_torchvision_is_refused_at_model_path_with_the_instal
 
 
 def test_with_torchvision_found_the_check_lets_it_through(recipe_file, monkeypatch):
-    from ftune.plan.environment import torchvision
+    from ftune.plan.checks.environment import torchvision
     from ftune.recipe import load_recipe
 
     recipe = load_recipe(str(recipe_file)).recipe

@@ -199,7 +199,7 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
                 notes: list[str]):
     """The vision facts, and the activation profile with the image encoder's layers and projector added (the
     probe ran the language model on text positions; the image placeholders are among its `seq` tokens)."""
-    from ftune.estimate.memory import ActivationProfile
+    from ftune.estimate.facts import ActivationProfile
 
     images, peft = recipe.data.images, recipe.peft
     modes = peft.part_modes()

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.recipe.schema import Recipe
-from ftune.data.errors import DataError, row_location
-from ftune.data.formats import check_columns, normalize_messages
-from ftune.dataset.report import DataReport
-from ftune.data.sources import Source
+from ftune.datafiles.errors import DataError, row_location
+from ftune.datafiles.formats import check_columns, normalize_messages
+from ftune.datastage.report import DataReport
+from ftune.datafiles.sources import Source
 
 BOOKKEEPING = ["_len", "_truncated"]
 ROW = "_row"
@@ -23,7 +23,7 @@ ROW = "_row"
 
 
 def _answer_readers(recipe: Recipe) -> list[str]:
-    from ftune.data.check import answer_readers
+    from ftune.datafiles.check import answer_readers
 
     return answer_readers(recipe)
 
@@ -75,7 +75,7 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
         return out
 
     drop = [c for c in (f.prompt, f.answer) if c in ds.column_names and c not in ("prompt", "answer")]
-    from ftune.dataset.pipeline import map_source, truncation_report
+    from ftune.datastage.pipeline import map_source, truncation_report
 
     enc = map_source(ds, encode, src, recipe, scratch, seed, "prompt", remove_columns=drop)
     return enc, truncation_report(src, enc)
@@ -84,7 +84,7 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
                scratch: Path) -> DataReport:
     """Build the prompt datasets into `scratch/train` (and `scratch/eval`) and return the report."""
-    from ftune.dataset.pipeline import preprocess_text_rows
+    from ftune.datastage.pipeline import preprocess_text_rows
 
     return preprocess_text_rows(recipe, train_srcs, eval_srcs, scratch, lambda src, ds, seed: encode_source(
         src, ds, recipe, tokenizer, template, scratch, seed), BOOKKEEPING)

@@ -4,7 +4,7 @@ the images' paths kept beside them; and the collator that turns a batch's images
 A row is rendered with the processor's chat template (or `data.chat_template`); the assistant turns are found as
 for `chat` (`render_with_spans`), tokenized, then the processor expands each image placeholder into the image's
 tokens (their number depends on the image's size). The labels follow the expansion: every inserted token, every
-image token, the prompt and the padding are -100. Images are read through `ftune.data.images` (checks, RGB,
+image token, the prompt and the padding are -100. Images are read through `ftune.datafiles.images` (checks, RGB,
 resize), here and in the collator, so the pixels a batch sees are the ones the token count was computed from.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftune.data.errors import DataError, row_location
-from ftune.data.formats import encode_with_offsets, render_with_spans
-from ftune.data.images import ImageProblem, open_image, parse_row, read_rows
-from ftune.data.masking import IGNORE, labels_from_spans, trainable
-from ftune.dataset.packing import PaddingCollator
-from ftune.dataset.report import DataReport, SourceReport, length_stats
+from ftune.datafiles.errors import DataError, row_location
+from ftune.datafiles.formats import encode_with_offsets, render_with_spans
+from ftune.datafiles.images import ImageProblem, open_image, parse_row, read_rows
+from ftune.datafiles.masking import IGNORE, labels_from_spans, trainable
+from ftune.datastage.packing import PaddingCollator
+from ftune.datastage.report import DataReport, SourceReport, length_stats
 
 BOOKKEEPING = ["_len", "_trainable", "_image_tokens", "_sizes"]
 
@@ -43,7 +43,7 @@ def template_of(recipe, processor) -> str:
     from ftune.errors import FtuneError
 
     if recipe.data.chat_template:
-        from ftune.data.chat_rows import chat_template_of
+        from ftune.datafiles.chat_rows import chat_template_of
 
         return chat_template_of(recipe, processor.tokenizer)
     template = getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)
@@ -170,7 +170,7 @@ def encode_source(src, rows: list[dict], order, s: Settings):
     features = datasets.Features({"input_ids": ints, "labels": ints, "images": datasets.List(datasets.Value("string")),
                                   "_len": datasets.Value("int32"), "_trainable": datasets.Value("int32"),
                                   "_image_tokens": datasets.Value("int32"), "_sizes": ints})
-    from ftune.dataset.pipeline import SOURCE_ROW
+    from ftune.datastage.pipeline import SOURCE_ROW
 
     encoded = datasets.Dataset.from_dict(out, features=features)
     return encoded.add_column(SOURCE_ROW, [int(r) for r in order]), sorted(notes)
@@ -181,9 +181,9 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     """Build the vision-chat datasets into `scratch/train` (and `scratch/eval`); the report counts images too."""
     import numpy as np
 
-    from ftune.data.sources import load
-    from ftune.dataset.arrow import numpy_columns
-    from ftune.dataset.pipeline import _check_dropped, assemble, finish_entry, split_origins
+    from ftune.datafiles.sources import load
+    from ftune.datastage.arrow import numpy_columns
+    from ftune.datastage.pipeline import _check_dropped, assemble, finish_entry, split_origins
 
     data = recipe.data
     settings = Settings(processor, template, data.images, data.max_seq_length, data.train_on, max_images)
@@ -238,7 +238,7 @@ def images_digest(srcs, settings) -> str:
     reports them."""
     import hashlib
 
-    from ftune.data.images import file_hash
+    from ftune.datafiles.images import file_hash
 
     digest = hashlib.sha256()
     for src in srcs:

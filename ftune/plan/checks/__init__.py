@@ -9,7 +9,7 @@ Tiers, cheapest first:
   and DeepSpeed configs, the data files' first rows, the reward models' config.json.
 - `environment`: this machine: precision, packages, kernels, devices. The run dir and the checkpoint to resume
   are read by the compiler beside its decisions (`compile._resolve_resume`, `environment.run_dir`).
-- `model`: the model on the meta device (`ftune.plan.preflight`, run by the compiler: it also yields decisions).
+- `model`: the model on the meta device (`ftune.plan.checks.preflight`, run by the compiler: it also yields decisions).
 
 `COMMANDS` says which tiers each command runs. `plan` and `data` run without the inputs on disk: a `files` row
 about a missing path is listed by `plan` instead, and the model folder's checks run in `plan` (its estimate
@@ -99,38 +99,38 @@ def _layout(job: Job) -> list[Problem]:
 
 # ------------------------------------------------------------------------------------------- files
 def _paths(job: Job) -> list[Problem]:
-    from ftune.plan.paths import missing_inputs
+    from ftune.plan.checks.paths import missing_inputs
 
     return missing_inputs(job.recipe, job.model_folder) if job.inputs else []
 
 
 def _model_folder(job: Job) -> list[Problem]:
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     return environment.model_folder(job.recipe, job.model_folder) if job.inputs or job.reads_model else []
 
 
 def _configs(job: Job) -> list[Problem]:
-    from ftune.plan.paths import missing_configs
+    from ftune.plan.checks.paths import missing_configs
 
     return missing_configs(job.recipe, job.recipe_dir)
 
 
 def _data(job: Job) -> list[Problem]:
-    from ftune.data.check import check_fields, eval_split_rows, preference_balance
+    from ftune.datafiles.check import check_fields, eval_split_rows, preference_balance
 
     return check_fields(job.recipe) + preference_balance(job.recipe) + eval_split_rows(job.recipe)
 
 
 def _reward_models(job: Job) -> list[Problem]:
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     return environment.reward_models(job.recipe)
 
 
 # ------------------------------------------------------------------------------------- environment
 def _precision(job: Job) -> list[Problem]:
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     if job.device is None or job.mixed_precision is None or not (job.machine or job.device == "cpu"):
         return []
@@ -138,7 +138,7 @@ def _precision(job: Job) -> list[Problem]:
 
 
 def _machine(job: Job) -> list[Problem]:
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     if not job.machine or job.device is None:
         return []
@@ -151,12 +151,12 @@ CHECKS: tuple[Check, ...] = (
           "0's address (`ftune.recipe.rules.distributed.JOB_RULES`)"),
     Check("parallelism", "recipe", _layout, "the N-D sizes against the world, strategy, tp with LoRA, "
           "quantization or checkpoints, cp's sequence length (`ftune.plan.parallelism.problems`)"),
-    Check("paths", "files", _paths, "the local model, tokenizer and data paths exist (`ftune.plan.paths`)"),
+    Check("paths", "files", _paths, "the local model, tokenizer and data paths exist (`ftune.plan.checks.paths`)"),
     Check("model folder", "files", _model_folder, "the model folder holds config.json, whole safetensors, and a "
-          "VLM's image processor and chat template (`ftune.plan.environment.model_folder`)"),
+          "VLM's image processor and chat template (`ftune.plan.checks.environment.model_folder`)"),
     Check("configs", "files", _configs, "the accelerate and DeepSpeed configs the recipe names exist"),
     Check("data", "files", _data, "the data files' fields, formats, roles and preference pairs in their first "
-          "rows, an eval split that would hold out no row (`ftune.data.check`)"),
+          "rows, an eval split that would hold out no row (`ftune.datafiles.check`)"),
     Check("reward models", "files", _reward_models, "each `reward_model` reward is a one-logit sequence "
           "classifier, read from its config.json"),
     Check("precision", "environment", _precision, "the mixed precision this device can run"),

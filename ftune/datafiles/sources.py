@@ -16,7 +16,7 @@ from pathlib import Path
 from ftune import hub
 from ftune.errors import Location
 from ftune.recipe.schema import DataSource
-from ftune.data.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8, not_utf8
+from ftune.datafiles.errors import DataError, first_bad_csv_record, first_bad_json_line, first_bad_utf8, not_utf8
 
 EXTENSIONS = {
     ".jsonl": "json",

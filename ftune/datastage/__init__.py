@@ -3,7 +3,7 @@
 `build` is what the worker calls, and `ftune data` (which shows it and fills the same cache): below both sides,
 with the tokenizer loader (`tokenizer`) and importing neither. Rooms here: packing (rows + collators), cache (keyed, atomic), report
 (numbers), pipeline (the order of steps), preference; the light rooms both sides share (sources, formats,
-masking, errors, and the pre-launch `check`) live in `ftune.data`.
+masking, errors, and the pre-launch `check`) live in `ftune.datafiles`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from ftune.plan.batching import DataPlan
 from ftune.plugins import installed
 from ftune.recipe.schema import Recipe
-from ftune.data.chat_rows import chat_template_of
-from ftune.data.errors import DataError
-from ftune.dataset.report import DataReport
+from ftune.datafiles.chat_rows import chat_template_of
+from ftune.datafiles.errors import DataError
+from ftune.datastage.report import DataReport
 
 __all__ = ["DataBundle", "DataError", "DataReport", "build", "chat_template_of"]
 
@@ -65,10 +65,10 @@ def build(
     vision-language model's (AutoProcessor), for vision-chat rows."""
     from pathlib import Path
 
-    from ftune.dataset.cache import Cache, make_key, tokenizer_fingerprint
-    from ftune.dataset import preference, prompt
-    from ftune.dataset.pipeline import preprocess
-    from ftune.data.sources import content_hash, resolve
+    from ftune.datastage.cache import Cache, make_key, tokenizer_fingerprint
+    from ftune.datastage import preference, prompt
+    from ftune.datastage.pipeline import preprocess
+    from ftune.datafiles.sources import content_hash, resolve
     from ftune.recipe.sources import sources
 
     data = recipe.data
@@ -76,13 +76,13 @@ def build(
     eval_srcs = [resolve(s, where) for where, s in sources(recipe, splits=("eval",))]  # none for a split of train
     vision = processor is not None
     if vision:
-        from ftune.dataset import vision as vision_data
+        from ftune.datastage import vision_chat as vision_data
 
         template = vision_data.template_of(recipe, processor)
     else:
         template = chat_template_of(recipe, tokenizer)
     if data.streaming:
-        from ftune.dataset.stream import build_stream
+        from ftune.datastage.stream import build_stream
 
         train, evals, report = build_stream(recipe, tokenizer, template, train_srcs, eval_srcs, decided.packing)
         for line in report.lines():
@@ -153,12 +153,12 @@ def build(
 def _collator(recipe: Recipe, tokenizer, decided: DataPlan, processor=None):
     """The collator for the batching the Plan decided (`decided.collator`), cached or streamed rows alike (streaming
     feeds causal-LM text only: never the vision or classification collator)."""
-    from ftune.dataset import packing
+    from ftune.datastage import packing
 
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     how = decided.collator
     if processor is not None:
-        from ftune.dataset.vision import VisionCollator
+        from ftune.datastage.vision_chat import VisionCollator
 
         return VisionCollator(pad, processor, recipe.data.images)
     if recipe.model.task == "sequence-classification":

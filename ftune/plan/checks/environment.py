@@ -1,7 +1,7 @@
 """Checks that need this machine or the files the recipe names: the model folder, reward models, devices and
 installed packages, the run dir. Each returns `Problem`s; the table of checks (`ftune.plan.checks`) says which
 commands run each, and the compiler locates them all at once (`LoadedRecipe.error`). Recipe-only rules live in `ftune.recipe.rules`, checks that
-need the model's structure in `ftune.plan.preflight`.
+need the model's structure in `ftune.plan.checks.preflight`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ftune.rundir import RunDir, is_complete
 
 def model_folder(recipe: Recipe, model_folder: bool = True) -> list[Problem]:
     """The model folder (unless it is a GGUF's converted copy, which `ftune.plan.gguf` checks) holds config.json,
-    whole weights and a VLM's image processor (its absence: `ftune.plan.paths.missing_inputs`)."""
+    whole weights and a VLM's image processor (its absence: `ftune.plan.checks.paths.missing_inputs`)."""
     found: list[Problem] = model_files(recipe) + image_processor(recipe) + processor_chat_template(recipe)
     folder = Path(recipe.model.path).expanduser()
     if model_folder and folder.exists() and not (folder / "config.json").is_file() and not is_adapter(folder):
@@ -333,7 +333,7 @@ def _cuda_lever(device: str, package: str, key: str, on_cpu: tuple[str, str],
 
 
 def devices(recipe: Recipe, device: str, num_processes: int) -> list[Problem]:
-    """GPUs and the distributed packages (the config files the distributed section names: `ftune.plan.paths`)."""
+    """GPUs and the distributed packages (the config files the distributed section names: `ftune.plan.checks.paths`)."""
     d = recipe.distributed
     found: list[Problem] = []
     if d.strategy == "deepspeed":

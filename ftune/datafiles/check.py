@@ -4,7 +4,7 @@ A hub dataset the Hugging Face cache holds is checked for its fields and the ans
 Run by the compiler (`ftune plan`, `ftune run`, `--dry-run`, `ftune data`) and by `ftune validate --check-paths`,
 so all of them refuse the same data. Light on purpose: it reads the first rows with the standard library
 (pyarrow for Parquet), never `datasets` or a tokenizer. A file that does not exist is not reported here: the
-compiler's input check (`ftune.plan.environment.inputs`) says so, once. `preference_balance` (degenerate
+compiler's input check (`ftune.plan.checks.environment.inputs`) says so, once. `preference_balance` (degenerate
 preference pairs) runs beside `check_fields` in the same two places.
 """
 
@@ -18,9 +18,9 @@ from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import EvalSplit, Recipe
 from ftune.recipe.sources import sources
 from ftune.typed import not_text
-from ftune.data.errors import DataError, chat_fields_hint, field_hint
-from ftune.data.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
-from ftune.data.sources import peek, peek_hub, resolve
+from ftune.datafiles.errors import DataError, chat_fields_hint, field_hint
+from ftune.datafiles.formats import DEFAULT_ROLE_MAP, ROLES, required_fields
+from ftune.datafiles.sources import peek, peek_hub, resolve
 
 PEEK_ROWS = 5
 
@@ -197,9 +197,9 @@ def _check_messages(where: str, spec, rows: list[dict]) -> list[Problem]:
 
 
 def _check_vision(where: str, src, rows: list[dict], settings) -> list[Problem]:
-    """The first rows' messages and images, read as the data stage will (ftune.data.images): the first problem,
+    """The first rows' messages and images, read as the data stage will (ftune.datafiles.images): the first problem,
     at the row and field."""
-    from ftune.data.images import ImageProblem, open_image, parse_row
+    from ftune.datafiles.images import ImageProblem, open_image, parse_row
 
     base = Path(src.path).parent
     for n, row in enumerate(rows, start=1):

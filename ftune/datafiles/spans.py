@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ftune.data.chat_rows import ChatRenderer
+from ftune.datafiles.chat_rows import ChatRenderer
 
 Render = ChatRenderer | Callable[[list[dict], bool], str]
 Span = tuple[int, int]

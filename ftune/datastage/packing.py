@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftune.data.masking import IGNORE
+from ftune.datafiles.masking import IGNORE
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -75,7 +75,7 @@ def pack(ds, capacity: int):
     """
     import datasets
 
-    from ftune.dataset.arrow import rows
+    from ftune.datastage.arrow import rows
 
     table, tokens = _pack_table(rows(ds, ["input_ids", "labels"]), capacity)
     return datasets.Dataset(table), (tokens / (table.num_rows * capacity) if table.num_rows else 0.0)
@@ -86,7 +86,7 @@ def pack_to_disk(ds, capacity: int, folder, lengths, seed: int | None = None,
     """Pack `ds` (input_ids, labels; `lengths`: its samples' token counts) shard by shard into `folder`, a folder
     `datasets.load_from_disk` reads; returns (packed rows, fill).
 
-    Each shard of about `shard_tokens` tokens is gathered batch by batch (`ftune.dataset.arrow`), packed, its rows
+    Each shard of about `shard_tokens` tokens is gathered batch by batch (`ftune.datastage.arrow`), packed, its rows
     shuffled when `seed` is given (the samples of a shard are already a random subset when `ds` is shuffled, so the
     rows of the whole set are in random order), and appended to the open Arrow file. Nothing is read back, so memory
     stays flat in the number of rows (a global shuffle of the packed rows read every shard back at random, and its
@@ -97,7 +97,7 @@ def pack_to_disk(ds, capacity: int, folder, lengths, seed: int | None = None,
     import numpy as np
     import pyarrow as pa
 
-    from ftune.dataset.arrow import rows, write_dataset_dir
+    from ftune.datastage.arrow import rows, write_dataset_dir
 
     rng = np.random.default_rng(seed) if seed is not None else None
     folder.mkdir(parents=True, exist_ok=True)

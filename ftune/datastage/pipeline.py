@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 from ftune.recipe.schema import EvalSplit, Recipe
-from ftune.dataset import packing
-from ftune.dataset.arrow import numpy_columns
-from ftune.data.errors import DataError, row_location
-from ftune.data.formats import (
+from ftune.datastage import packing
+from ftune.datastage.arrow import numpy_columns
+from ftune.datafiles.errors import DataError, row_location
+from ftune.datafiles.formats import (
     ANOMALIES,
     Context,
     check_columns,
@@ -23,8 +23,8 @@ from ftune.data.formats import (
     encoder,
     required_fields,
 )
-from ftune.dataset.report import DataReport, SourceReport, length_stats
-from ftune.data.sources import Source, load
+from ftune.datastage.report import DataReport, SourceReport, length_stats
+from ftune.datafiles.sources import Source, load
 from ftune.generation.stops import count_unstopped, stop_ids
 
 BOOKKEEPING = ["_len", "_trainable", "_anomalies"]

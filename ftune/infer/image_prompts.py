@@ -78,8 +78,8 @@ def _source():
 
 def image_prompt(messages: list[dict], base: Path, settings, max_images: int | None = None) -> ImagePrompt:
     """`messages` (vision-chat, image paths relative to `base`) parsed and their images opened; raises
-    `ftune.data.images.ImageProblem` naming the field (`messages[0].content[1].image`), as the data stage does."""
-    from ftune.data.images import ImageProblem, open_image, parse_row
+    `ftune.datafiles.images.ImageProblem` naming the field (`messages[0].content[1].image`), as the data stage does."""
+    from ftune.datafiles.images import ImageProblem, open_image, parse_row
 
     row = parse_row(messages, _source(), base)
     if max_images is not None and len(row.images) > max_images:
@@ -93,7 +93,7 @@ def image_prompt(messages: list[dict], base: Path, settings, max_images: int | N
 def check_images(paths: list[str], settings, flag: str = "--image") -> list[str]:
     """Absolute paths of images named on the command line, each opened once (a usage error, exit 2, if one can't
     be used)."""
-    from ftune.data.images import ImageProblem, open_image
+    from ftune.datafiles.images import ImageProblem, open_image
 
     out = []
     for p in paths:
@@ -129,15 +129,15 @@ class Vision:
 
     def pixels(self, paths: list[list[str]], ids) -> dict:
         """The model's image inputs for a batch whose prompts show `paths` (the collator's function)."""
-        from ftune.dataset.vision import pixel_inputs
+        from ftune.datastage.vision_chat import pixel_inputs
 
         return pixel_inputs(self.processor, paths, self.settings, ids)
 
 
 def load_vision(target) -> Vision:
     """The processor saved with the model (final/ or a merged folder), the run's chat template and data.images."""
-    from ftune.dataset.vision import template_of
-    from ftune.dataset.tokenizer import load_processor_at
+    from ftune.datastage.vision_chat import template_of
+    from ftune.datastage.tokenizer import load_processor_at
 
     recipe = target.plan.recipe
     try:

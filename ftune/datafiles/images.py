@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftune.data.chat_rows import DEFAULT_ROLE_MAP, ROLES
+from ftune.datafiles.chat_rows import DEFAULT_ROLE_MAP, ROLES
 from ftune.typed import not_text
 
 IMAGE_KEYS = ("image", "path", "url")

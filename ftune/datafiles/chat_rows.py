@@ -6,11 +6,11 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from ftune.data.errors import chat_fields_hint
+from ftune.datafiles.errors import chat_fields_hint
 from ftune.typed import not_text
 
 if TYPE_CHECKING:
-    from ftune.data.sources import Source
+    from ftune.datafiles.sources import Source
 
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_ROLE_MAP = {"human": "user", "gpt": "assistant", **{r: r for r in ROLES}}
@@ -144,7 +144,7 @@ class ChatRenderer:
     `tracked(messages)` renders once with transformers' generation tracker, where the template marks turns with
     `{% generation %}`: `spans_kind` says which text it renders ("tags": the template's own tags; "sibling": the
     tagged sibling of a built-in whose text this template is, ftune.chat.spans_sibling; None: no tracked render,
-    ftune.data.spans renders prefixes instead). `renders` counts renders (the tests read it)."""
+    ftune.datafiles.spans renders prefixes instead). `renders` counts renders (the tests read it)."""
 
     def __init__(self, tokenizer, template: str) -> None:
         self.tokenizer, self.template = tokenizer, template

@@ -16,21 +16,21 @@ from pathlib import Path
 from ftune.errors import Location
 from ftune.plugins import installed, load_object
 from ftune.typed import not_text
-from ftune.data.chat_rows import (  # noqa: F401  (also read from here)
+from ftune.datafiles.chat_rows import (  # noqa: F401  (also read from here)
     ANOMALIES, DEFAULT_CHAT_TEMPLATE, DEFAULT_ROLE_MAP, ROLES, ChatRenderer, anomaly_bits, chat_anomalies,
     count_anomalies,
     normalize_messages,
 )
-from ftune.data.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
-from ftune.data.masking import (
+from ftune.datafiles.errors import DataError, field_hint, first_bad_utf8, not_utf8, row_location
+from ftune.datafiles.masking import (
     IGNORE,
     labels_from_spans_batch,
     prompt_completion_labels,
     trainable,
     truncate,
 )
-from ftune.data.sources import Source
-from ftune.data.spans import render_with_spans  # noqa: F401  (also read from here)
+from ftune.datafiles.sources import Source
+from ftune.datafiles.spans import render_with_spans  # noqa: F401  (also read from here)
 
 ALPACA_TEMPLATE = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -116,7 +116,7 @@ def encoder(src: Source, ctx: Context, rows) -> Callable[[dict, list[int]], dict
 
     def fail(i: int, message: str, hint: str | None = None) -> DataError:
         at = rows[i]
-        if isinstance(at, Location):  # a streamed row (ftune.dataset.stream): its file and line, as read
+        if isinstance(at, Location):  # a streamed row (ftune.datastage.stream): its file and line, as read
             line = f"line {at.line} of " if at.line else ""
             return DataError(f"{src.where}: {line}{at.file}: {message}", hint=hint, location=at)
         row = int(at)

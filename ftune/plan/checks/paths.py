@@ -1,6 +1,6 @@
 """The inputs a recipe names that aren't on this machine: the model and tokenizer folders (or, offline, their hub ids
 in the Hugging Face cache: `ftune.hub`) and the data files (relative to the working directory), the accelerate and
-DeepSpeed configs (relative to the recipe file). One wording for the compiler (`ftune.plan.environment`) and
+DeepSpeed configs (relative to the recipe file). One wording for the compiler (`ftune.plan.checks.environment`) and
 `ftune validate --check-paths`; light (no torch)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ftune import hub
 from ftune.errors import Problem
-from ftune.data.images import URL
+from ftune.datafiles.images import URL
 from ftune.hub import looks_local
 from ftune.recipe.schema import Recipe
 from ftune.recipe.sources import sources

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftune.recipe.schema import Recipe
-from ftune.data.errors import DataError, row_location
-from ftune.data.formats import check_columns, normalize_messages
-from ftune.dataset.report import DataReport
-from ftune.data.sources import Source
+from ftune.datafiles.errors import DataError, row_location
+from ftune.datafiles.formats import check_columns, normalize_messages
+from ftune.datastage.report import DataReport
+from ftune.datafiles.sources import Source
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated"]
 COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "unpaired-preference": ("prompt", "completion", "label")}
@@ -113,7 +113,7 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
     if src.spec.limit:
         order = order[: src.spec.limit]
     ds = ds.select(order, keep_in_memory=True)
-    from ftune.dataset.pipeline import SOURCE_ROW, map_source, truncation_report
+    from ftune.datastage.pipeline import SOURCE_ROW, map_source, truncation_report
 
     enc = map_source(ds, encoder(src, tok, template, recipe.data.max_prompt_length, order.tolist()), src, recipe,
                      scratch, seed, src.spec.format, batched=True, remove_columns=ds.column_names,
@@ -124,7 +124,7 @@ def encode_source(src: Source, ds, recipe: Recipe, tok, template: str, scratch: 
 def preprocess(recipe: Recipe, tokenizer, train_srcs: list[Source], eval_srcs: list[Source], template: str,
                scratch: Path) -> DataReport:
     """Build the preference datasets into `scratch/train` (and `scratch/eval`) and return the report."""
-    from ftune.dataset.pipeline import preprocess_text_rows
+    from ftune.datastage.pipeline import preprocess_text_rows
 
     return preprocess_text_rows(recipe, train_srcs, eval_srcs, scratch, lambda src, ds, seed: encode_source(
         src, ds, recipe, tokenizer, template, scratch, seed), BOOKKEEPING)

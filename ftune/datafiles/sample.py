@@ -4,8 +4,8 @@ re-preprocess every row on a cold cache)."""
 
 from __future__ import annotations
 
-from ftune.data.errors import DataError
-from ftune.data.sources import peek, resolve
+from ftune.datafiles.errors import DataError
+from ftune.datafiles.sources import peek, resolve
 from ftune.recipe.sources import sources
 
 TEXT_COLUMNS = ("prompt", "chosen", "completion", "answer")
@@ -46,8 +46,8 @@ def first_rows(recipe, tokenizer, n: int, rows_kind: str = "sft") -> tuple[list[
 
 
 def _encoded(src, rows: list[dict], recipe, tokenizer) -> list[list[int]]:
-    from ftune.data.chat_rows import chat_template_of
-    from ftune.data.formats import Context, encoder
+    from ftune.datafiles.chat_rows import chat_template_of
+    from ftune.datafiles.formats import Context, encoder
 
     ctx = Context(tokenizer, recipe.data.max_seq_length, recipe.data.train_on, chat_template_of(recipe, tokenizer),
                   recipe.model.labels, recipe.model.num_labels)

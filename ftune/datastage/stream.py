@@ -17,12 +17,12 @@ import random
 
 from ftune.errors import Location
 from ftune.recipe.schema import Recipe
-from ftune.data.errors import DataError
-from ftune.data.formats import Context, check_columns, encoder
-from ftune.dataset.packing import first_fit_decreasing
-from ftune.data.masking import IGNORE
-from ftune.dataset.report import DataReport
-from ftune.data.sources import Source
+from ftune.datafiles.errors import DataError
+from ftune.datafiles.formats import Context, check_columns, encoder
+from ftune.datastage.packing import first_fit_decreasing
+from ftune.datafiles.masking import IGNORE
+from ftune.datastage.report import DataReport
+from ftune.datafiles.sources import Source
 
 BATCH = 1000
 

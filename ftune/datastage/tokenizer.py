@@ -34,7 +34,7 @@ def load(path: str, recipe, token: str | None = None):
         ) from err
     apply_tokens(tok, recipe.model)
     if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for _, s in sources(recipe)):
-        from ftune.dataset import chat_template_of
+        from ftune.datastage import chat_template_of
 
         # the template the data is rendered with is saved with the tokenizer in final/, so inference formats
         # prompts the same way (ftune's default included, for a tokenizer that has none)
