@@ -85,10 +85,10 @@ def tokenize_pack_seconds(texts: list[str], tok, work: Path) -> float:
     import datasets
 
     from ftune.recipe.schema import DataSource
-    from ftune.data.formats import Context, encoder
-    from ftune.dataset.packing import pack
-    from ftune.dataset.pipeline import BOOKKEEPING, features
-    from ftune.data.sources import Source
+    from ftune.datafiles.formats import Context, encoder
+    from ftune.datastage.packing import pack
+    from ftune.datastage.pipeline import BOOKKEEPING, features
+    from ftune.datafiles.sources import Source
 
     ds = datasets.Dataset.from_dict({"text": texts})
     src = Source(DataSource(path="mem"), "data.train[0]", "mem", "json")
@@ -115,7 +115,7 @@ def main() -> dict:
 
     from ftune.plan.batching import data_plan
     from ftune.tiny import build_tiny_llama, train_tokenizer
-    from ftune.dataset import build as stage
+    from ftune.datastage import build as stage
 
     def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
         return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)

@@ -5,7 +5,7 @@ figures are medians with the range over rounds:
 
 - plain: `load_dataset("json")`, `apply_chat_template` per row, one batched tokenizer call, `datasets.map`
   with batches of 1000 (what a practitioner writes; no labels, no packing).
-- ftune: `ftune.dataset.build` of a recipe with that file as `format: chat`, cold cache, `max_seq_length`
+- ftune: `ftune.datastage.build` of a recipe with that file as `format: chat`, cold cache, `max_seq_length`
   128, packing on: render, mask the prompts, pack, shuffle, write the cache entry.
 
 Both produce the same token count (asserted). Memory: peak RSS (`ru_maxrss`), and the peak of anonymous memory
@@ -17,7 +17,7 @@ Run: `.venv/bin/python bench/bench_data_scale.py [ROWS ...] [--rounds R] [--para
 The ftune side also times a warm rerun (a cache hit) after its cold build: `warm_over_cold`. `--num-proc 1,2` runs
 the ftune side once per `data.num_proc` setting in each round (interleaved, the plain side after them) and reports
 rows/s and CPU seconds (its worker processes' included) per setting, `num_proc`; the ratios are the first setting's.
-`renders_per_row`: chat-template renders per row for the answer spans (ftune/data/spans.py), on the first 1,000 rows.
+`renders_per_row`: chat-template renders per row for the answer spans (ftune/datafiles/spans.py), on the first 1,000 rows.
 """
 
 from __future__ import annotations
@@ -82,11 +82,11 @@ def side(name: str, data: str, tok_dir: str, num_proc: str = "0") -> dict:
 
     from ftune.recipe.schema import Recipe
     from ftune.plan.batching import data_plan
-    from ftune.dataset import build as stage
+    from ftune.datastage import build as stage
 
     def build(r, tok, **kw):  # the data stage with the compiler's decisions for one process
         return stage(r, tok, data_plan(r, step_samples=r.train.per_device_batch_size), **kw)
-    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.datafiles.formats import DEFAULT_CHAT_TEMPLATE
 
     datasets.disable_progress_bars()
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -150,8 +150,8 @@ def renders_per_row(data: Path, tok_dir: Path, rows: int = 1000) -> float:
     the one this tokenizer gets)."""
     from transformers import AutoTokenizer
 
-    from ftune.data.chat_rows import DEFAULT_CHAT_TEMPLATE, ChatRenderer
-    from ftune.data.spans import render_with_spans
+    from ftune.datafiles.chat_rows import DEFAULT_CHAT_TEMPLATE, ChatRenderer
+    from ftune.datafiles.spans import render_with_spans
 
     render = ChatRenderer(AutoTokenizer.from_pretrained(tok_dir), DEFAULT_CHAT_TEMPLATE)
     with data.open() as fh:

@@ -31,7 +31,7 @@ def fp8_layers(model) -> Fp8Layers:
     """The model's linear layers split into converted and kept (by reason)."""
     import torch
 
-    from ftune.moe import moe_layout
+    from ftune.models.moe import moe_layout
 
     layout = moe_layout(model)
     routers = set(layout.router_modules) if layout else set()

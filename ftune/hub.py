@@ -10,6 +10,7 @@ folder searched and the download command. Light: huggingface_hub's cache lookup 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ftune.errors import Problem
@@ -17,6 +18,16 @@ from ftune.errors import Problem
 _TRUE = ("1", "true", "yes", "on")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 """A folder or snapshot holds a tokenizer when it holds one of these."""
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def looks_local(value: str) -> bool:
+    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name).
+    `ftune validate --check-paths` and `ftune run` both decide with this."""
+    return value.startswith(("/", ".", "~")) or value.endswith(_DATA_SUFFIXES) or not _HUB_ID.match(value)
+
 
 
 def offline(environ=None) -> bool:
@@ -47,6 +58,19 @@ def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Pat
     except Exception:  # not a valid repo id: nothing cached under it
         return None
     return Path(found) if isinstance(found, str) else None
+
+
+def dataset_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The snapshot folder of a hub dataset in the cache (`datasets--org--name/snapshots/<commit>/`, what
+    `datasets.load_dataset` downloads its files into), at `revision` (a branch, tag or commit; default main), or
+    None when the cache doesn't hold it. Nothing is downloaded."""
+    if looks_local(repo_id):
+        return None
+    repo = cache_root() / f"datasets--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else (revision or "")
+    folder = repo / "snapshots" / commit
+    return folder if commit and folder.is_dir() else None
 
 
 def snapshot(repo_id: str, revision: str | None = None, marker: str = "config.json") -> Path | None:

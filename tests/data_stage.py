@@ -14,7 +14,7 @@ def decided(recipe, world_size: int = 1, **changes):
 
 
 def build(recipe, tokenizer, *, world_size: int = 1, **kwargs):
-    """`ftune.dataset.build` with the decisions the compiler makes for `recipe`."""
-    from ftune.dataset import build as stage
+    """`ftune.datastage.build` with the decisions the compiler makes for `recipe`."""
+    from ftune.datastage import build as stage
 
     return stage(recipe, tokenizer, decided(recipe, world_size), **kwargs)

@@ -51,7 +51,7 @@ _ANY_GENERATION_TAG = re.compile(r"\{%-?\s*(?:end)?generation\s*-?%\}")
 def spans_sibling(name: str) -> str:
     """The built-in template `name` with each turn's output wrapped in `{%- generation -%}` tags
     (templates/NAME.spans.jinja): rendered only to find the answer spans in one render
-    (ftune.data.spans). The shipped text stays tag-free, since it travels into final/, merged folders and GGUF
+    (ftune.datafiles.spans). The shipped text stays tag-free, since it travels into final/, merged folders and GGUF
     exports, whose Jinja may not know the tag; `strip_generation_tags` of the sibling is the shipped text (tested)."""
     if name not in BUILTIN:
         raise KeyError(name)

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def source_rows(report, split: str) -> list[str] | None:
     """Each sample's source as `data.train[0] row 121 of data.jsonl` (the file's 1-based row, as data errors name
     it), from the cache entry; None where the entry keeps none (packed rows, streamed data)."""
-    from ftune.dataset.pipeline import origins
+    from ftune.datastage.pipeline import origins
 
     found = origins(report.cache_path, split) if report.cache_path else None
     if found is None:
@@ -132,15 +132,15 @@ def run(args: argparse.Namespace) -> int:
     # `ftune plan --gpus N` does: the data of a GPU recipe can be inspected on a laptop
     plan = compile_plan(loaded, check_inputs=False, gpus=gpus)
     recipe = plan.recipe
-    from ftune.plan.gguf import materialize
+    from ftune.launch.gguf import materialize
 
     for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
         print(warning, file=sys.stderr)
     from ftune.quiet import quiet_libraries
 
     quiet_libraries()  # datasets' map bars: ftune prints its own lines
-    from ftune.dataset import tokenizer
-    from ftune.dataset import build
+    from ftune.datastage import tokenizer
+    from ftune.datastage import build
 
     processor = tokenizer.load_processor(plan)  # a vision-language model's: its tokenizer renders the rows
     tok = processor.tokenizer if processor is not None else tokenizer.load(plan.tokenizer_path, recipe,
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if "_row" in ds.column_names:
         render = None
         if processor is not None:  # vision-prompt rows keep their messages (GRPO renders them)
-            from ftune.dataset.vision import template_of
+            from ftune.datastage.vision_chat import template_of
 
             template = template_of(recipe, processor)
             render = lambda p: processor.apply_chat_template(json.loads(p), chat_template=template,  # noqa: E731

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_recipe(args.recipe, args.overrides)
     os.environ.update(loaded.secret_env)  # secrets given as overrides: read through the plan like env secrets
     plan = compile_plan(loaded, check_inputs=False, environ={})  # one process: no launcher
-    from ftune.plan.gguf import materialize
+    from ftune.launch.gguf import materialize
 
     for warning in materialize(plan, loaded, log=lambda line: print(line, file=sys.stderr)):  # a GGUF: as `run` does
         print(warning, file=sys.stderr)

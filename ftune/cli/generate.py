@@ -5,7 +5,7 @@ Works on a run's final/ (an adapter, over a freshly quantized base for QLoRA, or
 folder, or any HF model folder. `--device-map auto` loads a model too big for one device with accelerate's
 big-model inference (meta-device init, then load-and-dispatch; `--max-memory` caps each device).
 A vision-language run's prompts carry images: `--image PATH` (shown with every prompt), or `--file` rows whose
-messages hold image parts as its vision-chat data did (`ftune.infer.vision`).
+messages hold image parts as its vision-chat data did (`ftune.infer.image_prompts`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def dispatch(args: argparse.Namespace) -> dict:
 def _check_prompt_row(row: dict, path: str, n: int, parts: bool = False) -> None:
     """Text where text is expected (a list would be stringified into the prompt), messages as {role, content}.
     `parts`: a vision-language run's rows, whose message content may be a list of text and image parts (read by
-    `ftune.infer.vision`, which names the field of a bad part)."""
+    `ftune.infer.image_prompts`, which names the field of a bad part)."""
     from ftune.typed import not_text
 
     where = Location(file=path, line=n)
@@ -117,11 +117,11 @@ def read_prompts(path: str, parts: bool = False) -> list[tuple[int, dict]]:
 
 
 def image_prompts(target, rows: list[tuple[int | None, object]], images: list[str], file: str | None) -> list:
-    """A vision-language run's prompts (`ftune.infer.vision.ImagePrompt`), their images checked: a row's bad image
+    """A vision-language run's prompts (`ftune.infer.image_prompts.ImagePrompt`), their images checked: a row's bad image
     part is a usage error at the row and field (`row 2 of rows.jsonl, field messages[0].content[1].image`), as the
     data stage names it; `images` (--image) are shown with every prompt."""
-    from ftune.data.images import ImageProblem
-    from ftune.infer.vision import as_messages, check_images, image_prompt, settings_of
+    from ftune.datafiles.images import ImageProblem
+    from ftune.infer.image_prompts import as_messages, check_images, image_prompt, settings_of
 
     settings, limit = settings_of(target)
     shown = check_images(images, settings)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     # reads them
     rows = read_prompts(args.file, parts=True) if args.file is not None else [(None, p) for p in args.prompt or []]
     target = resolve(args.target, allow_model=True)
-    from ftune.infer.vision import NEEDS_VLM_HINT, is_vision
+    from ftune.infer.image_prompts import NEEDS_VLM_HINT, is_vision
 
     vision = is_vision(target)
     if args.image and not vision:

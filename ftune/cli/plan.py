@@ -121,7 +121,7 @@ def _plan(args: argparse.Namespace) -> int:
     block_bitsandbytes()  # planning never quantizes
     device = "cuda" if gpus else plan.device
     from ftune.plan.parallelism import data_parallel
-    from ftune.plan.paths import missing_inputs
+    from ftune.plan.checks.paths import missing_inputs
 
     data = count_data(recipe, data_parallel(recipe, plan.world_size), plan.tokenizer_path, plan.trainer["num_train_epochs"])
     unsized: list = []  # data.max_seq_length unset and no longest row: refused with the estimate's own problems
@@ -136,8 +136,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise loaded.error(err.problems + unsized) from None
     if unsized:
         raise loaded.error(unsized)
-    from ftune.estimate.meta import resolve_config
-    from ftune.plan.preflight import length_problems
+    from ftune.models.meta import resolve_config
+    from ftune.plan.checks.preflight import length_problems
 
     # the length against the model's positions, as the compiler's preflight checks a local config, for a config
     # from the cache, model.config or the catalog too, and for the data's longest row
@@ -284,7 +284,7 @@ def render(file: str, plan, est, data: DataCount | None, missing: list | None = 
     console.print(shlex.join(plan.launch.command), markup=False)
     for note in plan.notes + est.notes:
         console.print(f"  note: {note}")
-    for p in missing:  # the compiler's words (`ftune.plan.paths`), as `run` and `validate --check-paths` say them
+    for p in missing:  # the compiler's words (`ftune.plan.checks.paths`), as `run` and `validate --check-paths` say them
         console.print(f"  missing: {p.path}: {p.message} (`ftune run` refuses it)", markup=False)
 
 

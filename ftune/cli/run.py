@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
     warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
-        from ftune.plan.gguf import materialize
+        from ftune.launch.gguf import materialize
 
         warnings += materialize(plan, loaded, log=console.print)
     if args.dry_run and args.format == "json":

@@ -95,7 +95,7 @@ def _row_text(row: dict, source) -> str:
 
 def _messages_text(value, f) -> str:
     """The text of a string or of chat messages (a content string, or its text parts: image parts are counted
-    by the image arithmetic, `ftune.estimate.vision`)."""
+    by the image arithmetic, `ftune.estimate.vision_cost`)."""
     if isinstance(value, str) or not isinstance(value, list):
         return "" if value is None else str(value)
     out = []
@@ -117,7 +117,7 @@ def _conversation(row: dict, source) -> list[dict] | None:
         return [{"role": "user", "content": user}, {"role": "assistant", "content": out}]
     if source.format != "chat":
         return None
-    from ftune.data.formats import DEFAULT_ROLE_MAP
+    from ftune.datafiles.formats import DEFAULT_ROLE_MAP
 
     roles = {**DEFAULT_ROLE_MAP, **(source.roles or {})}
     messages = row.get(f.messages)
@@ -134,7 +134,7 @@ def _chat_renderer(recipe, tokenizer_path: str):
         return None
     from transformers import AutoTokenizer
 
-    from ftune.data.chat_rows import ChatRenderer, chat_template_of
+    from ftune.datafiles.chat_rows import ChatRenderer, chat_template_of
 
     hf = AutoTokenizer.from_pretrained(str(Path(tokenizer_path).expanduser()))
     renderer = ChatRenderer(hf, chat_template_of(recipe, hf))  # the data stage's renderer (apply_chat_template's text)

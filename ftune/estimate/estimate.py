@@ -3,12 +3,12 @@
 The model is built on the meta device (shapes, no data), the recipe's PEFT method is applied with
 the same `ftune.methods.<m>.inject` the worker uses, and the quantization layout is applied as
 bitsandbytes would store it. Parameter counts are then peft's own; memory comes from
-`ftune.estimate.memory`. No weights are read and nothing is allocated per parameter.
+`ftune.estimate.memory`, over the devices as `ftune.estimate.layout` lays it out. No weights are read and nothing is
+allocated per parameter.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,41 +17,19 @@ from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.fp8 import Fp8Cost, fp8_cost
 from ftune.estimate.fp8 import converted as fp8_converted
 from ftune.estimate.generation import GenerationMemory, generation_memory
-from ftune.estimate.meta import DTYPES, _build, resolve_config
+from ftune.models.meta import DTYPES, _build, resolve_config
 from ftune.estimate.teacher import TeacherFacts, teacher_facts, with_teacher
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
-from ftune.estimate.memory import (
-    Layout,
-    MemoryItem,
-    ParamFact,
-    fmt_bytes,
-    galore_low_rank,
-    layer_split,
-    optimizer_spec,
-    parse_bytes,  # noqa: F401  (re-exported for the CLI)
-    per_device,
-    weight_bytes,
-)
+from ftune.estimate.memory import fmt_bytes, parse_bytes, per_device  # noqa: F401  (parse_bytes: for the CLI)
+from ftune.estimate.facts import MemoryItem, ParamFact
+from ftune.estimate.optimizer import optimizer_spec
+from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
+                                   make_layout)
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
-from ftune.estimate.vision import VisionFacts, base_parts, with_images
-from ftune.modeling import linear_layer_names
-from ftune.plan.preference import reference_copy
+from ftune.estimate.vision_cost import VisionFacts, base_parts, with_images
+from ftune.models.config import linear_layer_names
 from ftune.recipe.schema import FsdpSection, Recipe
-
-
-@dataclass(frozen=True)
-class FsdpLayout:
-    units: int
-    """FSDP units the wrap policy creates, the root included."""
-    unit_classes: dict[str, int]
-    shard_ranks: int
-    """Ranks one shard spans (world size; processes per node for hybrid_shard)."""
-    shard_bytes_per_rank: int
-    largest_unit_bytes: int
-    """The largest non-root unit: all-gathered while it computes (and the next one while prefetched)."""
-    root_unit_bytes: int
-    """Parameters left to the root unit (embeddings, final norm, head): gathered for the whole step."""
 
 
 @dataclass(frozen=True)
@@ -167,71 +145,6 @@ def _param_facts(model, quantized: set[int], recipe: Recipe) -> list[ParamFact]:
     return facts
 
 
-# ----------------------------------------------------------------------------------------- layout
-def _layer_classes(model, recipe: Recipe) -> set[str]:
-    fsdp = recipe.distributed.fsdp
-    if fsdp is not None and fsdp.transformer_layer_cls:
-        return set(fsdp.transformer_layer_cls)
-    return set(getattr(model, "_no_split_modules", None) or [])
-
-
-def _fsdp_layout(model, recipe: Recipe, facts: list[ParamFact], world_size: int, num_processes: int,
-                 layer_classes: set[str]) -> FsdpLayout:
-    """The units accelerate's wrap policy creates (plus the root), and what each rank keeps."""
-    fsdp = recipe.distributed.fsdp
-    assert fsdp is not None
-    bytes_of = {f.name: f for f in facts}
-    def unit_bytes(module, prefix: str) -> int:
-        return sum(weight_bytes(bytes_of[prefix + n], recipe.kbit is not None and
-                                recipe.kbit.double_quant)
-                   for n, _ in module.named_parameters() if prefix + n in bytes_of)
-
-    units: list[tuple[str, int]] = []
-    if fsdp.auto_wrap_policy == "transformer":
-        for name, m in model.named_modules():
-            if type(m).__name__ in layer_classes:
-                units.append((type(m).__name__, unit_bytes(m, name + ".")))
-    elif fsdp.auto_wrap_policy == "size":
-        def visit(module, prefix: str, root: bool) -> int:  # torch's size_based_auto_wrap_policy, bottom-up
-            rest = sum(visit(c, f"{prefix}{n}.", False) for n, c in module.named_children())
-            rest += sum(p.numel() for p in module.parameters(recurse=False))
-            wrappable = type(module).__name__ not in ("ModuleList", "ModuleDict")  # torch excludes containers
-            if not root and wrappable and rest >= fsdp.min_num_params:
-                units.append((type(module).__name__, unit_bytes(module, prefix)))
-                return 0
-            return rest
-
-        visit(model, "", True)
-    total = unit_bytes(model, "")
-    root = total - sum(b for _, b in units)
-    classes: dict[str, int] = {}
-    for cls, _ in units:
-        classes[cls] = classes.get(cls, 0) + 1
-    classes[f"root ({type(model).__name__})"] = 1
-    ranks = num_processes if fsdp.sharding_strategy == "hybrid_shard" else world_size
-    ranks = 1 if fsdp.sharding_strategy == "no_shard" else ranks
-    par = recipe.distributed.parallelism  # accelerate's FSDP2 shards over the dp_shard x cp mesh (replicas: HSDP)
-    ranks = par.dp_shard * par.cp if par is not None else ranks
-    return FsdpLayout(len(units) + 1, classes, ranks, -(-total // ranks), max([b for _, b in units], default=0),
-                      root)
-
-
-def detect_device_memory() -> tuple[str, int | None]:
-    """('cuda', bytes of GPU 0) when torch sees a GPU, else ('cpu', None)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", torch.cuda.get_device_properties(0).total_memory
-    return "cpu", None
-
-
-def host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 # --------------------------------------------------------------------------------------- estimate
 def estimate(
     recipe: Recipe,
@@ -270,7 +183,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
             model.resize_token_embeddings(tokens.embeddings, mean_resizing=False)
         notes.append(f"tokens: {tokens.new} added (embedding rows {tokens.embeddings:,}), {len(tokens.trained)} "
                      "trained row(s) per embedding" + (f"; {tokens.note}" if tokens.note else ""))
-    from ftune.moe import count, moe_layout
+    from ftune.models.moe import count, moe_layout
 
     experts_layout = moe_layout(model)
     moe_counts = count(model, experts_layout) if experts_layout else None
@@ -298,7 +211,7 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         device_memory = host_memory()
         notes.append("no GPU: memory is set against this machine's RAM (pass --gpu-memory to plan for a GPU)")
 
-    layer_classes = _layer_classes(model, recipe)
+    wrapped = layer_classes(model, recipe)
     seq = seq_length or recipe.data.max_seq_length or getattr(config, "max_position_embeddings", None) or 2048
     rl = recipe.train.rl  # set only under an rl-family objective (rules.rl.rl_section)
     if rl is not None and not seq_length:  # a row is a prompt plus a generated completion
@@ -317,13 +230,13 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     try:
         keeps_input = quantized if recipe.kbit and recipe.kbit.bits == 8 else set()
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
-                                    layer_classes=layer_classes, quantized=keeps_input, task=recipe.model.task)
+                                    layer_classes=wrapped, quantized=keeps_input, task=recipe.model.task)
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
         said: list[str] = []
         hidden = model.get_input_embeddings().embedding_dim
         mlp = mlp_values(model, experts_layout, hidden) if experts_layout is not None else None
         profile = formula_profile(config, batch=batch, seq=seq, itemsize=DTYPES[dtype], eager=attn == "eager",
-                                  model=model, layer_classes=layer_classes, mlp_values=mlp, notes=said)
+                                  model=model, layer_classes=wrapped, mlp_values=mlp, notes=said)
         notes.append(f"the activation probe could not run this model on the meta device ({type(e).__name__}): "
                      "activations use the 34 x tokens x hidden bytes-per-layer formula instead"
                      + (", its MLP part sized for the routed experts (top_k x their widths)" if mlp else ""))
@@ -333,10 +246,10 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
         recipe, vision_base, model, config, profile, batch=batch, seq=seq, itemsize=DTYPES[dtype], notes=notes)
 
     dist = recipe.distributed
-    fsdp_layout = None
+    units = None
     if dist.strategy == "fsdp" and dist.fsdp is not None:
-        fsdp_layout = _fsdp_layout(model, recipe, facts, world_size, num_processes, layer_classes)
-    layout = make_layout(recipe, world_size, device, fsdp_layout, facts)
+        units = fsdp_layout(model, recipe, facts, world_size, num_processes, wrapped)
+    layout = make_layout(recipe, world_size, device, units, facts)
     facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
@@ -370,35 +283,8 @@ def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, n
     return Estimate(
         model=recipe.model.path, config_source=source, dtype=dtype, params_total=total,
         params_trainable=trainable, matched_modules=recipe.peft.trained_names(model), world_size=world_size,
-        num_processes=num_processes, device=device, fsdp=fsdp_layout, memory=list(memory.items),
+        num_processes=num_processes, device=device, fsdp=units, memory=list(memory.items),
         peak_phase=memory.peak_phase, total_bytes=memory.total, offloaded_bytes=memory.offloaded,
         device_memory=device_memory, fits=fits, largest=largest, suggestions=suggestions, notes=notes,
         moe=facts_moe, vision=facts_vision, longest_seq=longest, teacher=teacher, generation=generation,
         fp8=fp8)
-
-
-def make_layout(recipe: Recipe, world_size: int, device: str, fsdp: FsdpLayout | None,
-                facts: list[ParamFact] = ()) -> Layout:
-    dist, train = recipe.distributed, recipe.train
-    checkpointing = train.gradient_checkpointing or bool(dist.fsdp and dist.fsdp.activation_checkpointing)
-    common = dict(optimizer=train.optimizer, checkpointing=checkpointing, device=device,
-                  fused_loss=train.kernels == "liger", offload_activations=train.activation_offloading,
-                  reference_copy=train.objective if reference_copy(recipe) else None,
-                  double_quant=bool(recipe.kbit and recipe.kbit.double_quant),
-                  low_rank=galore_low_rank(train))
-    if dist.strategy == "fsdp" and fsdp is not None and dist.fsdp is not None:
-        return Layout(**common, strategy="fsdp", shard_ranks=fsdp.shard_ranks,
-                      fsdp_sharding=dist.fsdp.sharding_strategy, fsdp_offload=dist.fsdp.cpu_offload,
-                      largest_unit_bytes=fsdp.largest_unit_bytes, root_unit_bytes=fsdp.root_unit_bytes,
-                      largest_unit_grad_bytes=fsdp.largest_unit_bytes if recipe.peft.trains_whole_model else 0)
-    if dist.strategy == "deepspeed":
-        ds = dist.deepspeed
-        stage = ds.stage if ds else 2
-        largest = layer_split(facts, common["double_quant"])[0] if stage == 3 else 0
-        return Layout(**common, strategy="deepspeed", shard_ranks=world_size, zero_stage=stage,
-                      largest_unit_bytes=largest,
-                      offload_optimizer=bool(ds and ds.offload_optimizer),
-                      offload_params=bool(ds and ds.offload_params),
-                      master_weights=train.mixed_precision != "no")
-    tp = dist.parallelism is not None and dist.parallelism.tp > 1  # accelerate keeps a tp model out of DDP
-    return Layout(**common, strategy="none" if tp else dist.strategy, shard_ranks=world_size)

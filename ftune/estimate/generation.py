@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftune.estimate.meta import DTYPES
+from ftune.models.meta import DTYPES
 from ftune.plan.paged import generation_batch, kv_bytes
 from ftune.recipe.schema import Recipe
 

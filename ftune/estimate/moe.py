@@ -1,11 +1,11 @@
 """What `ftune plan` says about a mixture-of-experts model: active parameters and FLOPs per token, what the
-recipe trains by model part, and a loud note when no expert trains (the counting itself is ftune.moe's)."""
+recipe trains by model part, and a loud note when no expert trains (the counting itself is ftune.models.moe's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftune.moe import MoeLayout, group_of, moe_layout
+from ftune.models.moe import MoeLayout, group_of, moe_layout
 
 
 @dataclass(frozen=True)

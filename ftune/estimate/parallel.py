@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ftune.estimate.memory import DeviceMemory, MemoryItem
+from ftune.estimate.memory import DeviceMemory
+from ftune.estimate.facts import MemoryItem
 
 STATE_KINDS = ("weights", "gradients", "optimizer")
 GATHERED = "all-gathered FSDP units"

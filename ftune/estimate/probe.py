@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ftune.estimate.memory import ActivationProfile
+from ftune.estimate.facts import ActivationProfile
 
 
 @dataclass

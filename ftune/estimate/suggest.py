@@ -6,16 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ftune.estimate.memory import (
-    ActivationProfile,
-    DeviceMemory,
-    Layout,
-    ParamFact,
-    fmt_bytes,
-    layer_split,
-    optimizer_spec,
-    per_device,
-)
+from ftune.estimate.facts import ActivationProfile, ParamFact
+from ftune.estimate.memory import DeviceMemory, Layout, fmt_bytes, layer_split, per_device
+from ftune.estimate.optimizer import optimizer_spec
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import Recipe

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ftune.estimate.memory import DeviceMemory, MemoryItem
-from ftune.estimate.meta import DTYPES
+from ftune.estimate.memory import DeviceMemory
+from ftune.estimate.facts import MemoryItem
+from ftune.models.meta import DTYPES
 
 
 @dataclass(frozen=True)

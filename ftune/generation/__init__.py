@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftune.generation import stops
-from ftune.data.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
-from ftune.data.masking import IGNORE
+from ftune.datafiles.formats import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
+from ftune.datafiles.masking import IGNORE
 
 Prompt = str | dict
 """A plain prompt, `{"instruction", "input"}`, `{"prompt"}`, or `{"messages": [...]}` (a conversation)."""
@@ -38,9 +38,9 @@ class PromptFormat:
 
 def prompt_format(recipe, tokenizer) -> PromptFormat:
     """The prompt format of a run: its first chat (or vision-chat) or instruction training source, else plain
-    text. A vision-chat run's prompts are encoded by `ftune.infer.vision` (with their images); its format here
+    text. A vision-chat run's prompts are encoded by `ftune.infer.image_prompts` (with their images); its format here
     names the template for the stop tokens and a merged folder's record."""
-    from ftune.data.chat_rows import chat_template_of
+    from ftune.datafiles.chat_rows import chat_template_of
 
     for src in recipe.data.train:
         if src.format in ("chat", "vision-chat"):  # vision-chat: the template its processor (tokenizer) carries
@@ -133,7 +133,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, stop_ids: list[i
 
     Sampling is seeded (`seed`), so a seeded run repeats itself; greedy decoding needs no seed.
     A vision-language model: `images[i]` are prompt i's image files and `pixels(paths, ids)` the model's image
-    inputs for a batch (`ftune.dataset.vision.pixel_inputs` bound to the processor and data.images).
+    inputs for a batch (`ftune.datastage.vision_chat.pixel_inputs` bound to the processor and data.images).
     """
     import torch
     from transformers import GenerationConfig, set_seed

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ftune.chat import KNOWN_STOPS
-from ftune.data.masking import IGNORE
+from ftune.datafiles.masking import IGNORE
 
 CHECKED_ROWS = 500
 

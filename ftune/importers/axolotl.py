@@ -57,7 +57,7 @@ def _roles(value: Any, ctx: Context, path: PeerPath) -> dict[str, str]:
 
 def source(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
     """One axolotl dataset entry → an ftune data source (None when its type has no ftune format)."""
-    from ftune.recipe.load import looks_local
+    from ftune.hub import looks_local
 
     kind = entry.get("type")
     if "path" not in entry:

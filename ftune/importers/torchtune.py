@@ -98,7 +98,7 @@ _LOADERS = ("json", "csv", "parquet", "text")
 
 
 def dataset(entry: dict, ctx: Context, path: PeerPath) -> dict | None:
-    from ftune.recipe.load import looks_local
+    from ftune.hub import looks_local
 
     name = component(entry.get("_component_", ""))
     if name not in _DATASETS:

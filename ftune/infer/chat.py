@@ -93,8 +93,8 @@ class Session:
 
     def attach(self, arg: str) -> str:
         """`/image PATH`: check the image (read as the run's data was) and attach it to the next user message."""
-        from ftune.data.images import ImageProblem, open_image
-        from ftune.infer.vision import NEEDS_VLM_HINT
+        from ftune.datafiles.images import ImageProblem, open_image
+        from ftune.infer.image_prompts import NEEDS_VLM_HINT
 
         vision = getattr(self.loaded, "vision", None)
         if vision is None:
@@ -142,8 +142,8 @@ class Session:
         images, pixels = None, None
         try:
             if lo.vision is not None:
-                from ftune.data.images import ImageProblem
-                from ftune.infer.vision import image_prompt
+                from ftune.datafiles.images import ImageProblem
+                from ftune.infer.image_prompts import image_prompt
 
                 try:
                     shown = image_prompt(self.conversation(), Path.cwd(), lo.vision.settings)

@@ -17,8 +17,8 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     from ftune.plan.evaluation import with_perplexity
     from ftune.recipe.objectives import FAMILIES, objective
     from ftune import generation
-    from ftune import dataset as data
-    from ftune.dataset import tokenizer
+    from ftune import datastage as data
+    from ftune.datastage import tokenizer
     from ftune.runtime import train
 
     processor = tokenizer.load_processor(plan)  # a vision-language model's
@@ -68,7 +68,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
 
 def _pixels(bundle):
     """A vision-chat bundle's image inputs for generation (its collator's processor and image settings)."""
-    from ftune.dataset.vision import VisionCollator, pixel_inputs
+    from ftune.datastage.vision_chat import VisionCollator, pixel_inputs
 
     collate = bundle.collator
     if not isinstance(collate, VisionCollator):

@@ -31,7 +31,7 @@ def load_trained(plan, model_dir: Path, tokenizer, labels: list[str] | None = No
 
     `extra` adds `from_pretrained` kwargs (device_map, max_memory, offload_folder) to the recipe's.
     """
-    from ftune.plan.environment import forward_attention
+    from ftune.plan.checks.environment import forward_attention
     from ftune.plan.loading import model_load
     from ftune.runtime.model import load_model
 
@@ -101,7 +101,7 @@ def _device() -> str:
 
 def check_fits(plan, model_dir: Path) -> None:
     """Before any weight is read: the folder was trained for the recipe's task, and its weights files are whole."""
-    from ftune.plan.environment import safetensors_problem
+    from ftune.plan.checks.environment import safetensors_problem
 
     want = plan.recipe.model.task
     if adapter.is_adapter(model_dir):
@@ -142,7 +142,7 @@ def base_mismatch(plan, model_dir: Path, detail: str, shapes: bool = True) -> Ft
 def load_tokenizer(target: Target):
     """The tokenizer saved with the model (final/ and merged folders hold one), with a pad token."""
     if target.plan is not None:
-        from ftune.dataset.tokenizer import load
+        from ftune.datastage.tokenizer import load
 
         return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"))
     from transformers import AutoTokenizer
@@ -201,7 +201,7 @@ class Loaded:
     stop_ids: list[int]
     description: str
     vision: object | None = None
-    """A vision-language run's `ftune.infer.vision.Vision` (processor, chat template, image settings): its prompts
+    """A vision-language run's `ftune.infer.image_prompts.Vision` (processor, chat template, image settings): its prompts
     are encoded through it, images or not."""
 
 
@@ -224,7 +224,7 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     """Model, tokenizer, the run's prompt format and its stop tokens, ready to generate."""
     from ftune.generation import PromptFormat, model_prompt_format, prompt_format, stop_token_ids
 
-    from ftune.infer.vision import TASK, is_vision, load_vision
+    from ftune.infer.image_prompts import TASK, is_vision, load_vision
 
     quiet_libraries()
     vision = load_vision(target) if is_vision(target) else None

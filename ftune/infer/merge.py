@@ -66,7 +66,7 @@ def _expert_outputs(model, dtype: str) -> dict[tuple[str, int], object] | None:
     (experts module, expert). None for a dense model. Called on the adapter model and on the merged one."""
     import torch
 
-    from ftune.moe import base_name, moe_layout
+    from ftune.models.moe import base_name, moe_layout
 
     layout = moe_layout(model)
     if layout is None:
@@ -106,7 +106,7 @@ def _sample_inputs(plan, tokenizer, processor=None) -> tuple[list[dict], str, in
     """A few eval rows (train rows when there is no eval split) as the run tokenized them, as model inputs
     (`input_ids`, and a vision-language run's pixel inputs); fixed texts (with a drawn image) when the data is gone.
     Also: where they came from, and the number of images they show."""
-    from ftune.data.sample import first_rows
+    from ftune.datafiles.sample import first_rows
 
     if processor is not None:
         return _image_samples(plan, processor)
@@ -128,11 +128,11 @@ def _ids(ids: list[int]):
 
 def _image_samples(plan, processor) -> tuple[list[dict], str, int]:
     """A vision-language run's check inputs: its first eval (or train) rows with their images, read directly and
-    encoded as the data stage does (`ftune.dataset.vision.first_rows`: placeholders expanded; never the whole data
+    encoded as the data stage does (`ftune.datastage.vision_chat.first_rows`: placeholders expanded; never the whole data
     stage), with pixel inputs as the run's collator builds them (a row is cut after SAMPLE_TOKENS tokens but never
     inside its image tokens); rows with images first. A drawn image with a fixed question when the data is gone,
     so the check always runs through the vision tower."""
-    from ftune.dataset.vision import first_rows, image_token_ids, pixel_inputs
+    from ftune.datastage.vision_chat import first_rows, image_token_ids, pixel_inputs
 
     settings = plan.recipe.data.images
     try:
@@ -166,7 +166,7 @@ def _drawn_sample(plan, processor) -> dict:
     would): the check's input when the run's rows are gone."""
     from PIL import Image
 
-    from ftune.dataset.vision import template_of
+    from ftune.datastage.vision_chat import template_of
 
     side = max(28, int(plan.recipe.data.images.min_pixels ** 0.5))
     image = Image.new("RGB", (side, side))
@@ -278,7 +278,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log, quan
 
     quiet_libraries()
     tmp.mkdir(parents=True)
-    from ftune.infer.vision import is_vision, load_vision
+    from ftune.infer.image_prompts import is_vision, load_vision
 
     vision = load_vision(target) if is_vision(target) else None  # the processor travels with the merged model
     tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)

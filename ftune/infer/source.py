@@ -10,7 +10,7 @@ from ftune import adapter, hub
 from ftune.adapter import RECORD
 from ftune.errors import FtuneError, Location, UsageError
 from ftune.outputs import PARTIAL  # noqa: F401  (a merge writes into `.<name>.partial-<pid>`, then renames it)
-from ftune.recipe.load import looks_local
+from ftune.hub import looks_local
 from ftune.rundir import COMPLETE_MARKER, RunDir, is_complete
 
 
@@ -36,7 +36,7 @@ class Target:
 def _plan(run_root: Path):
     from pydantic import ValidationError
 
-    from ftune.plan.model import Plan
+    from ftune.plan.plan import Plan
 
     path = RunDir(run_root).plan
     try:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ftune.errors import EXIT_BUSY, EXIT_INTERRUPTED, FtuneError, Problem, RecipeError, RunError, disk_full
 from ftune.launch.lock import claim, describe
-from ftune.launch.rundir import write_inputs
+from ftune.launch.run_inputs import write_inputs
 from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
-from ftune.plan.environment import checkpoint_problem
+from ftune.plan.checks.environment import checkpoint_problem
 from ftune.rundir import RunDir, checkpoint_step, is_complete
 
 # Inherited by the workers; never carries secrets (those stay in the user's environment).

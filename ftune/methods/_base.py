@@ -87,7 +87,7 @@ class _PartModes(BaseModel):
 
 class VisionModules(_PartModes):
     """`peft.modules`: what trains in each part of a vision-language model (`model.task: image-text-to-text`); the
-    part of a module is decided by `ftune.models.vision.part_of`."""
+    part of a module is decided by `ftune.models.vision_parts.part_of`."""
 
     vision: Literal["frozen", "lora", "full"] = "frozen"
     """The vision tower (image encoder): kept `frozen` (the default), adapted with `lora`, or trained in `full`."""

@@ -75,8 +75,8 @@ def _did_you_mean(name: str, candidates: list[str]) -> str:
 
 def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
     """The LoRA targets of recipe section `cfg` on `model`, and the problems that stop it (located keys)."""
-    from ftune.models.vision import is_vision_language
-    from ftune.moe import moe_layout
+    from ftune.models.vision_parts import is_vision_language
+    from ftune.models.moe import moe_layout
 
     if is_vision_language(getattr(getattr(model, "config", None), "model_type", None)):
         return _vision(model, cfg)
@@ -170,11 +170,11 @@ def resolve(model, cfg) -> tuple[Targets, list[Problem]]:
 
 
 def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
-    """A vision-language model: per part (`peft.modules`, ftune.models.vision.part_of), LoRA on the linear layers of
+    """A vision-language model: per part (`peft.modules`, ftune.models.vision_parts.part_of), LoRA on the linear layers of
     the `lora` parts that `target_modules` names (all of them with `all-linear`), the `full` parts' top modules saved
     whole (peft modules_to_save), the rest frozen. Targets are full module names, so no part leaks into another."""
     from ftune.methods._base import VisionModules
-    from ftune.models.vision import PARTS, outermost, part_of
+    from ftune.models.vision_parts import PARTS, outermost, part_of
 
     kind = model.config.model_type
     modes = cfg.modules or VisionModules()

@@ -33,8 +33,8 @@ class Config(MethodConfig):
 
 
 def inject(model, cfg: Config, task: str):
-    """Every parameter trains, but those of a vision-language model's `frozen` parts (ftune.models.vision.part_of)."""
-    from ftune.models.vision import is_vision_language, part_of
+    """Every parameter trains, but those of a vision-language model's `frozen` parts (ftune.models.vision_parts.part_of)."""
+    from ftune.models.vision_parts import is_vision_language, part_of
 
     kind = getattr(model.config, "model_type", None)
     modes = cfg.part_modes() if is_vision_language(kind) else None

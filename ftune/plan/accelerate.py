@@ -60,7 +60,7 @@ def resolve_num_processes(distributed, gpus: int | None = None) -> tuple[int, st
 def _fsdp_config(fsdp, device: str, notes: list[str], adapter: bool = False,
                  wrap_classes: list[str] | None = None) -> dict[str, Any]:
     """accelerate's `fsdp_config` block (fsdp_-prefixed keys, as `accelerate config` writes them). `wrap_classes`:
-    the layer classes the compiler found for the transformer policy (`ftune.plan.preflight.wrap_classes`) when the
+    the layer classes the compiler found for the transformer policy (`ftune.plan.checks.preflight.wrap_classes`) when the
     recipe names none."""
     state_dict_type = fsdp.state_dict_type
     if adapter and fsdp.activation_checkpointing and state_dict_type == "sharded":
@@ -232,7 +232,7 @@ def build(recipe, *, device: str, num_processes: int, recipe_dir: Path,
           mixed_precision: str, wrap_classes: list[str] | None = None) -> tuple[dict, list[str]]:
     """The accelerate config (written as <run>/accelerate.yaml) and notes explaining decisions.
 
-    The compiler has checked this machine first (`ftune.plan.environment`), located in the recipe, and found the
+    The compiler has checked this machine first (`ftune.plan.checks.environment`), located in the recipe, and found the
     FSDP wrap classes on the meta model (`wrap_classes`; None when it wasn't built)."""
     cfg, notes = generate(recipe, device=device, num_processes=num_processes, recipe_dir=Path(recipe_dir),
                           mixed_precision=mixed_precision, wrap_classes=wrap_classes)

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from ftune import adapter, hub
 from ftune.errors import FtuneError, Problem
 from ftune.methods import METHODS, method_module
-from ftune.plan.environment import safetensors_problem
-from ftune.recipe.load import looks_local
+from ftune.plan.checks.environment import safetensors_problem
+from ftune.hub import looks_local
 from ftune.recipe.schema import Recipe
 
 NEW_ADAPTER = "or point model.path at a base model to train a new adapter"
@@ -123,7 +123,7 @@ def _peft(recipe: Recipe, saved: adapter.SavedAdapter, problems: list[Problem]):
     fixed = module.from_adapter(saved.config)
     if getattr(cfg, "target_modules", None) == "all-linear" and isinstance(fixed.get("target_modules"), list):
         # what all-linear means depends on the model (on an MoE: the experts too): the meta-model check compares
-        # it with the adapter's targets (ftune.plan.preflight.continued_target_problems); the adapter's are kept
+        # it with the adapter's targets (ftune.plan.checks.preflight.continued_target_problems); the adapter's are kept
         written = written - {"target_modules"}
     adjustable = getattr(module, "ADJUSTABLE", ())
     for key, value in fixed.items():

@@ -83,7 +83,7 @@ def data_plan(recipe: Recipe, step_samples: int) -> DataPlan:
 
 def max_images(recipe: Recipe) -> int | None:
     """`data.images.max_per_sample`, else the model family's limit (read from a local config.json), else None."""
-    from ftune.models.vision import IMAGE_LIMITS, local_model_type
+    from ftune.models.vision_parts import IMAGE_LIMITS, local_model_type
 
     if recipe.model.task != "image-text-to-text":
         return None

@@ -2,7 +2,7 @@
 
 Decides device, world size, the one mixed precision, effective batch, run directory, what to resume from,
 the accelerate config + launch command, the model-loading kwargs and the TrainingArguments kwargs. Checks
-that need this machine (`ftune.plan.environment`) are reported here, located in the recipe, all at once.
+that need this machine (`ftune.plan.checks.environment`) are reported here, located in the recipe, all at once.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 
 from ftune import __version__, adapter, benchmarks, hub
 from ftune.errors import Problem
-from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, environment, gguf, parallelism,
-                        preference, preflight, quantization, resume, rl)
+from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
+                        quantization, rl)
+from ftune.plan.checks import environment, preflight, resume
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
-from ftune.plan.model import LaunchSpec, Plan
+from ftune.plan.plan import LaunchSpec, Plan
 from ftune.plan.threads import CpuThreads, cap_num_proc, cpu_threads, usable_cores
 from ftune.plan.trackers import tracker_env
 from ftune.plan.trainer import checkpointing_owner, training_arguments
@@ -102,10 +103,10 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
     the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
-    files and data, this machine) and the model's structure on the meta device (`ftune.plan.preflight`; without
-    `check_inputs` only when the model's config is local). `check_inputs` checks model/data paths and the run
-    dir; `gpus` compiles for that many GPUs per machine instead of the visible ones (planning a GPU job on a
-    laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
+    files and data, this machine) and the model's structure on the meta device (`ftune.plan.checks.preflight`; without
+    `check_inputs` on the config the one resolver finds: the cache's, `model.config`, the catalog's).
+    `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine instead
+    of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
     variables (`ftune.plan.cluster`; default os.environ); `reads_model`: the model folder's checks run without
     `check_inputs` (`plan`, whose estimate reads it)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
@@ -149,9 +150,11 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
     experts = wrap = None
-    if model_known and converted and (check_inputs or preflight.config_is_local(recipe)):  # not on top of a refusal
+    if model_known and converted:  # not on top of a refusal
         continued = (written, adapter_dir) if adapter_dir is not None else None
-        found, experts, wrap = preflight.inspect(recipe, device, continued)  # the model on the meta device
+        # the model on the meta device, from the one resolver's config (the folder, the cache, the hub, model.config,
+        # the catalog): `plan` without the inputs decides the wrap classes and DDP's unused parameters as `run` does
+        found, experts, wrap = preflight.inspect(recipe, device, continued, required=check_inputs)
         problems += found
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)

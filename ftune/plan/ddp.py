@@ -5,7 +5,7 @@ forward pass did not use never gets one, and the step hangs or fails unless DDP 
 such parameters every step (`find_unused_parameters`, an extra traversal each iteration). `static_graph` is no
 answer for an MoE: which experts a batch uses depends on the data.
 
-- transformers 5 fuses an MoE layer's experts into [experts, ...] tensors (ftune.moe): every step indexes the
+- transformers 5 fuses an MoE layer's experts into [experts, ...] tensors (ftune.models.moe): every step indexes the
   whole tensor, so an expert no token is routed to still gets a gradient (zero in its slice; tested in
   tests/unit/test_moe_ddp.py) and there is nothing to search for: off.
 - Experts kept as separate modules (a ModuleList, e.g. remote code): an idle expert gets no gradient: on.
@@ -23,7 +23,7 @@ ExpertsKind = Literal["fused", "modules"]
 
 def experts_kind(model) -> ExpertsKind | None:
     """How an MoE model holds its experts (`fused` tensors or separate `modules`); None for a dense model."""
-    from ftune.moe import moe_layout
+    from ftune.models.moe import moe_layout
 
     if moe_layout(model) is not None:
         return "fused"

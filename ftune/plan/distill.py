@@ -12,7 +12,7 @@ from typing import Any
 from ftune import hub
 from ftune.adapter import is_adapter
 from ftune.errors import Problem
-from ftune.plan.model import ModelLoad
+from ftune.plan.plan import ModelLoad
 from ftune.recipe.objectives import DISTILL_BETA, DISTILL_JSD_BETA, family_of
 from ftune.recipe.schema import Recipe
 

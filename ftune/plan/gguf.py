@@ -3,7 +3,7 @@
 The file is checked from its header and metadata (`ftune.gguf.inspect`: magic, version, tensors within the file,
 an architecture transformers' GGUF loader supports); the recipe as it runs names the converted folder in the
 cache (keyed by the file's sha256), and `plan.model_load.gguf` records the source. `ftune run` converts it in the
-parent before launch (once: `ftune.gguf.convert.convert`); `ftune plan` builds the model from a config.json read
+parent before launch (once: `ftune.launch.gguf.materialize`); `ftune plan` builds the model from a config.json read
 from the metadata alone (`model.config`, unless the recipe sets one), so no weight is read to plan.
 """
 
@@ -72,22 +72,3 @@ def resolve(recipe: Recipe, *, config: bool = True) -> tuple[Recipe, GgufSource 
 def note(source: GgufSource, folder: str) -> str:
     return (f"model.path is a GGUF ({source.architecture}, {Path(source.file).name}): the run trains on its "
             f"dequantized copy {folder} (converted once before launch, cached by sha256 {source.sha256[:12]})")
-
-
-def materialize(plan, loaded, log=print) -> list[str]:
-    """Before a command reads the model of a plan whose model.path is a GGUF (`ftune run`, `data`, `eval`): convert
-    it into its cached folder unless the cache has it, then run the model-structure checks the compiler left for
-    when that folder exists. Refuses (`loaded.error`) what they find; returns the warnings."""
-    if plan.model_load.gguf is None:
-        return []
-    from ftune.gguf.convert import ensure
-    from ftune.plan.preflight import config_is_local, problems
-
-    checked = config_is_local(plan.recipe)  # converted before: the compiler checked its structure
-    ensure(plan.model_load.gguf.model_dump(), log=log)
-    if checked:
-        return []
-    found = problems(plan.recipe, plan.device)  # the converted model's structure, now that it exists
-    if errors := [p for p in found if p.severity == "error"]:
-        raise loaded.error(errors)
-    return [p.render() for p in loaded.error(found).problems]

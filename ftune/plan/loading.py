@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftune.modeling import TASK_CLASSES
-from ftune.plan.model import ModelLoad
+from ftune.models.config import TASK_CLASSES
+from ftune.plan.plan import ModelLoad
 from ftune.plan.quantization import bnb_config
 from ftune.recipe.schema import Recipe
 

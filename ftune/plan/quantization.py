@@ -122,7 +122,7 @@ def fused_expert_problems(recipe: Recipe, model) -> list[Problem]:
     most of the model, would stay in 16-bit: a "4-bit" run that needs nearly the memory of a 16-bit one."""
     if recipe.kbit is None:
         return []
-    from ftune.moe import count
+    from ftune.models.moe import count
 
     counts = count(model)
     if counts is None:
@@ -147,7 +147,7 @@ def check_model_config(recipe: Recipe, config, device: str = "cpu") -> list[Prob
     if q is None or q.bits != 4 or device != "cpu":
         return []
     if not hasattr(config, "named_modules"):
-        from ftune.modeling import build_meta_model
+        from ftune.models.meta import build_meta_model
 
         config = build_meta_model(recipe, config)
     model = config

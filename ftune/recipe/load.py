@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from ftune.recipe._schema import translate
 from ftune.recipe._yaml import Marks
 from ftune.recipe.schema import Recipe
 
-__all__ = ["MASK", "MAX_EXTENDS_DEPTH", "LoadedRecipe", "display", "load_recipe", "looks_local", "named_config_files",
+__all__ = ["MASK", "MAX_EXTENDS_DEPTH", "LoadedRecipe", "display", "load_recipe", "named_config_files",
            "recipe_bases"]
 
 DEFAULT = Location(origin="default")
@@ -133,16 +132,6 @@ class LoadedRecipe:
 
         data = self.recipe.model_dump(mode="json", exclude={"extends"})
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
-
-
-_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def looks_local(value: str) -> bool:
-    """A path the user means as local: absolute, ./ ~, a data file name, or not a hub id (org/name).
-    `ftune validate --check-paths` and `ftune run` both decide with this."""
-    return value.startswith(("/", ".", "~")) or value.endswith(_DATA_SUFFIXES) or not _HUB_ID.match(value)
 
 
 def _related(a: KeyPath, b: KeyPath) -> bool:

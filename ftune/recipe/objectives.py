@@ -44,7 +44,7 @@ class Family:
 
     name: str
     rows: str
-    """The data stage's preprocessor (`ftune.dataset.build`): `sft` (tokenized, masked and packed by ftune),
+    """The data stage's preprocessor (`ftune.datastage.build`): `sft` (tokenized, masked and packed by ftune),
     `preference` (pairs TRL tokenizes), `prompt` (prompts the trainer completes)."""
     trainer: str
     """'module:function' building the trainer: (plan, trainer_class, model, tokenizer, bundle, args, callbacks,

@@ -4,7 +4,7 @@ the Plan) and the label names found in the data are added here."""
 
 from __future__ import annotations
 
-from ftune.modeling import load_config
+from ftune.models.config import load_config
 
 
 def load_model(plan, tokenizer, labels: list[str] | None = None, spec=None):

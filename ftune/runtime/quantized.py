@@ -99,7 +99,7 @@ def load_for_eval(final_dir: str | Path, base_path: str | Path | None = None, ta
     import transformers
     from peft import PeftModel
 
-    from ftune.modeling import TASK_CLASSES
+    from ftune.models.config import TASK_CLASSES
     from ftune.plan.quantization import bnb_config
 
     q = recorded_quantization(final_dir)

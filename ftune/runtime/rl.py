@@ -15,7 +15,7 @@ from ftune.errors import RunError
 from ftune.rewards import REWARD_MODEL, Sample, available
 from ftune.rundir import is_complete
 from ftune.runtime.reward_pool import Entry, Pool, RewardsInterrupted, RewardTimeout
-from ftune.dataset.prompt import BOOKKEEPING, ROW
+from ftune.datastage.prompt import BOOKKEEPING, ROW
 
 TIMES = ("generation_time", "training_time", "generated_tokens")
 """ftune's per-step timing in metrics.jsonl (means over each logging window, as TRL logs its own): seconds spent
@@ -196,7 +196,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     the recipe's rewards."""
     from transformers import PrinterCallback
 
-    from ftune.dataset.vision import template_of
+    from ftune.datastage.vision_chat import template_of
     from ftune.runtime.precision import set_mixed_precision_policy
     from ftune.runtime.vision_trl import is_processor, prompt_rows
 

@@ -1,5 +1,5 @@
 """Image rows into TRL's trainers (`vision-preference` for DPO, `vision-prompt` for GRPO): the rows keep their images
-as paths (`ftune.dataset.vision_rows`); here they are opened as the data stage read them (`ftune.data.images`:
+as paths (`ftune.datastage.vision_rows`); here they are opened as the data stage read them (`ftune.datafiles.images`:
 RGB, resized into `data.images`), as each batch is drawn, so no pixel is held in the cache or in memory between
 steps. TRL builds the pixel inputs (its processor calls) and the loss."""
 
@@ -14,7 +14,7 @@ def is_processor(processing_class) -> bool:
 
 
 def _open(paths, settings) -> list:
-    from ftune.data.images import open_image
+    from ftune.datafiles.images import open_image
 
     return [open_image(p, settings)[0] for p in paths or []]
 

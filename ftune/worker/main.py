@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ftune.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, FtuneError, disk_full
 from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
-from ftune.plan.model import Plan
+from ftune.plan.plan import Plan
 from ftune.rundir import RunDir, is_complete, write_json_atomic
 from ftune.worker import distributed
 from ftune.quiet import quiet_libraries
@@ -29,8 +29,8 @@ def run_stages(plan: Plan) -> dict:
     from rich.console import Console
 
     from ftune import plugins
-    from ftune import dataset as data
-    from ftune.dataset import tokenizer
+    from ftune import datastage as data
+    from ftune.datastage import tokenizer
     from ftune.runtime import train
     from ftune.runtime.model import load_model
     from ftune.runtime.rl import StopDuringReward
@@ -89,7 +89,7 @@ def run_stages(plan: Plan) -> dict:
     # TRL's trainers take image rows through the processor; the sft family's collator holds it already
     trl_images = processor is not None and plan.data.rows != "sft"
     if trl_images:  # a hub id's family is known only now (a local folder's was checked before launch)
-        from ftune.models.vision import trl_images_problem
+        from ftune.models.vision_parts import trl_images_problem
 
         why = trl_images_problem(getattr(model.config, "model_type", None))
         if why is not None:
@@ -169,7 +169,7 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
 
 def _pixels(plan: Plan, trainer):
     """A vision-language run's image inputs for generation (the collator's processor and image settings)."""
-    from ftune.dataset.vision import VisionCollator, pixel_inputs
+    from ftune.datastage.vision_chat import VisionCollator, pixel_inputs
 
     collate = trainer.data_collator
     if not isinstance(collate, VisionCollator):

@@ -10,7 +10,7 @@ rank sees the same share and stops at the same step.
 from __future__ import annotations
 
 from ftune.errors import RunError
-from ftune.moe import moe_layout
+from ftune.models.moe import moe_layout
 
 
 def router_stats(plan, model):
@@ -56,7 +56,7 @@ def router_stats(plan, model):
                 self.aux_n += 1
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            from ftune.moe import base_name
+            from ftune.models.moe import base_name
 
             if model is None:
                 return

@@ -59,7 +59,7 @@ def apply_method(model, plan, trained_tokens: list[int] | None = None):
             model = module.inject(model, recipe.peft, recipe.model.task)
     except ValueError as err:
         if "target" in str(err).lower() and recipe.peft.adapts_linear_layers:
-            from ftune.plan.preflight import target_hint
+            from ftune.plan.checks.preflight import target_hint
 
             raise FtuneError(f"peft.target_modules {list(recipe.peft.target_modules)} match no module of the model",
                              hint=target_hint(model)) from err
@@ -75,7 +75,7 @@ def without_autograd(model) -> list[str]:
     (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
     too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
     Returns the modules switched (none for a text model or a tower that trains)."""
-    from ftune.models.vision import is_vision_language, outermost, part_of
+    from ftune.models.vision_parts import is_vision_language, outermost, part_of
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kind = getattr(getattr(base, "config", None), "model_type", None)

@@ -99,7 +99,7 @@ def test_frozen_tower_bit_identical_trained_parts_moved_as_on_one_process(runs, 
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
 
     adapter = load_file(str(RunDir(runs["fsdp"]).final / "adapter_model.safetensors"))
     assert not [n for n in adapter if part_of(n, "llava") == "vision"]  # frozen: not saved, the base's is used

@@ -42,7 +42,7 @@ def test_the_peft_stage_loads_the_adapter_trainable(first, tmp_path, tiny_model_
     from ftune.recipe import load_recipe
     from ftune.runtime.model import load_model
     from ftune.worker.peft import apply_method
-    from ftune.dataset.tokenizer import load_tokenizer
+    from ftune.datastage.tokenizer import load_tokenizer
 
     recipe = base_recipe(first / "final", text_data_file, name="second", peft={"method": "lora", "dropout": 0.1},
                          output={"dir": str(tmp_path / "runs" / "second")})

@@ -32,7 +32,7 @@ def _load(model_dir, recipe: Recipe):
 
     from ftune.methods import lora
     from ftune.estimate.quant import describe
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
@@ -113,7 +113,7 @@ def test_guard_is_what_keeps_4bit_gradients_on_a_repacking_cpu(tiny_model_dir):
     from bitsandbytes.nn import Linear4bit
 
     from ftune.estimate.quant import describe
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config
     from ftune.runtime.quantized import guard
 
@@ -174,7 +174,7 @@ def test_trainer_with_eval_on_start_learns(tiny_model_dir, tmp_path):
 
 def test_describe_measures_quantized_weights_and_plan_estimate_agrees(tiny_model_dir):
     from ftune.estimate.quant import describe
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config
     from ftune.worker import quantize
 
@@ -248,9 +248,9 @@ def _assert_learned(run_dir) -> None:
 
 def _reloaded_eval_loss(run_dir, **load) -> float:
     """Eval loss of final/ reloaded with `quantized.load_for_eval` on a freshly quantized base, same eval data."""
-    from ftune.plan.model import Plan
-    from ftune import dataset as data
-    from ftune.dataset import tokenizer
+    from ftune.plan.plan import Plan
+    from ftune import datastage as data
+    from ftune.datastage import tokenizer
     from ftune.runtime import quantized, train
 
     plan = Plan.load(run_dir / "plan.json")

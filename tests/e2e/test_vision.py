@@ -80,7 +80,7 @@ def test_blank_images_stay_at_chance(blank_run):
 def test_frozen_vision_tower_is_untouched_projector_trained_whole_language_by_lora(colour_run, vlm_dir):
     from safetensors.torch import load_file
 
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
 
     adapter = load_file(str(colour_run / "runs" / "r" / "final" / "adapter_model.safetensors"))
     base = load_file(str(vlm_dir / "model.safetensors"))
@@ -243,7 +243,7 @@ def test_merge_folds_into_the_whole_vlm_checked_on_image_inputs_and_generates_th
         merged_vlm, colour_run, vlm_dir, prompt_rows, capsys):
     from safetensors.torch import load_file
 
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
 
     merged, result = merged_vlm
     assert result["action"] == "merged" and result["max_diff"] <= result["tolerance"]
@@ -297,10 +297,11 @@ def test_merge_check_draws_an_image_when_the_runs_data_is_gone(merged_vlm, colou
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from ftune.data import sample
+    from ftune.datafiles import sample
     from ftune.infer import merge
     from ftune.infer.source import resolve
-    from ftune.infer.vision import load_vision
+    from ftune.infer.image_prompts import load_vision
+    from ftune import datastage as data
 
     target = resolve(str(colour_run / "runs" / "r"))
     proc = load_vision(target).processor

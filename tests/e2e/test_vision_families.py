@@ -54,7 +54,7 @@ def _recipe(model: Path, data: Path) -> dict:
 def test_each_family_learns_the_colour_in_the_image(family, tmp_path, tiny_tokenizer_dir):
     from safetensors.torch import load_file
 
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
 
     model = _build(family, tmp_path / family, tiny_tokenizer_dir)
     recipe = write_recipe(tmp_path, _recipe(model, colour_rows(tmp_path, ROWS)))

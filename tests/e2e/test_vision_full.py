@@ -44,7 +44,7 @@ def test_full_fine_tuning_learns_from_final_with_the_frozen_tower_bit_identical(
     from safetensors.torch import load_file
 
     from ftune.cli.main import main
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
 
     final = full_run / "runs" / "r" / "final"
     saved, base = load_file(str(final / "model.safetensors")), load_file(str(vlm_dir / "model.safetensors"))

@@ -196,7 +196,7 @@ def test_a_lost_lock_race_names_no_question_marks():
 
 def test_model_config_folder_without_config_json_and_gguf_paths(tmp_path):
     from ftune.errors import RecipeError
-    from ftune.estimate.meta import _own_config, resolve_config
+    from ftune.models.meta import _own_config, resolve_config
     from ftune.recipe.schema import Recipe
 
     with pytest.raises(RecipeError) as info:

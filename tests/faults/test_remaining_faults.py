@@ -101,8 +101,8 @@ def test_a_corrupt_cache_entry_is_rebuilt(tok, tmp_path, damage):
 
 
 def test_max_seq_length_past_the_models_positions_is_a_located_error(tiny_model_dir):
-    from ftune.modeling import build_meta_model
-    from ftune.plan.preflight import position_problems, problems
+    from ftune.models.meta import build_meta_model
+    from ftune.plan.checks.preflight import position_problems, problems
 
     positions = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
 

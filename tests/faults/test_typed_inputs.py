@@ -12,7 +12,7 @@ from ftune.cli.main import main
 from ftune.errors import FtuneError
 from ftune.recipe.schema import Recipe
 from ftune.typed import not_text
-from ftune.data.check import check_fields
+from ftune.datafiles.check import check_fields
 from tests.data_stage import build
 
 IMAGE_CHAT = [{"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "what?"}]},

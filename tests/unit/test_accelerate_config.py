@@ -248,7 +248,7 @@ def test_valid_recipes_pass_rules():
 
 
 def test_environment_checks(monkeypatch, tmp_path):
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     def found(r, device, n):
         return {p.path: p.message for p in environment.devices(r, device, n)}
@@ -261,7 +261,7 @@ def test_environment_checks(monkeypatch, tmp_path):
     got = found(recipe({"strategy": "fsdp", "fsdp": {"cpu_ram_efficient_loading": True},
                         "accelerate_config": "x.yaml"}), "cpu", 2)
     assert "needs GPUs" in got["distributed.fsdp.cpu_ram_efficient_loading"]
-    from ftune.plan.paths import missing_configs  # the files tier (ftune.plan.checks), not this machine's
+    from ftune.plan.checks.paths import missing_configs  # the files tier (ftune.plan.checks), not this machine's
 
     [missing] = missing_configs(recipe({"strategy": "fsdp", "accelerate_config": "x.yaml"}), tmp_path)
     assert missing.path == "distributed.accelerate_config" and "accelerate config not found" in missing.message
@@ -324,8 +324,8 @@ def test_fsdp_trainer_kwargs_make_valid_training_arguments(tmp_path):
 
 
 def test_wrap_classes_checked_against_the_model(tiny_model_dir):
-    from ftune.modeling import build_meta_model
-    from ftune.plan.preflight import wrap_class_problems
+    from ftune.models.meta import build_meta_model
+    from ftune.plan.checks.preflight import wrap_class_problems
 
     def problems(fsdp):
         r = recipe({"strategy": "fsdp", "fsdp": fsdp}, model={"path": str(tiny_model_dir)})
@@ -342,7 +342,7 @@ def test_wrap_classes_checked_against_the_model(tiny_model_dir):
 
 def test_compile_refuses_what_this_machine_cannot_run(monkeypatch, tmp_path):
     from ftune.errors import RecipeError
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
     from ftune.plan.compile import compile_plan
     from ftune.recipe import load_recipe
 

@@ -1,4 +1,4 @@
-"""Answer spans in one render (ftune/data/spans.py): the tagged siblings of the built-in templates, the spans they
+"""Answer spans in one render (ftune/datafiles/spans.py): the tagged siblings of the built-in templates, the spans they
 give against the prefix renders on random conversations, renders per row, and a template with its own tags."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from importlib import resources
 import pytest
 
 from ftune.chat import BUILTIN, GENERATION_TAG, builtin, spans_sibling, strip_generation_tags
-from ftune.data.chat_rows import DEFAULT_CHAT_TEMPLATE, DEFAULT_CHAT_TEMPLATE_SPANS, ChatRenderer
-from ftune.data.spans import _by_prefixes, _turn_blocks, render_with_spans
+from ftune.datafiles.chat_rows import DEFAULT_CHAT_TEMPLATE, DEFAULT_CHAT_TEMPLATE_SPANS, ChatRenderer
+from ftune.datafiles.spans import _by_prefixes, _turn_blocks, render_with_spans
 
 TEMPLATES = {**{name: builtin(name) for name in BUILTIN}, "default": DEFAULT_CHAT_TEMPLATE}
 TEXTS = ["", " ", "hi", "  padded  ", "two\nlines\n", "héllo wörld 🎉 — ok", "日本語のテキスト", "5",

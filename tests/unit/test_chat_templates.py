@@ -9,8 +9,8 @@ import pytest
 from ftune.chat import BUILTIN, builtin, resolve
 from ftune.recipe.schema import Recipe
 from tests.data_stage import build
-from ftune.data.formats import ChatRenderer, render_with_spans
-from ftune.dataset.tokenizer import apply_tokens, trained_token_ids
+from ftune.datafiles.formats import ChatRenderer, render_with_spans
+from ftune.datastage.tokenizer import apply_tokens, trained_token_ids
 
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": "hello"}, {"role": "user", "content": "add 2 and 3"},
@@ -103,8 +103,8 @@ def test_added_tokens_make_the_marker_one_trained_stop(tmp_path, tiny_tokenizer_
 
 
 def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_path):
-    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
-    from ftune.dataset.tokenizer import load
+    from ftune.datafiles.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.datastage.tokenizer import load
 
     def recipe(**data):
         return Recipe.model_validate({"name": "t", "model": {"path": "unused"}, "data": {
@@ -120,7 +120,7 @@ def test_the_template_used_travels_with_the_tokenizer(tiny_tokenizer_dir, tmp_pa
 def test_the_fast_renderer_equals_apply_chat_template(tok, name):
     """ChatRenderer binds the compiled template once; its output is apply_chat_template's, byte for byte, for every
     built-in template and ftune's default, with and without the generation prompt, on every prefix."""
-    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.datafiles.formats import DEFAULT_CHAT_TEMPLATE
 
     template = builtin(name) if name else DEFAULT_CHAT_TEMPLATE
     render = ChatRenderer(tok, template)
@@ -142,7 +142,7 @@ def test_span_labels_walk_equals_the_bisect_reference():
     """The linear walk over tokens and spans labels exactly what a bisect per token labels (random cases)."""
     import random
 
-    from ftune.data.masking import _labels_by_bisect, labels_from_spans
+    from ftune.datafiles.masking import _labels_by_bisect, labels_from_spans
 
     rng = random.Random(0)
     for _ in range(500):
@@ -163,7 +163,7 @@ def test_span_labels_of_a_batch_equal_row_by_row():
     rows and tokens, spans past the last token, offsets out of order, and spans out of order (the walk decides)."""
     import random
 
-    from ftune.data.masking import labels_from_spans, labels_from_spans_batch
+    from ftune.datafiles.masking import labels_from_spans, labels_from_spans_batch
 
     rng = random.Random(1)
     for _ in range(60):
@@ -188,7 +188,7 @@ def test_span_labels_of_a_batch_equal_row_by_row():
 def test_offsets_from_the_backend_equal_the_wrappers(tok):
     """encode_with_offsets calls the Rust backend directly; ids and offsets are the wrapper's, special tokens in
     the text included, and a backend left truncating sends it back through the wrapper."""
-    from ftune.data.formats import encode_with_offsets
+    from ftune.datafiles.formats import encode_with_offsets
 
     texts = ["<s>User: hi</s> the cat sat", "", "Assistant: 5 books \n\n read"]
     want = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
@@ -202,7 +202,7 @@ def test_offsets_from_the_backend_equal_the_wrappers(tok):
 
 
 def test_trainable_counts_targets_after_the_first_token():
-    from ftune.data.masking import IGNORE, trainable
+    from ftune.datafiles.masking import IGNORE, trainable
 
     for labels in ([], [5], [IGNORE], [5, 6, IGNORE, 7], [IGNORE, IGNORE, 3], [IGNORE, 4, 5]):
         assert trainable(labels) == sum(1 for x in labels[1:] if x != IGNORE)
@@ -212,7 +212,7 @@ def test_anomaly_bits_in_one_pass_equal_the_named_anomalies():
     """The per-row bit mask (one pass) says what `chat_anomalies` says, on every short conversation of 4 roles."""
     from itertools import product
 
-    from ftune.data.chat_rows import ANOMALIES, anomaly_bits, chat_anomalies
+    from ftune.datafiles.chat_rows import ANOMALIES, anomaly_bits, chat_anomalies
 
     for n in range(5):
         for roles in product(("system", "user", "assistant", "tool"), repeat=n):

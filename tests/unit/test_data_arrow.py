@@ -1,4 +1,4 @@
-"""Reading a dataset's rows with one Arrow `take` (ftune.dataset.arrow) gives what `datasets` gives row by row,
+"""Reading a dataset's rows with one Arrow `take` (ftune.datastage.arrow) gives what `datasets` gives row by row,
 through every indices mapping the data stage makes (select, shuffle, concatenation), and `write_dataset_dir` makes
 Arrow files we wrote a folder `load_from_disk` reads."""
 
@@ -25,7 +25,7 @@ def _sets():
 
 @pytest.mark.parametrize("name", list(_sets()))
 def test_rows_equal_datasets_own_reads(name):
-    from ftune.dataset.arrow import numpy_columns, rows
+    from ftune.datastage.arrow import numpy_columns, rows
 
     ds = _sets()[name]
     assert rows(ds).to_pylist() == ds.to_list()
@@ -37,7 +37,7 @@ def test_rows_equal_datasets_own_reads(name):
 def test_write_dataset_dir_reads_back_as_one_dataset(tmp_path):
     import pyarrow as pa
 
-    from ftune.dataset.arrow import write_dataset_dir
+    from ftune.datastage.arrow import write_dataset_dir
 
     ints = datasets.List(datasets.Value("int32"))
     features = datasets.Features({"input_ids": ints})
@@ -59,7 +59,7 @@ def test_merge_order_is_a_seeded_random_merge_keeping_each_part_in_order():
     the sources mixed through the whole order (not one after the other), the same for the same seed."""
     import numpy as np
 
-    from ftune.dataset.pipeline import merge_order
+    from ftune.datastage.pipeline import merge_order
 
     order = merge_order([300, 0, 100], seed=5)
     assert sorted(order.tolist()) == list(range(400)) and order.tolist() == merge_order([300, 0, 100], 5).tolist()

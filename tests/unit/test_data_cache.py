@@ -10,7 +10,7 @@ import pytest
 from ftune.recipe.schema import Recipe
 from tests.data_stage import build
 from ftune.plan.batching import cache_root
-from ftune.dataset.cache import Cache, make_key
+from ftune.datastage.cache import Cache, make_key
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from ftune.errors import FtuneError
 from ftune.recipe.schema import Recipe
-from ftune.data.check import check_fields
+from ftune.datafiles.check import check_fields
 from tests.data_stage import build
 
 
@@ -169,7 +169,7 @@ def test_data_errors_survive_worker_processes():
     import pickle
 
     from ftune.errors import Location
-    from ftune.data.errors import DataError
+    from ftune.datafiles.errors import DataError
 
     err = pickle.loads(pickle.dumps(DataError("m", hint="h", location=Location(file="f", line=3))))
     assert (err.message, err.hint, err.location.line) == ("m", "h", 3)
@@ -180,7 +180,7 @@ def test_importing_the_data_stage_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, ftune.dataset, ftune.data.check; "
+    code = ("import sys, ftune.datastage, ftune.datafiles.check; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'numpy', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -8,7 +8,7 @@ import pytest
 
 from ftune.recipe.schema import Recipe
 from tests.data_stage import build
-from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+from ftune.datafiles.formats import DEFAULT_CHAT_TEMPLATE
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"

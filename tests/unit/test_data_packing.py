@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftune.recipe.schema import Recipe
-from ftune.dataset import DataReport
-from ftune.dataset import build as stage
+from ftune.datastage import DataReport
+from ftune.datastage import build as stage
 from tests.data_stage import build, decided
 from ftune.plan.batching import collator
-from ftune.dataset.packing import (
+from ftune.datastage.packing import (
     ClassificationCollator,
     PackedCollator,
     PaddingCollator,
@@ -199,7 +199,7 @@ def _per_sample_losses_alone(model, samples):
 
 
 # Every attention implementation ftune allows on CPU (flash needs CUDA). flex_attention runs on CUDA only: ftune
-# refuses it on CPU (ftune.plan.environment.FLEX_CPU: no CPU backward, and a compiled CPU forward that is wrong for
+# refuses it on CPU (ftune.plan.checks.environment.FLEX_CPU: no CPU backward, and a compiled CPU forward that is wrong for
 # grouped-query models without AVX-512), so its case is a GPU test; it compiles for half a minute: slow.
 CASES = [
     ("eager", "position_ids"),
@@ -343,8 +343,8 @@ def test_packing_in_shards_keeps_every_sample_and_the_fill(tmp_path):
     import datasets
     import numpy as np
 
-    from ftune.dataset import packing
-    from ftune.dataset.packing import pack, pack_to_disk
+    from ftune.datastage import packing
+    from ftune.datastage.packing import pack, pack_to_disk
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 60, size=3000)
@@ -386,7 +386,7 @@ def test_packing_many_files_one_dataset(tmp_path, monkeypatch):
     """Past FILE_TOKENS a new Arrow file starts; `load_from_disk` reads the files as one dataset, in order."""
     import datasets
 
-    from ftune.dataset import packing
+    from ftune.datastage import packing
 
     samples = [[i] * 30 for i in range(100)]
     ds = datasets.Dataset.from_dict({"input_ids": samples, "labels": samples})

@@ -97,7 +97,7 @@ def test_interleave_realises_the_weights_as_probabilities():
     it is the one that runs out), seeded; all_exhausted keeps drawing until every source was seen whole."""
     import datasets
 
-    from ftune.dataset.pipeline import mix
+    from ftune.datastage.pipeline import mix
 
     a = datasets.Dataset.from_dict({"x": list(range(20_000))})
     b = datasets.Dataset.from_dict({"x": list(range(100_000, 120_000))})
@@ -166,10 +166,10 @@ def test_a_hub_name_that_cannot_be_reached_is_a_clear_error(tok, tmp_path):
 def test_a_streamed_bad_line_halfway_names_the_file_and_line(tok, tmp_path):
     """Streaming reads JSONL itself: a line that is not JSON, past the first batch, stops with its file and line."""
     from ftune.recipe.schema import DataSource
-    from ftune.data.errors import DataError
-    from ftune.data.formats import Context
-    from ftune.data.sources import Source
-    from ftune.dataset.stream import BATCH, _samples
+    from ftune.datafiles.errors import DataError
+    from ftune.datafiles.formats import Context
+    from ftune.datafiles.sources import Source
+    from ftune.datastage.stream import BATCH, _samples
 
     good = tmp_path / "a.jsonl"
     good.write_text("".join(json.dumps({"text": f"the cat sat {i}"}) + "\n" for i in range(30)))

@@ -11,7 +11,7 @@ import pytest
 
 from ftune.errors import FtuneError, RecipeError
 from ftune.estimate.estimate import estimate, parse_bytes
-from ftune.estimate.meta import resolve_config
+from ftune.models.meta import resolve_config
 from ftune.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]

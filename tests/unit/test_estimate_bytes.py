@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ftune.estimate.estimate import estimate
-from ftune.estimate.memory import (
-    ActivationProfile,
-    Layout,
-    ParamFact,
-    optimizer_state_bytes,
-    optimizer_spec,
-    per_device,
-    quantized_weight_bytes,
-)
+from ftune.estimate.facts import ActivationProfile, ParamFact
+from ftune.estimate.memory import Layout, per_device, quantized_weight_bytes
+from ftune.estimate.optimizer import optimizer_state_bytes, optimizer_spec
 from ftune.recipe.schema import Recipe
 
 METHODS = {
@@ -100,7 +94,7 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
 
     from ftune.methods import method_module
     from ftune.estimate.estimate import _apply_method
-    from ftune.estimate.meta import _build, resolve_config
+    from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
 
     r = recipe(tiny_model_dir, METHODS[method])
@@ -237,10 +231,10 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
 
     from ftune.methods import method_module
     from ftune.estimate.estimate import _apply_method, _quantize_layout
-    from ftune.estimate.meta import _build, resolve_config
+    from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
     from ftune.estimate.quant import describe
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 

@@ -10,9 +10,9 @@ import pytest
 
 from ftune.cli.main import main
 from ftune.errors import RecipeError
-from ftune.estimate import catalog
+from ftune.models import catalog
 from ftune.estimate.estimate import estimate
-from ftune.estimate.meta import _build, resolve_config
+from ftune.models.meta import _build, resolve_config
 from ftune.recipe.schema import Recipe
 
 CATALOG = Path(catalog.__file__).resolve().parent.parent / "catalog"
@@ -216,9 +216,9 @@ MOE_TOTALS = {
 
 @pytest.mark.parametrize("model_id", sorted(MOE_TOTALS))
 def test_moe_total_and_active_counts(model_id):
-    """ftune.moe.count on the meta model agrees with the config's closed form: total, routed experts, and the
+    """ftune.models.moe.count on the meta model agrees with the config's closed form: total, routed experts, and the
     active count (everything but the experts, plus top_k / num_experts of them)."""
-    from ftune import moe
+    from ftune.models import moe
 
     cfg = config(model_id)
     model, _, _ = _build(make(model_id), catalog.lookup(model_id)[1])
@@ -234,7 +234,7 @@ def test_moe_total_and_active_counts(model_id):
 def test_moe_active_counts_as_published():
     """The active counts the model cards round: Mixtral 12.9B, Qwen3-30B-A3B 3.3B, Qwen3-235B-A22B 22B, OLMoE 1.3B
     (gpt-oss's 3.6B and 5.1B leave out the 0.58B embedding)."""
-    from ftune import moe
+    from ftune.models import moe
 
     active = {m: moe.count(_build(make(m), catalog.lookup(m)[1])[0]).active for m in MOE_TOTALS}
     assert active["mistralai/Mixtral-8x7B-v0.1"] == 12_879_925_248

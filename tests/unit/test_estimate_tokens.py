@@ -19,7 +19,7 @@ def test_tiny_model_counts_equal_the_worker_built_model(tiny_model_dir):
 
     from ftune.methods import lora
     from ftune.worker.peft import count_parameters
-    from ftune.dataset.tokenizer import apply_tokens, trained_token_ids
+    from ftune.datastage.tokenizer import apply_tokens, trained_token_ids
 
     recipe = _recipe(str(tiny_model_dir), **TOKENS)
     planned = estimate(recipe, world_size=1, num_processes=1, gpu_memory=None, device="cpu", seq_length=16)

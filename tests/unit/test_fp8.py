@@ -87,7 +87,7 @@ def test_fp8_without_bf16_or_compile_or_on_a_quantized_base_is_refused(tmp_path)
 def test_fp8_on_an_ada_or_newer_gpu_passes_and_an_ampere_one_is_refused(monkeypatch):
     import torch
 
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
     from ftune.recipe.schema import Recipe
 
     recipe = Recipe.model_validate({"name": "f", "model": {"path": "m"}, "data": {"train": [{"path": "p.jsonl"}]},

@@ -2,29 +2,32 @@
 
 Layers, lowest first; a module imports only from its own package or a lower layer:
   0 ftune (version), errors                                    the error vocabulary
-  1 plugins, outputs, typed, moe, clock, models, quiet, hub,  what plugins register; the output policy; text
-    patterns                                                   checks; MoE and VLM structure; durations shown;
-                                                               library noise off; a model id in the HF cache;
-                                                               regexes that backtrack
-  2 rundir, lifecycle, modeling, methods, tiny, chat, adapter,  shared by both sides
+  1 plugins, outputs, typed, clock, quiet, hub, patterns       what plugins register; the output policy; text
+                                                               checks; durations shown; library noise off; a model
+                                                               id in the HF cache (a path or an id); regexes that
+                                                               backtrack
+  2 models                                                     model knowledge: which config.json (local, cache,
+                                                               model.config, the catalog), the meta-device model,
+                                                               positions, MoE and vision-language structure
+  3 rundir, lifecycle, methods, tiny, chat, adapter,           shared by both sides
     rewards, tools, gguf, fp8
-  3 recipe, report, tiny_vision                                the recipe language; a run dir's report page; tiny
+  4 recipe, report, tiny_vision                                the recipe language; a run dir's report page; tiny
                                                                VLMs of more families (over tiny's template)
-  4 data, benchmarks                                           data files read lightly: both sides (checks, formats);
+  5 datafiles, benchmarks                                      data files read lightly: both sides (checks, formats);
                                                                lm-eval task names and the harness run on a model
-  5 plan, importers, generation                                decisions before launch; prompts, stop tokens,
+  6 plan, importers, generation                                decisions before launch; prompts, stop tokens,
                                                                decoding and their metrics (both sides: the end of
                                                                a run, eval, generate, chat)
-  6 estimate, dataset                                          what a recipe will cost; the data stage (tokenizer,
+  7 estimate, datastage                                        what a recipe will cost; the data stage (tokenizer,
                                                                tokenized / packed / cached rows: both sides, the
                                                                worker's and `ftune data`'s)
-  7 runtime                                                    a process holding the model, either side: the model
+  8 runtime                                                    a process holding the model, either side: the model
                                                                loaded as the Plan says, the trainers built for it,
                                                                saved tensors read back, a quantized base guarded
-  8 launch | worker                                            parent side | child side (the run): never each other
-  9 infer                                                      after training: load, merge, eval, chat (over runtime)
-  10 cli                                                       the commands
-  11 demo                                                      runs the commands
+  9 launch | worker                                            parent side | child side (the run): never each other
+  10 infer                                                     after training: load, merge, eval, chat (over runtime)
+  11 cli                                                       the commands
+  12 demo                                                      runs the commands
 """
 
 from __future__ import annotations
@@ -36,18 +39,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ftune"
 LAYERS = {
     "ftune": 0, "errors": 0,
-    "plugins": 1, "outputs": 1, "typed": 1, "moe": 1, "clock": 1, "models": 1, "quiet": 1, "hub": 1, "patterns": 1,
-    "rundir": 2, "lifecycle": 2, "modeling": 2, "methods": 2, "tiny": 2, "chat": 2, "adapter": 2, "rewards": 2,
-    "gguf": 2, "tools": 2, "fp8": 2,
-    "recipe": 3, "report": 3, "tiny_vision": 3,
-    "data": 4, "benchmarks": 4,
-    "plan": 5, "importers": 5, "generation": 5,
-    "estimate": 6, "dataset": 6,
-    "runtime": 7,
-    "launch": 8, "worker": 8,
-    "infer": 9,
-    "cli": 10,
-    "demo": 11,
+    "plugins": 1, "outputs": 1, "typed": 1, "clock": 1, "quiet": 1, "hub": 1, "patterns": 1,
+    "models": 2,
+    "rundir": 3, "lifecycle": 3, "methods": 3, "tiny": 3, "chat": 3, "adapter": 3, "rewards": 3, "gguf": 3,
+    "tools": 3, "fp8": 3,
+    "recipe": 4, "report": 4, "tiny_vision": 4,
+    "datafiles": 5, "benchmarks": 5,
+    "plan": 6, "importers": 6, "generation": 6,
+    "estimate": 7, "datastage": 7,
+    "runtime": 8,
+    "launch": 9, "worker": 9,
+    "infer": 10,
+    "cli": 11,
+    "demo": 12,
 }
 
 
@@ -91,11 +95,11 @@ def test_no_upward_or_sideways_imports():
     assert bad == []
 
 
-PARENT = {"recipe", "data", "plan", "importers", "estimate", "launch", "cli"}
+PARENT = {"recipe", "datafiles", "plan", "importers", "estimate", "launch", "cli"}
 
 
 def test_the_parent_side_never_imports_the_worker():
-    """No exceptions: `ftune data` builds the data through `ftune.dataset` (below both sides), `ftune eval` scores a
+    """No exceptions: `ftune data` builds the data through `ftune.datastage` (below both sides), `ftune eval` scores a
     trained model through `ftune.infer.evaluate` (after training, like `generate`, `chat` and `merge`)."""
     bad = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
                  if _package(a) in PARENT and _package(b) == "worker")
@@ -104,8 +108,8 @@ def test_the_parent_side_never_imports_the_worker():
 
 def test_the_data_stage_is_below_both_sides():
     """The worker runs the data stage and `ftune data` shows it (and fills the same cache): it imports neither."""
-    dataset = {m for m in GRAPH if _package(m) == "dataset"}
-    assert "ftune.dataset.tokenizer" in dataset and "ftune.dataset.packing" in dataset
+    dataset = {m for m in GRAPH if _package(m) == "datastage"}
+    assert "ftune.datastage.tokenizer" in dataset and "ftune.datastage.packing" in dataset
     assert not {b for m in dataset for b in GRAPH[m] if _package(b) in {"worker", "infer", "cli", "launch"}}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from ftune.chat import builtin
-from ftune.data.formats import ChatRenderer
+from ftune.datafiles.formats import ChatRenderer
 from ftune.importers.llama_factory import NOT_EQUAL, TEMPLATE_NAMES
 
 BOS, EOS = {"bos_token"}, {"eos_token"}

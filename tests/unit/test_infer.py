@@ -149,7 +149,7 @@ def test_bad_chat_commands_are_usage_errors(line, message):
 
 
 def test_prompt_rows_become_vision_chat_messages_with_the_command_line_images_first():
-    from ftune.infer.vision import as_messages
+    from ftune.infer.image_prompts import as_messages
 
     assert as_messages("what colour", ["/a.png"]) == [
         {"role": "user", "content": [{"type": "image", "image": "/a.png"}, {"type": "text", "text": "what colour"}]}]
@@ -193,7 +193,7 @@ def test_instruction_prompts_and_their_chat_template_agree(tok, template):
 
 
 def test_chat_prompts_end_with_the_generation_prompt(tok):
-    from ftune.data.formats import DEFAULT_CHAT_TEMPLATE
+    from ftune.datafiles.formats import DEFAULT_CHAT_TEMPLATE
 
     fmt = g.PromptFormat("chat", DEFAULT_CHAT_TEMPLATE)
     ids = g.encode_prompt(fmt, tok, "hello", system="be brief")
@@ -267,7 +267,7 @@ def test_merge_check_samples_rows_the_run_left_untokenized(tiny_tokenizer_dir):
     so their text is tokenized here (a GRPO run's merge failed with KeyError 'input_ids')."""
     from transformers import AutoTokenizer
 
-    from ftune.data.sample import row_ids as _row_ids
+    from ftune.datafiles.sample import row_ids as _row_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
     assert _row_ids({"input_ids": [5, 6, 7], "labels": [1]}, tok) == [5, 6, 7]
@@ -283,7 +283,7 @@ def test_merge_check_rows_are_read_directly_as_the_data_stage_encodes_them(tmp_p
     those of a row the data stage builds for the same recipe; a split (no eval source) reads the train rows."""
     from transformers import AutoTokenizer
 
-    from ftune.data.sample import first_rows
+    from ftune.datafiles.sample import first_rows
     from ftune.recipe.schema import Recipe
     from tests.data_stage import build
 

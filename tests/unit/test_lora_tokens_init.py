@@ -8,7 +8,7 @@ import pytest
 from ftune.methods import lora
 from ftune.recipe.schema import ModelSection
 from ftune.worker.save import save_converted, save_initial_adapter
-from ftune.dataset.tokenizer import apply_tokens, trained_token_ids
+from ftune.datastage.tokenizer import apply_tokens, trained_token_ids
 
 
 def _base(tiny_model_dir, tok=None):

@@ -12,7 +12,7 @@ import yaml
 from ftune.cli.main import main
 from ftune.errors import RunError
 from ftune.methods.lora import Config, inject, target_problems
-from ftune.moe import count, group_of, moe_layout
+from ftune.models.moe import count, group_of, moe_layout
 
 
 def tiny(arch: str, **kwargs):

@@ -7,7 +7,7 @@ import pytest
 
 from ftune.estimate.moe import mlp_values
 from ftune.estimate.probe import formula_profile
-from ftune.moe import moe_layout
+from ftune.models.moe import moe_layout
 
 
 def build(arch: str, experts: int = 8, top_k: int = 6, width: int = 96, hidden: int = 64):

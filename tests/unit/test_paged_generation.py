@@ -100,7 +100,7 @@ def test_paged_is_refused_located_where_continuous_batching_cannot_run(tmp_path)
 def test_paged_on_a_model_with_linear_attention_layers_is_refused_on_the_meta_model():
     from types import SimpleNamespace
 
-    from ftune.plan.preflight import paged_layer_problems
+    from ftune.plan.checks.preflight import paged_layer_problems
 
     hybrid = SimpleNamespace(config=SimpleNamespace(layer_types=["linear_attention", "full_attention"]))
     dense = SimpleNamespace(config=SimpleNamespace(layer_types=["sliding_attention", "full_attention"]))

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from ftune.errors import RecipeError
-from ftune.estimate.memory import DeviceMemory, MemoryItem
+from ftune.estimate.memory import DeviceMemory
+from ftune.estimate.facts import MemoryItem
 from ftune.estimate.parallel import longest_sequence, split
 from ftune.plan.compile import compile_plan
 from ftune.recipe import load_recipe

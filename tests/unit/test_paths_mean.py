@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ftune.data.images import ImageProblem, _resolve, open_image
+from ftune.datafiles.images import ImageProblem, _resolve, open_image
 from ftune.errors import UsageError
 from ftune.recipe.schema import ImageSettings
 
@@ -70,7 +70,7 @@ def test_a_model_file_where_a_recipe_is_read_is_named(tmp_path, content, what):
 
 
 def test_a_data_path_that_is_a_url_is_refused_as_one(tmp_path, monkeypatch):
-    from ftune.plan.paths import missing_inputs
+    from ftune.plan.checks.paths import missing_inputs
     from ftune.recipe import load_recipe
 
     monkeypatch.chdir(tmp_path)

@@ -129,7 +129,7 @@ def test_bf16_on_cpu_is_allowed_with_a_note(tmp_path):
 
 
 def test_plan_round_trips_through_json(tmp_path):
-    from ftune.plan.model import Plan
+    from ftune.plan.plan import Plan
 
     plan = compile_plan(load_recipe(_recipe(tmp_path)))
     (tmp_path / "plan.json").write_text(plan.model_dump_json())

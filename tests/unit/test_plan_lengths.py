@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from ftune.cli.main import main
-from ftune.modeling import positions
-from ftune.plan.preflight import length_problems
+from ftune.models.config import positions
+from ftune.plan.checks.preflight import length_problems
 from ftune.recipe.schema import Recipe
 
 LLAMA31 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,

@@ -78,7 +78,7 @@ def test_a_recipe_the_checks_pass_plans(tmp_path, tiny_model_dir, text_data_file
 
 def test_a_missing_data_file_has_one_wording(tmp_path, tiny_model_dir, text_data_file, capsys):
     """`plan` runs without the inputs (it names what is missing and exits 0); `validate --check-paths` and `run`
-    refuse it: all three in the compiler's words (`ftune.plan.paths`), and `run` before it writes anything."""
+    refuse it: all three in the compiler's words (`ftune.plan.checks.paths`), and `run` before it writes anything."""
     path, text = _write(tmp_path, tiny_model_dir, text_data_file, {})
     path.write_text(text.replace(str(text_data_file), "missing.jsonl"))
     # without the data, plan can't find the longest row: data.max_seq_length is asked for, located

@@ -184,7 +184,7 @@ def test_chat_pairs_are_rendered_with_the_template_and_prompts_truncated_at_the_
 
 
 def test_unpaired_rows_need_a_boolean_label(tmp_path, tiny_tokenizer_dir):
-    from ftune.dataset import DataError
+    from ftune.datastage import DataError
 
     ok = [{"prompt": "q", "completion": " yes", "label": True}, {"prompt": "q", "completion": " no", "label": False}]
     b = _bundle(tmp_path, tiny_tokenizer_dir, ok, fmt="unpaired-preference")

@@ -93,7 +93,7 @@ def test_a_missing_or_old_torchao_is_refused(monkeypatch):
 def test_group_size_must_divide_every_quantized_layer():
     from transformers import LlamaConfig
 
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
 
     r = recipe({"group_size": 256})
     model = build_meta_model(r, LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type",

@@ -13,7 +13,7 @@ from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
 from ftune.recipe.rules import check
 from ftune.recipe.schema import Recipe
-from ftune.modeling import build_meta_model
+from ftune.models.meta import build_meta_model
 from ftune.plan import quantization as quantize
 
 

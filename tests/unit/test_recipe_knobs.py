@@ -77,7 +77,7 @@ def test_bad_slices_are_located(tmp_path):
 def test_slice_selects_rows_as_datasets_does(tmp_path):
     import datasets
 
-    from ftune.data.sources import sliced, split_names
+    from ftune.datafiles.sources import sliced, split_names
 
     ds = datasets.Dataset.from_dict({"x": list(range(103))})
     assert sliced({"train": ds}, "train[:20%]")["x"] == list(range(21))  # datasets rounds 20.6 to 21

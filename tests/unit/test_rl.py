@@ -122,7 +122,7 @@ def test_vllm_without_cuda_is_a_located_plan_error(tmp_path):
 
 
 def test_a_reward_model_that_is_not_a_sequence_classifier(tmp_path, tiny_model_dir, tiny_cls_model_dir):
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
 
     for folder, want in ((tiny_model_dir, "is not a sequence classifier"), (tmp_path / "nope", "not found"),
                          (tiny_cls_model_dir, "labels; a reward model has one output")):
@@ -132,7 +132,7 @@ def test_a_reward_model_that_is_not_a_sequence_classifier(tmp_path, tiny_model_d
 
 
 def test_answer_readers_need_an_answer_column(tmp_path):
-    from ftune.data.check import check_fields
+    from ftune.datafiles.check import check_fields
 
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "2+2=", "solution": "4"}) + "\n")
     data = {"train": [{"path": str(tmp_path / "p.jsonl"), "format": "prompt"}]}
@@ -146,8 +146,8 @@ def test_answer_readers_need_an_answer_column(tmp_path):
 
 
 def test_prompt_plus_completion_past_the_model_positions(tmp_path, tiny_model_dir):
-    from ftune.modeling import build_meta_model
-    from ftune.plan.preflight import completion_position_problems
+    from ftune.models.meta import build_meta_model
+    from ftune.plan.checks.preflight import completion_position_problems
 
     recipe = load_recipe(_write(tmp_path, grpo(max_completion_length=500), {"max_prompt_length": 20,
                                                                            "max_seq_length": None},
@@ -393,7 +393,7 @@ def test_reward_objective_needs_a_one_logit_classifier(tmp_path):
 
 
 def test_reward_model_config_has_one_label(tmp_path, tiny_model_dir):
-    from ftune.modeling import load_config
+    from ftune.models.config import load_config
 
     recipe = load_recipe(_write(tmp_path, {"objective": "reward"}, {"train": PAIRS},
                                 model={"path": str(tiny_model_dir), "task": "sequence-classification"})).recipe

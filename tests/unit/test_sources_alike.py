@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ftune.data.check import check_fields
+from ftune.datafiles.check import check_fields
 from ftune.errors import RecipeError
 from ftune.recipe import load_recipe
 
@@ -77,10 +77,10 @@ def test_a_streamed_token_row_out_of_the_vocabulary_is_located(tiny_tokenizer_di
     'Location'` (an internal error) where the cached pipeline names the row."""
     from transformers import AutoTokenizer
 
-    from ftune.data.errors import DataError
-    from ftune.data.formats import Context
-    from ftune.data.sources import Source
-    from ftune.dataset.stream import _samples
+    from ftune.datafiles.errors import DataError
+    from ftune.datafiles.formats import Context
+    from ftune.datafiles.sources import Source
+    from ftune.datastage.stream import _samples
     from ftune.recipe.schema import DataSource
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
@@ -98,8 +98,8 @@ def test_a_streamed_token_row_out_of_the_vocabulary_is_located(tiny_tokenizer_di
 def test_a_glob_the_loader_refuses_is_a_data_error_not_the_pattern_opened_as_a_file(tmp_path):
     """What `ftune data` and the worker hit when `datasets` can't load a glob: the diagnosis read each file (it
     opened the pattern itself: FileNotFoundError, an internal error)."""
-    from ftune.data.errors import DataError
-    from ftune.data.sources import load, resolve
+    from ftune.datafiles.errors import DataError
+    from ftune.datafiles.sources import load, resolve
     from ftune.recipe.schema import DataSource
 
     _jsonl(tmp_path / "d/a.jsonl", {"text": "x"})
@@ -115,7 +115,7 @@ def test_a_non_integer_token_id_is_named_at_its_own_row(tiny_tokenizer_dir, tmp_
     (row 2, shuffled), whose ids were fine. Whole floats read as ids; 2.5 is named at row 15."""
     from transformers import AutoTokenizer
 
-    from ftune.data.errors import DataError
+    from ftune.datafiles.errors import DataError
     from ftune.recipe.schema import Recipe
     from tests.data_stage import build
 

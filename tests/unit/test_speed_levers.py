@@ -73,7 +73,7 @@ def test_flex_attention_training_is_refused_on_cpu_before_launch_located(tmp_pat
 
 
 def test_flex_attention_is_allowed_on_cuda_and_swapped_for_forward_uses_on_cpu():
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
     from ftune.recipe.schema import Recipe
 
     r = Recipe.model_validate({**BASE, "model": {"path": "m", "attn_implementation": "flex_attention"}})
@@ -86,7 +86,7 @@ def test_flex_attention_is_allowed_on_cuda_and_swapped_for_forward_uses_on_cpu()
 
 
 def test_liger_without_the_package_on_a_gpu_machine_gives_the_install_hint(monkeypatch):
-    from ftune.plan import environment
+    from ftune.plan.checks import environment
     from ftune.recipe.schema import Recipe
 
     real = environment.importlib.util.find_spec
@@ -113,7 +113,8 @@ def test_upcast_choice_and_its_refusal_under_fsdp(tmp_path):
 def test_memory_model_accounts_for_the_levers():
     from dataclasses import replace
 
-    from ftune.estimate.memory import ActivationProfile, Layout, ParamFact, per_device
+    from ftune.estimate.facts import ActivationProfile, ParamFact
+    from ftune.estimate.memory import Layout, per_device
 
     facts = [ParamFact("w", (1024, 1024), "bfloat16", 2, True)]
     profile = ActivationProfile((4_000_000,) * 4, (500_000,) * 4, 9_000_000, 8_000_000)
@@ -130,7 +131,8 @@ def test_memory_model_accounts_for_the_levers():
 def test_checkpointing_never_adds_to_activation_offloading(fused_loss):
     """The issue's case: with offloading and Liger (fused loss), turning checkpointing on doubled a long-context
     plan (94.6 -> 188.3 GiB): the recomputed layer is the layer in flight, already counted once."""
-    from ftune.estimate.memory import ActivationProfile, Layout, ParamFact, per_device
+    from ftune.estimate.facts import ActivationProfile, ParamFact
+    from ftune.estimate.memory import Layout, per_device
 
     facts = [ParamFact("w", (1024, 1024), "bfloat16", 2, True)]
     profile = ActivationProfile((40_000_000,) * 4, (5_000_000,) * 4, 9_000_000, 8_000_000)

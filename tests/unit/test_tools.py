@@ -231,7 +231,7 @@ def test_hermes_renders_tool_turns_that_trl_accepts(tiny_tokenizer_dir):
 
 
 def test_chat_rows_keep_an_assistants_tool_calls_in_one_form():
-    from ftune.data.chat_rows import chat_anomalies, normalize_messages
+    from ftune.datafiles.chat_rows import chat_anomalies, normalize_messages
 
     fields = SimpleNamespace(messages="messages", role="role", content="content")
     src = SimpleNamespace(spec=SimpleNamespace(fields=fields, roles=None))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ftune.errors import RecipeError
-from ftune.estimate import catalog
-from ftune.estimate.meta import resolve_config
+from ftune.models import catalog
+from ftune.models.meta import resolve_config
 from ftune.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def test_a_vlm_under_the_text_task_is_told_to_set_the_task():
 
 PROBE = """
 import json, sys
-from ftune.estimate import catalog
-from ftune.estimate.vision import image_cost
+from ftune.models import catalog
+from ftune.estimate.vision_cost import image_cost
 found = catalog.lookup("unsloth/Qwen2.5-VL-7B-Instruct", vision=True)
 cost = image_cost(json.loads(found[1].read_text()), 1024 * 28 * 28)
 heavy = sorted(m for m in ("torch", "transformers", "peft", "accelerate", "datasets") if m in sys.modules)

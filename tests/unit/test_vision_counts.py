@@ -8,8 +8,8 @@ from functools import cache
 
 import pytest
 
-from ftune.estimate import catalog
-from ftune.estimate.vision import count_by_part, image_cost
+from ftune.models import catalog
+from ftune.estimate.vision_cost import count_by_part, image_cost
 
 # Published totals (the hub checkpoints' safetensors metadata / model cards), each equal to the closed form below.
 PUBLISHED = {

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ftune.data.images import ImageProblem, open_image, parse_row
-from ftune.data.masking import IGNORE
+from ftune.datafiles.images import ImageProblem, open_image, parse_row
+from ftune.datafiles.masking import IGNORE
 from ftune.errors import RecipeError
 from ftune.recipe.schema import DataSource, ImageSettings, Recipe
-from ftune.dataset.vision import expand_labels
+from ftune.datastage.vision_chat import expand_labels
 
 FIT = ImageSettings()
 
@@ -26,7 +26,7 @@ def _png(path: Path, size=(28, 28), mode="RGB", colour=(200, 10, 10)) -> Path:
 
 
 def _src(path: Path):
-    from ftune.data.sources import resolve
+    from ftune.datafiles.sources import resolve
 
     return resolve(DataSource(path=str(path), format="vision-chat"), "data.train[0]")
 
@@ -135,8 +135,8 @@ def processor(tiny_tokenizer_dir, tmp_path_factory):
 def _encode(processor, path: Path, max_images=None, max_len=None):
     import numpy as np
 
-    from ftune.data.images import read_rows
-    from ftune.dataset.vision import Settings, encode_source
+    from ftune.datafiles.images import read_rows
+    from ftune.datastage.vision_chat import Settings, encode_source
 
     src = _src(path)
     rows = read_rows(src)
@@ -145,7 +145,7 @@ def _encode(processor, path: Path, max_images=None, max_len=None):
 
 
 def test_rows_encode_with_image_tokens_masked_and_the_collator_adds_pixels(processor, tmp_path):
-    from ftune.dataset.vision import VisionCollator
+    from ftune.datastage.vision_chat import VisionCollator
 
     _png(tmp_path / "a.png")
     _png(tmp_path / "b.png", (56, 40))
@@ -175,7 +175,7 @@ def test_too_many_images_and_a_cut_image_are_refused_at_the_row(processor, tmp_p
         _row({"type": "image", "image": "a.png"}, {"type": "text", "text": "one"}),
         _row({"type": "image", "image": "a.png"}, {"type": "image", "image": "a.png"}),
     ])
-    from ftune.data.errors import DataError
+    from ftune.datafiles.errors import DataError
 
     with pytest.raises(DataError) as err:
         _encode(processor, path, max_images=1)
@@ -196,7 +196,7 @@ def _recipe(data: Path, **extra) -> Recipe:
 
 
 def test_the_compiler_check_locates_a_bad_image_in_the_first_rows(tmp_path):
-    from ftune.data.check import check_fields
+    from ftune.datafiles.check import check_fields
 
     _png(tmp_path / "a.png")
     path = _jsonl(tmp_path / "d.jsonl", [_row({"type": "image", "image": "a.png"}),
@@ -208,7 +208,7 @@ def test_the_compiler_check_locates_a_bad_image_in_the_first_rows(tmp_path):
 
 
 def test_an_image_part_in_a_text_model_s_chat_data_is_refused_at_the_row(tmp_path, tiny_tokenizer_dir):
-    from ftune.data.chat_rows import normalize_messages
+    from ftune.datafiles.chat_rows import normalize_messages
 
     src = _src(_jsonl(tmp_path / "d.jsonl", [{}]))
 
@@ -280,7 +280,7 @@ def test_lora_parts_and_full_parts_resolve_per_part_and_all_frozen_is_refused():
 
 
 def test_a_missing_image_processor_is_refused_before_launch_at_model_path(tmp_path):
-    from ftune.plan.environment import image_processor
+    from ftune.plan.checks.environment import image_processor
 
     model = tmp_path / "vlm"
     model.mkdir()
@@ -302,7 +302,7 @@ def test_a_second_family_whose_processor_rewrites_the_placeholder_encodes_and_tr
 
     from ftune.methods.lora import Config, inject
     from ftune.tiny import build_tiny_idefics3
-    from ftune.dataset.vision import VisionCollator
+    from ftune.datastage.vision_chat import VisionCollator
 
     build_tiny_idefics3(tmp_path / "m", AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
     proc = AutoProcessor.from_pretrained(tmp_path / "m")

@@ -37,7 +37,7 @@ def _plan(path: Path):
 
 
 def test_fsdp_wraps_the_vision_encoder_and_the_language_decoder_layers(tmp_path, vlm_dir, capsys):
-    from ftune.modeling import build_meta_model
+    from ftune.models.meta import build_meta_model
 
     path = _recipe(tmp_path, vlm_dir, distributed={"strategy": "fsdp", "num_processes": 2})
     declared = build_meta_model(_plan(path).recipe)._no_split_modules
@@ -80,7 +80,7 @@ def test_gradient_checkpointing_covers_the_vision_tower(tmp_path, vlm_dir, visio
 
     from ftune.runtime.model import load_model
     from ftune.worker.peft import apply_method
-    from ftune.dataset.tokenizer import load_processor
+    from ftune.datastage.tokenizer import load_processor
 
     plan = _plan(_recipe(tmp_path, vlm_dir, train={"max_steps": 1, "gradient_checkpointing": True},
                          peft={"method": "lora", "target_modules": "all-linear",

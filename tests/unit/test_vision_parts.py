@@ -1,10 +1,10 @@
-"""`ftune.models.vision.part_of`: every parameter of a tiny model of each VLM family lands in the right part."""
+"""`ftune.models.vision_parts.part_of`: every parameter of a tiny model of each VLM family lands in the right part."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftune.models.vision import LAYOUTS, part_of
+from ftune.models.vision_parts import LAYOUTS, part_of
 
 _TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
              vocab_size=300)
@@ -91,7 +91,7 @@ def test_the_families_that_need_torchvision_are_those_whose_processor_takes_a_vi
     import transformers
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    from ftune.models.vision import NEEDS_TORCHVISION
+    from ftune.models.vision_parts import NEEDS_TORCHVISION
 
     has_torchvision = importlib.util.find_spec("torchvision") is not None
     for model_type in LAYOUTS:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from ftune.data.errors import DataError
-from ftune.data.images import ImageProblem, completion_text, parse_prompt
+from ftune.datafiles.errors import DataError
+from ftune.datafiles.images import ImageProblem, completion_text, parse_prompt
 from ftune.errors import RecipeError
 from ftune.recipe.schema import DataSource, Recipe
 from tests.unit.test_vision_data import _jsonl, _png, processor  # noqa: F401  (the tiny LLaVA processor fixture)
 
 
 def _src(path: Path, fmt: str):
-    from ftune.data.sources import resolve
+    from ftune.datafiles.sources import resolve
 
     if not path.exists():
         path.write_text("{}\n")
@@ -77,8 +77,8 @@ def test_a_completion_is_text_or_assistant_messages_of_text(tmp_path):
 def _encode(processor, path: Path, fmt: str, **data):  # noqa: F811
     import numpy as np
 
-    from ftune.data.images import read_rows
-    from ftune.dataset.vision_rows import encode_source
+    from ftune.datafiles.images import read_rows
+    from ftune.datastage.vision_rows import encode_source
 
     src = _src(path, fmt)
     rows = read_rows(src)
@@ -172,7 +172,7 @@ def test_dpo_and_grpo_on_image_rows_validate(tmp_path, fmt, objective):
                                                 ("mllama", "ftune has no part layout for mllama"),
                                                 ("llava", None), ("qwen2_5_vl", None)])
 def test_a_family_trl_cannot_take_images_for_is_refused_at_model_path(tmp_path, model_type, refused):
-    from ftune.plan.environment import vision_objective
+    from ftune.plan.checks.environment import vision_objective
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": model_type}))
@@ -190,7 +190,7 @@ def test_a_family_trl_cannot_take_images_for_is_refused_at_model_path(tmp_path, 
 
 
 def test_identical_pairs_with_images_are_refused_before_launch(tmp_path):
-    from ftune.data.check import preference_balance
+    from ftune.datafiles.check import preference_balance
 
     _png(tmp_path / "a.png")
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": _user(IMG, TEXT), "chosen": "red", "rejected": "red"}] * 3)

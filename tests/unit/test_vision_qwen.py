@@ -51,7 +51,7 @@ def test_qwen2_5_vl_without_torchvision_is_refused_at_model_path_with_the_instal
 
 
 def test_with_torchvision_found_the_check_lets_it_through(recipe_file, monkeypatch):
-    from ftune.plan.environment import torchvision
+    from ftune.plan.checks.environment import torchvision
     from ftune.recipe import load_recipe
 
     recipe = load_recipe(str(recipe_file)).recipe
@@ -72,7 +72,7 @@ def test_the_tiny_qwen2_vl_of_the_gpu_suite_takes_its_image_processor_s_inputs(t
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from ftune.models.vision import part_of
+    from ftune.models.vision_parts import part_of
     from ftune.tiny_vision import qwen2_vl_parts
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)

@@ -1,5 +1,5 @@
-"""`ftune merge`'s check on a vision run samples its first rows read directly (`ftune.dataset.vision.first_rows`),
-as the text runs' check does (`ftune.data.sample.first_rows`): encoded row by row as the data stage encodes them,
+"""`ftune merge`'s check on a vision run samples its first rows read directly (`ftune.datastage.vision_chat.first_rows`),
+as the text runs' check does (`ftune.datafiles.sample.first_rows`): encoded row by row as the data stage encodes them,
 with their images, never through the whole data stage; a row the data stage would refuse is passed over, and
 the eval sources are preferred to the train sources (#40)."""
 
@@ -19,8 +19,8 @@ def _recipe(train, **data) -> Recipe:
 
 
 def test_first_rows_are_read_directly_and_encoded_as_the_data_stage_does(processor, tmp_path, monkeypatch):  # noqa: F811
-    from ftune import dataset
-    from ftune.dataset.vision import first_rows
+    from ftune import datastage as dataset
+    from ftune.datastage.vision_chat import first_rows
 
     monkeypatch.setattr(dataset, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("data stage built")))
     for name in ("a", "b", "c"):

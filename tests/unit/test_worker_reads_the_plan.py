@@ -1,4 +1,4 @@
-"""The worker carries out the Plan: a static walk of `ftune/worker/`, the data stage it runs (`ftune/dataset/`) and
+"""The worker carries out the Plan: a static walk of `ftune/worker/`, the data stage it runs (`ftune/datastage/`) and
 the model-holding room below it (`ftune/runtime/`: the model, the trainers) fails on a read of a recipe key the
 compiler decides. The worker may read the recipe only for what it describes and the Plan does not restate (the
 data's paths, fields and templates, label names, the method's own section, the seed ...): the allow-list below."""
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 WORKER = Path(__file__).resolve().parents[2] / "ftune" / "worker"
-DATA_STAGE = WORKER.parent / "dataset"  # the data stage the worker runs (below both sides: `ftune data` runs it too)
+DATA_STAGE = WORKER.parent / "datastage"  # the data stage the worker runs (below both sides: `ftune data` runs it too)
 RUNTIME = WORKER.parent / "runtime"  # the model and the trainers the worker builds (below both sides: `ftune eval` too)
 
 # Recipe keys (and everything under them) the worker may read, and why.

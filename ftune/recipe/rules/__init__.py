@@ -1,7 +1,7 @@
 """Cross-field rules: checks the schema alone can't express, run after the Recipe validates.
 
 Each module (`core`, `train`, `data`, `quantization`, `distributed`, `preference`, `plugins`, `rl`, `tools`,
-`distill`, `vision`) exposes `RULES`, a list of functions
+`distill`, `vision_combinations`) exposes `RULES`, a list of functions
 `rule(recipe) -> Iterable[Problem]` (`Problem.at(path, message, hint)`, the one problem type of every check).
 The path is the dotted key as the user wrote it (`peft.r`, not pydantic's `peft.lora.r`); the loader locates it.
 """
@@ -32,7 +32,7 @@ MODULES: tuple[str, ...] = (
     "ftune.recipe.rules.rl",
     "ftune.recipe.rules.distill",
     "ftune.recipe.rules.tools",
-    "ftune.recipe.rules.vision",
+    "ftune.recipe.rules.vision_combinations",
 )
 
 

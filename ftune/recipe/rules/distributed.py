@@ -4,8 +4,8 @@
 machine's rank, machine 0's address), which a launcher's environment may set (`ftune.plan.cluster`): they run in
 the recipe tier of `ftune.plan.checks`, after the compiler applied that environment (and in `validate` and
 `launch-script`, on the shape the recipe or the flags give). Checks that need the device and the
-installed packages are in `ftune.plan.environment`; the wrap-class check needs the model's structure
-and lives with the meta-device preflight (`ftune.plan.preflight`).
+installed packages are in `ftune.plan.checks.environment`; the wrap-class check needs the model's structure
+and lives with the meta-device preflight (`ftune.plan.checks.preflight`).
 `fsdp` options with another strategy are a core rule (`core.fsdp_options_need_fsdp`).
 """
 

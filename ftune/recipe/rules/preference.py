@@ -1,7 +1,7 @@
 """Preference rules: what TRL's preference trainers can't run, refused at `validate` with the key to change.
 
 The objectives, their data formats and their settings come from `ftune.recipe.objectives`. Whether trl is
-installed is an environment check (`ftune.plan.environment`).
+installed is an environment check (`ftune.plan.checks.environment`).
 """
 
 from __future__ import annotations

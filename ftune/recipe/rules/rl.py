@@ -3,7 +3,7 @@ holds whole groups, and the settings belong to the objective. Refused at `valida
 
 Whether the data has the `answer` column a reward reads is checked where the data is read (`ftune validate
 --check-paths`, the data stage); vLLM without CUDA and a reward model that is no sequence classifier are
-environment checks (`ftune.plan.environment`).
+environment checks (`ftune.plan.checks.environment`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training rules: what `TrainingArguments(...)`, the optimizer and the scheduler would refuse after launch.
 
 Names come from `ftune.recipe.trainer_names` (kept in sync with transformers by a drift test). Whether an
-optimizer's optional package is installed is an environment check (`ftune.plan.environment`).
+optimizer's optional package is installed is an environment check (`ftune.plan.checks.environment`).
 """
 
 from __future__ import annotations
