@@ -13,14 +13,14 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
   long-8b    70   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
                   then 2 steps at that length and at 4096 packed: peak vs plan at both
   qlora-8b   60   QLoRA nf4 at seq 4096
-  fp8-8b    150   `train.precision: fp8` (torchao float8, compiled) vs bf16 compiled, LoRA all-linear at seq 4096, batch
-                  2: tokens/s of each and their ratio beside `ftune plan`'s fp8 estimate; off an FP8 GPU (compute
-                  capability < 8.9, or the CPU smoke) the plan's estimate and this device's refusal only
   grpo-1.5b  60   GRPO on a Qwen2.5-1.5B shape (LoRA, 8 generations, 256-token completions): ftune vs plain TRL,
                   generated tokens/s and the generation/training split, then ftune with
                   `train.rl.generation.backend: paged` beside TRL's continuous batching (bench/bench_grpo.py)
   full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW
   gpu-tests  40   pytest -m gpu tests/gpu
+  fp8-8b    150   `train.precision: fp8` (torchao float8, compiled) vs bf16 compiled, LoRA all-linear at seq 4096, batch
+                  2: tokens/s of each and their ratio beside `ftune plan`'s fp8 estimate; off an FP8 GPU (compute
+                  capability < 8.9, or the CPU smoke) the plan's estimate and this device's refusal only
   vlm-qwen2 180   Qwen2-VL, which needs torchvision: installs a carried torchvision wheel that matches this torch
                   (FTUNE_BENCH_WHEELS, default wheels/), then a tiny Qwen2-VL learns the colour task, merges and
                   generates with images; a Qwen2.5-VL-3B shape's tokens/s and peak vs plan (bench/bench_vlm_qwen2.py).
@@ -54,10 +54,12 @@ class Part:
     cuda_only: bool = False
 
 
+# #36's parts first (they fill a 9-minute window); fp8 and the Qwen2-VL part after them: in a first window they
+# run only when the others finish early, in a second one by name (`--parts fp8-8b,vlm-qwen2`)
 PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
-PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
-         Part("qlora-8b", 60, cuda_only=True), Part("fp8-8b", 150), Part("grpo-1.5b", 60, cuda_only=True),
-         Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True), Part("vlm-qwen2", 180)]
+         Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 60, cuda_only=True),
+         Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True), Part("fp8-8b", 150),
+         Part("vlm-qwen2", 180)]
 WHEELS = Path(os.environ.get("FTUNE_BENCH_WHEELS") or REPO / "wheels")
 """Where a GPU session carries wheels the machine can't download (a torchvision built for the device's torch)."""
 

@@ -101,7 +101,7 @@ def _device() -> str:
 
 def check_fits(plan, model_dir: Path) -> None:
     """Before any weight is read: the folder was trained for the recipe's task, and its weights files are whole."""
-    from ftune.plan.checks.environment import safetensors_problem
+    from ftune.plan.checks.model_files import safetensors_problem
 
     want = plan.recipe.model.task
     if adapter.is_adapter(model_dir):

@@ -15,7 +15,7 @@ from ftune.errors import EXIT_BUSY, EXIT_INTERRUPTED, FtuneError, Problem, Recip
 from ftune.launch.lock import claim, describe
 from ftune.launch.run_inputs import write_inputs
 from ftune.lifecycle import PLAN_DIGEST_ENV, die_with_parent
-from ftune.plan.checks.environment import checkpoint_problem
+from ftune.plan.checks.model_files import checkpoint_problem
 from ftune.rundir import RunDir, checkpoint_step, is_complete
 
 # Inherited by the workers; never carries secrets (those stay in the user's environment).

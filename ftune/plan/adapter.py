@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ftune import adapter, hub
 from ftune.errors import FtuneError, Problem
 from ftune.methods import METHODS, method_module
-from ftune.plan.checks.environment import safetensors_problem
+from ftune.plan.checks.model_files import safetensors_problem
 from ftune.hub import looks_local
 from ftune.recipe.schema import Recipe
 

@@ -15,7 +15,7 @@ from ftune import __version__, adapter, benchmarks, hub
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
                         quantization, rl)
-from ftune.plan.checks import environment, preflight, resume
+from ftune.plan.checks import environment, model_files, preflight, resume
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
 from ftune.plan.loading import model_load
@@ -68,7 +68,7 @@ def _resolve_resume(recipe: Recipe, run: RunDir, problems: list[Problem], notes:
     if resume is True or resume == "auto":
         found = None
         for candidate in run.complete_checkpoints():  # newest first; one cut short (a full disk) is skipped
-            problem = environment.checkpoint_problem(candidate)
+            problem = model_files.checkpoint_problem(candidate)
             if problem is None:
                 found = candidate
                 break

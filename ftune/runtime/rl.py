@@ -197,7 +197,7 @@ def build_trainer(plan, trainer_class, model, tokenizer, bundle, args, callbacks
     from transformers import PrinterCallback
 
     from ftune.datastage.vision_chat import template_of
-    from ftune.runtime.precision import set_mixed_precision_policy
+    from ftune.runtime.precision import hold_weights, put_back, set_mixed_precision_policy
     from ftune.runtime.vision_trl import is_processor, prompt_rows
 
     rl = plan.recipe.train.rl
@@ -336,33 +336,6 @@ def _shown(value) -> str:
     """An image in a vision-prompt's messages, as completions.jsonl shows it (`<image 28x28>`)."""
     size = getattr(value, "size", None)
     return f"<image {size[0]}x{size[1]}>" if isinstance(size, tuple) and len(size) == 2 else repr(value)
-
-
-def hold_weights(model, args):
-    """TRL's continuous-batching path casts the whole model to bf16 (fp16) under bf16 (fp16) mixed precision before
-    it generates, and leaves it so (trl 1.16): float32 weights, a LoRA adapter's included, would then train in bf16,
-    their low bits lost at every step. The weights and buffers that cast would change are held here (the tensors
-    themselves, no copy) and put back after generation (`put_back`), so training sees the same master weights as
-    with `backend: transformers`; generation still runs in bf16, as TRL intends."""
-    import torch
-
-    target = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
-    if target is None:
-        return None
-    params = [(p, p.data) for p in model.parameters() if p.is_floating_point() and p.dtype != target]
-    buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items()
-               if b is not None and b.is_floating_point() and b.dtype != target]
-    return params, buffers
-
-
-def put_back(held) -> None:
-    if held is None:
-        return
-    params, buffers = held
-    for p, data in params:
-        p.data = data
-    for module, name, tensor in buffers:
-        module._buffers[name] = tensor
 
 
 def restore_saved_modules_dtype(model) -> int:

@@ -28,10 +28,10 @@ def suite(tmp_path, *args: str) -> dict:
 
 
 def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
-    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,fp8-8b,grpo-1.5b,gpu-tests,vlm-qwen2")
+    result = suite(tmp_path, "--parts", "env,long-8b,qlora-8b,grpo-1.5b,gpu-tests,fp8-8b,vlm-qwen2")
     parts = result["parts"]
     assert result["smoke"] is True
-    assert list(parts) == ["env", "long-8b", "qlora-8b", "fp8-8b", "grpo-1.5b", "gpu-tests", "vlm-qwen2"]
+    assert list(parts) == ["env", "long-8b", "qlora-8b", "grpo-1.5b", "gpu-tests", "fp8-8b", "vlm-qwen2"]
     if _suite_module().torchvision_works() is not None:  # no wheel carried (FTUNE_BENCH_WHEELS is empty here)
         assert parts["vlm-qwen2"]["status"] == "skipped", parts["vlm-qwen2"]
         assert parts["vlm-qwen2"]["why"].startswith("no torchvision wheel (none in "), parts["vlm-qwen2"]

@@ -141,7 +141,7 @@ def test_weights_cast_by_trls_paged_path_are_put_back_bit_for_bit():
 
     import torch
 
-    from ftune.runtime.rl import hold_weights, put_back
+    from ftune.runtime.precision import hold_weights, put_back
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))

@@ -122,12 +122,12 @@ def test_vllm_without_cuda_is_a_located_plan_error(tmp_path):
 
 
 def test_a_reward_model_that_is_not_a_sequence_classifier(tmp_path, tiny_model_dir, tiny_cls_model_dir):
-    from ftune.plan.checks import environment
+    from ftune.plan.checks import model_files
 
     for folder, want in ((tiny_model_dir, "is not a sequence classifier"), (tmp_path / "nope", "not found"),
                          (tiny_cls_model_dir, "labels; a reward model has one output")):
         recipe = load_recipe(_write(tmp_path, grpo([{"name": "reward_model", "path": str(folder)}]))).recipe
-        [p] = environment.reward_models(recipe)
+        [p] = model_files.reward_models(recipe)
         assert p.path == "train.rl.rewards[0].path" and want in p.message
 
 

@@ -280,7 +280,7 @@ def test_lora_parts_and_full_parts_resolve_per_part_and_all_frozen_is_refused():
 
 
 def test_a_missing_image_processor_is_refused_before_launch_at_model_path(tmp_path):
-    from ftune.plan.checks.environment import image_processor
+    from ftune.plan.checks.model_files import image_processor
 
     model = tmp_path / "vlm"
     model.mkdir()

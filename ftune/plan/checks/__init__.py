@@ -105,9 +105,9 @@ def _paths(job: Job) -> list[Problem]:
 
 
 def _model_folder(job: Job) -> list[Problem]:
-    from ftune.plan.checks import environment
+    from ftune.plan.checks import model_files
 
-    return environment.model_folder(job.recipe, job.model_folder) if job.inputs or job.reads_model else []
+    return model_files.model_folder(job.recipe, job.model_folder) if job.inputs or job.reads_model else []
 
 
 def _configs(job: Job) -> list[Problem]:
@@ -123,9 +123,9 @@ def _data(job: Job) -> list[Problem]:
 
 
 def _reward_models(job: Job) -> list[Problem]:
-    from ftune.plan.checks import environment
+    from ftune.plan.checks import model_files
 
-    return environment.reward_models(job.recipe)
+    return model_files.reward_models(job.recipe)
 
 
 def _distill(job: Job) -> list[Problem]:
@@ -165,7 +165,7 @@ CHECKS: tuple[Check, ...] = (
           "quantization or checkpoints, cp's sequence length (`ftune.plan.parallelism.problems`)"),
     Check("paths", "files", _paths, "the local model, tokenizer and data paths exist (`ftune.plan.checks.paths`)"),
     Check("model folder", "files", _model_folder, "the model folder holds config.json, whole safetensors, and a "
-          "VLM's image processor and chat template (`ftune.plan.checks.environment.model_folder`)"),
+          "VLM's image processor and chat template (`ftune.plan.checks.model_files.model_folder`)"),
     Check("configs", "files", _configs, "the accelerate and DeepSpeed configs the recipe names exist"),
     Check("data", "files", _data, "the data files' fields, formats, roles and preference pairs in their first "
           "rows, an eval split that would hold out no row (`ftune.datafiles.check`)"),
