@@ -140,6 +140,6 @@ def test_vision_grpo_raises_the_reward_by_reading_the_image(tmp_path_factory, bl
 def test_vision_grpo_runs_on_image_prompts(tmp_path, vlm_dir):
     """The cheap sibling (make test): two GRPO steps on image prompts from the random tiny LLaVA, completions
     generated with the images and scored against each row's colour."""
-    logs = _grpo(tmp_path, vlm_dir, max_steps=2, logging_steps=1, per_device_batch_size=16,
+    logs = _grpo(tmp_path, vlm_dir, max_steps=2, logging_steps=1, per_device_batch_size=8,
                  rl={**GRPO_TRAIN["rl"], "num_generations": 4})
     assert [m["step"] for m in logs] == [1, 2] and all("rewards/exact_match/mean" in m for m in logs)

@@ -56,7 +56,7 @@ def test_merge_on_a_full_disk_is_an_io_error_and_leaves_nothing(lora_run, monkey
     from ftune.infer import merge as m
     from ftune.infer.source import resolve
 
-    def full_disk(target, plan, action, dtype, shard_size, out, tmp, log):
+    def full_disk(target, plan, action, dtype, shard_size, out, tmp, log, quantize):
         tmp.mkdir()
         (tmp / "model.safetensors").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
