@@ -61,27 +61,67 @@ def not_a_number(value) -> str | None:
     return None
 
 
-class Pool:
-    """The child process scoring `entries`; `score(i, samples)` answers row by row under `limit_s` each."""
+class ChildProcess:
+    """A child `python -m MODULE` reached over one duplex channel on its pipes, closed at exit: the reward pool's
+    and the tool pool's (`ftune.runtime.tool_pool`). `start()` spawns it when none is alive (`_start`)."""
 
-    def __init__(self, entries: list[Entry], limit_s: float):
-        self.entries, self.limit_s = entries, limit_s
+    MODULE = ""
+
+    def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
-        self.conn: Connection | None = None
+        self.conn: _Duplex | None = None
         atexit.register(self.close)
 
     def start(self) -> None:
-        """Start the child and build every reward now (a plugin that fails to load is named before training)."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
 
     def _start(self) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "ftune.runtime.reward_pool"], stdin=subprocess.PIPE,
+        raise NotImplementedError
+
+    def _spawn(self) -> None:
+        proc = subprocess.Popen([sys.executable, "-m", self.MODULE], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, close_fds=True)
         self.proc = proc
         # one duplex channel over the two pipes: the child reads fd 0 and writes the fd 1 it was given
         self.conn = _Duplex(Connection(os.dup(proc.stdout.fileno()), writable=False),
                             Connection(os.dup(proc.stdin.fileno()), readable=False))
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        """End the child: its stdin's EOF ends its loop (a killed one is only reaped)."""
+        proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+        if proc is None:
+            return
+        for stream in (conn.read, conn.write, proc.stdin, proc.stdout) if conn else (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Pool(ChildProcess):
+    """The child process scoring `entries`; `score(i, samples)` answers row by row under `limit_s` each.
+    `start()` builds every reward now (a plugin that fails to load is named before training)."""
+
+    MODULE = "ftune.runtime.reward_pool"
+
+    def __init__(self, entries: list[Entry], limit_s: float):
+        self.entries, self.limit_s = entries, limit_s
+        super().__init__()
+
+    def _start(self) -> None:
+        self._spawn()
         self.conn.send(self.entries)
         kind, detail = self._answer(None, "starting", "", START_S)
         if kind != "ready":
@@ -141,29 +181,6 @@ class Pool:
                 what = "its process" if index is None else f"reward '{self.entries[index].name}'"
                 raise RunError(f"{what} ended (exit code {code}) on {row}",
                                hint="a reward may not exit the process or crash it; fix the reward") from None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.close()
-
-    def close(self) -> None:
-        """End the child: its stdin's EOF ends its loop (a killed one is only reaped)."""
-        proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
-        if proc is None:
-            return
-        for stream in (conn.read, conn.write, proc.stdin, proc.stdout) if conn else (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 class _Duplex:
     def __init__(self, read: Connection, write: Connection):

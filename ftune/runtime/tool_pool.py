@@ -13,17 +13,14 @@ as `python -m ftune.runtime.tool_pool` by `ToolPool` only.
 
 from __future__ import annotations
 
-import atexit
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ftune.errors import RunError
-from ftune.runtime.reward_pool import POLL_S, START_S, _Duplex
+from ftune.runtime.reward_pool import POLL_S, START_S, ChildProcess
 
 RESULT_CHARS = 2000
 """A tool's answer is cut to this many characters (a result the model reads fits its context)."""
@@ -47,25 +44,17 @@ class Answer:
     error: str | None = None
 
 
-class ToolPool:
+class ToolPool(ChildProcess):
     """The child process running `entries`; `call(name, arguments, row)` answers within `limit_s`."""
+
+    MODULE = "ftune.runtime.tool_pool"
 
     def __init__(self, entries: list[ToolEntry], limit_s: float):
         self.entries, self.limit_s = {e.name: e for e in entries}, limit_s
-        self.proc: subprocess.Popen | None = None
-        self.conn: _Duplex | None = None
-        atexit.register(self.close)
-
-    def start(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
+        super().__init__()
 
     def _start(self) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "ftune.runtime.tool_pool"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, close_fds=True)
-        self.proc = proc
-        self.conn = _Duplex(Connection(os.dup(proc.stdout.fileno()), writable=False),
-                            Connection(os.dup(proc.stdin.fileno()), readable=False))
+        self._spawn()
         self.conn.send(list(self.entries.values()))
         kind, detail = self._wait(START_S) or ("timeout", None)
         if kind != "ready":
@@ -110,27 +99,6 @@ class ToolPool:
                 self.kill()
                 return ("raised", f"the tool process ended (exit code {code})")
         return None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.close()
-
-    def close(self) -> None:
-        proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
-        if proc is None:
-            return
-        for stream in (conn.read, conn.write, proc.stdin, proc.stdout) if conn else (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _serve() -> None:
