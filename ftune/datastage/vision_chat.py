@@ -183,7 +183,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
 
     from ftune.datafiles.sources import load
     from ftune.datastage.arrow import numpy_columns
-    from ftune.datastage.pipeline import _check_dropped, assemble, finish_entry, split_origins
+    from ftune.datastage.pipeline import _check_dropped, assemble
 
     data = recipe.data
     settings = Settings(processor, template, data.images, data.max_seq_length, data.train_on, max_images)
@@ -213,6 +213,15 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, encode=encode, report=report)
     cols = numpy_columns(train, ["_len", "_trainable", "_image_tokens"])
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
+    return finish_images(scratch, report, train, evals, cols, lengths, notes, BOOKKEEPING)
+
+
+def finish_images(scratch, report, train, evals, cols, lengths, notes: list[str], bookkeeping: list[str]):
+    """The end of an image data stage (vision-chat rows here, vision-preference/-prompt rows in `vision_rows`): the
+    report's counts (`lengths`: the train rows' token counts as trained) and images, the entry's splits saved
+    without the `bookkeeping` columns."""
+    from ftune.datastage.pipeline import finish_entry, split_origins
+
     report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
     report.tokens, report.trainable_tokens = int(lengths.sum()), int(cols["_trainable"].sum())
     for k, v in length_stats(cols["_len"]).items():
@@ -225,9 +234,9 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
                      "tokens": int(cols["_image_tokens"].sum()), "all_tokens": report.tokens,
                      "notes": notes[:5] + ([f"... {len(notes) - 5} more"] if len(notes) > 5 else [])}
     train, evals = split_origins(scratch, train, evals)
-    train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
+    train.remove_columns(bookkeeping).save_to_disk(str(scratch / "train"))
     if evals is not None:
-        evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
+        evals.remove_columns(bookkeeping).save_to_disk(str(scratch / "eval"))
     finish_entry(scratch, report)
     return report
 

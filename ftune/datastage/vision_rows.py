@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ftune.datafiles.errors import DataError, row_location
 from ftune.datafiles.images import ImageProblem, completion_text, open_image, parse_prompt, read_rows
-from ftune.datastage.report import DataReport, SourceReport, length_stats
-from ftune.datastage.vision_chat import image_token_ids
+from ftune.datastage.report import DataReport, SourceReport
+from ftune.datastage.vision_chat import finish_images, image_token_ids
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated", "_image_tokens", "_sizes"]
 ROW = "_row"  # as ftune.datastage.prompt.ROW: the source row a reward failed on
@@ -150,7 +150,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
 
     from ftune.datafiles.sources import load
     from ftune.datastage.arrow import numpy_columns
-    from ftune.datastage.pipeline import assemble, finish_entry, split_origins
+    from ftune.datastage.pipeline import assemble
 
     data = recipe.data
     report = DataReport(max_seq_length=data.max_seq_length)
@@ -172,20 +172,4 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
 
     train, evals = assemble(recipe, [(s, None) for s in train_srcs], eval_srcs, encode=encode, report=report)
     cols = numpy_columns(train, ["_len", "_trainable", "_image_tokens"])
-    report.train_samples, report.eval_samples = len(train), len(evals) if evals is not None else 0
-    report.tokens, report.trainable_tokens = int(cols["_len"].sum()), int(cols["_trainable"].sum())
-    for k, v in length_stats(cols["_len"]).items():
-        setattr(report, k, v)
-    sizes = [tuple(row[k:k + 2]) for row in train["_sizes"] for k in range(0, len(row), 2)]
-    by_area = sorted(sizes, key=lambda wh: (wh[0] * wh[1], wh))
-    report.images = {"count": len(sizes), "rows": int(sum(1 for row in train["_sizes"] if row)),
-                     "min_size": "x".join(map(str, by_area[0])) if sizes else "-",
-                     "max_size": "x".join(map(str, by_area[-1])) if sizes else "-",
-                     "tokens": int(cols["_image_tokens"].sum()), "all_tokens": report.tokens,
-                     "notes": notes[:5] + ([f"... {len(notes) - 5} more"] if len(notes) > 5 else [])}
-    train, evals = split_origins(scratch, train, evals)
-    train.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "train"))
-    if evals is not None:
-        evals.remove_columns(BOOKKEEPING).save_to_disk(str(scratch / "eval"))
-    finish_entry(scratch, report)
-    return report
+    return finish_images(scratch, report, train, evals, cols, cols["_len"], notes, BOOKKEEPING)
