@@ -102,7 +102,7 @@ class RunFacts:
         train = r.get("train") or {}
         data = r.get("data") or {}
         method = str(peft.get("method", "?")) + (f" · {quant.get('bits')}-bit" if quant else "")
-        if peft.get("method") == "lora":
+        if peft.get("method") == "lora":  # a finished run's recipe as a dict, read without the schema: no hooks
             method += f" (r {peft.get('r')}, alpha {peft.get('alpha')})"
         sources = [f"{s.get('path') or s.get('hub') or '?'} ({s.get('format', 'auto')})" for s in data.get("train") or []]
         rows = [("recipe", self.name), ("model", str(model.get("path", "?"))), ("method", method),

@@ -56,6 +56,7 @@ def vision_combinations(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("data.images.min_pixels", f"min_pixels ({d.images.min_pixels}) is above max_pixels "
                          f"({d.images.max_pixels})", "make min_pixels <= max_pixels")
     modes = recipe.peft.part_modes()
+    # full alone trains nothing once every part is frozen (LoRA's parts can still take an adapter): the one method
     if recipe.peft.method == "full" and modes is not None and set(modes.values()) == {"frozen"}:
         yield Problem.at("peft.modules", "every part of the model is frozen under peft.method full: nothing trains",
                          "set at least one of peft.modules.vision / projector / language to full")
