@@ -181,7 +181,6 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     """Build the vision-chat datasets into `scratch/train` (and `scratch/eval`); the report counts images too."""
     import numpy as np
 
-    from ftune.datafiles.sources import load
     from ftune.datastage.arrow import numpy_columns
     from ftune.datastage.pipeline import _check_dropped, assemble
 
@@ -191,12 +190,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     notes: list[str] = []
 
     def encode(src, _ds, seed):
-        rows = read_rows(src)
-        if rows is None:
-            rows = list(load(src, scratch))
-        order = np.random.default_rng(seed).permutation(len(rows)) if data.shuffle else np.arange(len(rows))
-        if src.spec.limit:
-            order = order[: src.spec.limit]
+        rows, order = source_rows(src, scratch, data.shuffle, seed)
         if log is not None:
             log(f"data: encoding {src.where} (vision-chat, {len(order):,} rows) ...")
         enc, found = encode_source(src, rows, order, settings)
@@ -214,6 +208,23 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     cols = numpy_columns(train, ["_len", "_trainable", "_image_tokens"])
     lengths = np.minimum(cols["_len"], data.max_seq_length) if data.max_seq_length else cols["_len"]
     return finish_images(scratch, report, train, evals, cols, lengths, notes, BOOKKEEPING)
+
+
+def source_rows(src, scratch, shuffle: bool, seed: int):
+    """An image source's rows (read directly, else through `datasets`) and the order they are encoded in: shuffled
+    by the source's seed when `data.shuffle`, cut to the source's `limit`. Both image data stages read them so."""
+    import numpy as np
+
+    from ftune.datafiles.images import read_rows
+    from ftune.datafiles.sources import load
+
+    rows = read_rows(src)
+    if rows is None:
+        rows = list(load(src, scratch))
+    order = np.random.default_rng(seed).permutation(len(rows)) if shuffle else np.arange(len(rows))
+    if src.spec.limit:
+        order = order[: src.spec.limit]
+    return rows, order
 
 
 def finish_images(scratch, report, train, evals, cols, lengths, notes: list[str], bookkeeping: list[str]):

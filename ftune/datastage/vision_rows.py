@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 from ftune.datafiles.errors import DataError, row_location
-from ftune.datafiles.images import ImageProblem, completion_text, open_image, parse_prompt, read_rows
+from ftune.datafiles.images import ImageProblem, completion_text, open_image, parse_prompt
 from ftune.datastage.report import DataReport, SourceReport
-from ftune.datastage.vision_chat import finish_images, image_token_ids
+from ftune.datastage.vision_chat import finish_images, image_token_ids, source_rows
 
 BOOKKEEPING = ["_len", "_trainable", "_truncated", "_image_tokens", "_sizes"]
 ROW = "_row"  # as ftune.datastage.prompt.ROW: the source row a reward failed on
@@ -146,9 +146,6 @@ def _placeholders(messages: list[dict]) -> list[dict]:
 def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch: Path, max_images: int | None,
                log=None) -> DataReport:
     """Build the vision-preference / vision-prompt datasets into `scratch/train` (and `scratch/eval`)."""
-    import numpy as np
-
-    from ftune.datafiles.sources import load
     from ftune.datastage.arrow import numpy_columns
     from ftune.datastage.pipeline import assemble
 
@@ -157,12 +154,7 @@ def preprocess(recipe, processor, train_srcs, eval_srcs, template: str, scratch:
     notes: list[str] = []
 
     def encode(src, _ds, seed):
-        rows = read_rows(src)
-        if rows is None:
-            rows = list(load(src, scratch))
-        order = np.random.default_rng(seed).permutation(len(rows)) if data.shuffle else np.arange(len(rows))
-        if src.spec.limit:
-            order = order[: src.spec.limit]
+        rows, order = source_rows(src, scratch, data.shuffle, seed)
         if log is not None:
             log(f"data: encoding {src.where} ({src.spec.format}, {len(order):,} rows) ...")
         enc, found = encode_source(src, rows, order, recipe, processor, template, max_images)

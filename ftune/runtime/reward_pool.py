@@ -196,21 +196,27 @@ class _Duplex:
         return self.read.recv()
 
 
-def _serve() -> None:
-    """The child: build every reward, then answer each (index, samples) with one message per row."""
-    import math
+def child_channel() -> tuple[Connection, Connection]:
+    """The child's side of `ChildProcess`: it dies with its parent, leaves Ctrl-C and SIGTERM (a launcher signals
+    the whole process group) to the run, which ends it (kill, or the pipe's EOF), and reads fd 0 and writes a copy
+    of fd 1, whose own number now goes to stderr: a reward's or tool's print never lands in the channel."""
     import signal
 
     from ftune.lifecycle import die_with_parent
 
     die_with_parent(signal.SIGKILL)
-    # Ctrl-C and SIGTERM (a launcher signals the whole process group) are the run's to handle: it ends this process
-    # (kill, or the pipe's EOF), and dies with it (PDEATHSIG)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out_fd = os.dup(1)
-    os.dup2(2, 1)  # a reward's print goes to stderr, never into the channel
-    read, write = Connection(0, writable=False), Connection(out_fd, readable=False)
+    os.dup2(2, 1)
+    return Connection(0, writable=False), Connection(out_fd, readable=False)
+
+
+def _serve() -> None:
+    """The child: build every reward, then answer each (index, samples) with one message per row."""
+    import math
+
+    read, write = child_channel()
     from ftune.plugins import load_object
 
     scores, name = [], "?"

@@ -13,14 +13,12 @@ as `python -m ftune.runtime.tool_pool` by `ToolPool` only.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 from ftune.errors import RunError
-from ftune.runtime.reward_pool import POLL_S, START_S, ChildProcess
+from ftune.runtime.reward_pool import POLL_S, START_S, ChildProcess, child_channel
 
 RESULT_CHARS = 2000
 """A tool's answer is cut to this many characters (a result the model reads fits its context)."""
@@ -103,16 +101,7 @@ class ToolPool(ChildProcess):
 
 def _serve() -> None:
     """The child: build every tool, then answer each (name, arguments, row) with ("ok", text) or ("raised", why)."""
-    import signal
-
-    from ftune.lifecycle import die_with_parent
-
-    die_with_parent(signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # a tool's print goes to stderr, never into the channel
-    read, write = Connection(0, writable=False), Connection(out_fd, readable=False)
+    read, write = child_channel()
     from pydantic import ValidationError
 
     from ftune.plugins import load_object
