@@ -19,6 +19,26 @@ from ftune.recipe.rules import Rule
 from ftune.recipe.schema import Recipe
 
 
+def argument_problems(kind: str, name: str, model, args: dict, at: str, besides: str,
+                      documented: str) -> Iterator[Problem]:
+    """A named entry's arguments (a reward's, a tool's) checked against its arguments model, each problem at its
+    key; an entry without a model (a plugin's) takes none."""
+    if model is None:
+        for key in args:
+            yield Problem.at(f"{at}.{key}", f"{kind} '{name}' takes no arguments",
+                             f"remove it (besides {besides}); see {documented}'s documentation")
+        return
+    try:
+        model.model_validate(args)
+    except ValidationError as err:
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"])
+            msg = e["msg"] if e["type"] != "extra_forbidden" else "unknown argument"
+            fields = ", ".join(model.model_fields) or "none"
+            yield Problem.at(f"{at}.{key}" if key else at, f"{kind} '{name}': {msg}",
+                             f"its arguments: {fields} (besides {besides}); see {documented}'s documentation")
+
+
 def rl_section(recipe: Recipe) -> Iterator[Problem]:
     t = recipe.train
     if not family_of(recipe).generates:
@@ -59,21 +79,8 @@ def rewards_known(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at(f"{at}.name", f"reward '{spec.name}' is named twice; its metrics would merge",
                              "give it once (its weight sets how much it counts)")
         seen.add(spec.name)
-        if reward.args is None:  # a plugin reward without an arguments model takes none
-            for key in spec.args:
-                yield Problem.at(f"{at}.{key}", f"reward '{spec.name}' takes no arguments",
-                                 f"remove it (besides name and weight); see {where(spec.name)}'s documentation")
-            continue
-        try:
-            reward.args.model_validate(spec.args)
-        except ValidationError as err:
-            for e in err.errors():
-                key = ".".join(str(p) for p in e["loc"])
-                msg = e["msg"] if e["type"] != "extra_forbidden" else "unknown argument"
-                fields = ", ".join(reward.args.model_fields) or "none"
-                yield Problem.at(f"{at}.{key}" if key else at, f"reward '{spec.name}': {msg}",
-                                 f"its arguments: {fields} (besides name and weight); see {where(spec.name)}'s "
-                                 "documentation")
+        yield from argument_problems("reward", spec.name, reward.args, spec.args, at, "name and weight",
+                                     where(spec.name))
     if rl.rewards and all(spec.weight == 0 for spec in rl.rewards):
         last = len(rl.rewards) - 1
         yield Problem.at(f"train.rl.rewards.{last}.weight",

@@ -9,11 +9,11 @@ import difflib
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import ValidationError
 
 from ftune.errors import Problem
 from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
+from ftune.recipe.rules.rl import argument_problems
 from ftune.recipe.schema import Recipe
 
 TOOL_TEMPLATES = {"hermes": ("hermes",)}
@@ -60,20 +60,7 @@ def tools_known(recipe: Recipe) -> Iterator[Problem]:
             yield Problem.at(f"{at}.name", f"tool '{spec.name}' is named twice; the model calls a tool by its name",
                              "give it once")
         seen.add(spec.name)
-        if tool.args is None:
-            for key in spec.args:
-                yield Problem.at(f"{at}.{key}", f"tool '{spec.name}' takes no arguments",
-                                 f"remove it (besides name); see {where(spec.name)}'s documentation")
-            continue
-        try:
-            tool.args.model_validate(spec.args)
-        except ValidationError as err:
-            for e in err.errors():
-                key = ".".join(str(p) for p in e["loc"])
-                msg = e["msg"] if e["type"] != "extra_forbidden" else "unknown argument"
-                fields = ", ".join(tool.args.model_fields) or "none"
-                yield Problem.at(f"{at}.{key}" if key else at, f"tool '{spec.name}': {msg}",
-                                 f"its arguments: {fields} (besides name); see {where(spec.name)}'s documentation")
+        yield from argument_problems("tool", spec.name, tool.args, spec.args, at, "name", where(spec.name))
 
 
 def tool_settings(recipe: Recipe) -> Iterator[Problem]:
