@@ -132,8 +132,12 @@ def test_override_mutations(overrides):
     st.lists(st.sampled_from(["/etc/passwd", "../out.yaml", "nope.yaml", "x.txt", "", "\x00"]), max_size=2),
 )
 def test_hostile_structures(openers, graph, strays):
-    """Deep nesting and any graph of bases (cycles, fan-out, escapes): a report or a recipe, quickly."""
-    import time
+    """Deep nesting and any graph of bases (cycles, fan-out, escapes): a report or a recipe, with bounded work: each
+    file composed at most once (the work, not the clock: a lost memo would compose a fan-out's files per path; the
+    nesting is cut at `_yaml.MAX_DEPTH` before composing)."""
+    from unittest import mock
+
+    from ftune.recipe import _extends
 
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "in"
@@ -145,11 +149,19 @@ def test_hostile_structures(openers, graph, strays):
             body = "".join(openers) if i == 7 else f"train: {{seed: {i}}}\n"
             (root / f"b{i}.yaml").write_text(f"extends: {json.dumps(bases)}\n{body}")
         (root / "r.yaml").write_text(SEED + "extends: [b0.yaml]\n")
-        start = time.perf_counter()
-        try:
-            load_recipe(root / "r.yaml")
-        except RecipeError as err:
-            text = err.render()
-            assert "OUTSIDE-TEXT" not in text and "TXT-TEXT" not in text
-            assert all(p.location.file is not None for p in err.problems)
-        assert time.perf_counter() - start < 2.0
+        composed: dict[Path, int] = {}
+        real = _extends._compose_once
+
+        def counting(file, stack, ctx):
+            composed[file] = composed.get(file, 0) + 1
+            assert composed[file] == 1, f"{file.name} composed twice"
+            return real(file, stack, ctx)
+
+        with mock.patch.object(_extends, "_compose_once", counting):
+            try:
+                load_recipe(root / "r.yaml")
+            except RecipeError as err:
+                text = err.render()
+                assert "OUTSIDE-TEXT" not in text and "TXT-TEXT" not in text
+                assert all(p.location.file is not None for p in err.problems)
+        assert len(composed) <= 9  # r.yaml and b0..b7, each once
