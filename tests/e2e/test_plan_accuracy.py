@@ -56,7 +56,8 @@ def test_planning_a_7b_recipe_is_cheap():
     transformers' Llama code, peft). CPU seconds on this shared machine vary 2x with the load, so the
     time is checked against those imports measured alongside; the figures are printed."""
     code = ("import resource, sys; sys.argv = ['ftune/cli/main.py'] + sys.argv[1:]; from ftune.cli.main import main; "
-            "rc = main(sys.argv[1:]); " + USAGE)
+            "rc = main(sys.argv[1:]); print('BNB', sys.modules.get('bitsandbytes', 'absent'), file=sys.stderr); "
+            + USAGE)
     start = time.perf_counter()
     proc, rss, cpu_s = run_child(code, "plan", "recipes/llama7b-lora.yaml", "--format", "json", "--gpu-memory",
                                  "80GiB")
@@ -68,4 +69,6 @@ def test_planning_a_7b_recipe_is_cheap():
     print(f"plan llama7b-lora: {wall:.1f} s wall, {cpu_s:.1f} s CPU ({imports_s:.1f} s of it the imports), "
           f"{rss / 2**20:.0f} MiB peak RSS")
     assert rss < 1024**3
+    # the preflight imports peft, which imports bitsandbytes (and torch._inductor: ~2 s) unless kept out first
+    assert "BNB None" in proc.stderr, "planning a LoRA recipe imported bitsandbytes"
     assert cpu_s < 1.6 * imports_s
