@@ -38,8 +38,10 @@ STRATEGIES = {
     # rank), so the one-process run's batch of 4 is theirs; transformers can't checkpoint a model split at load
     "tp2": {"strategy": "ddp", "num_processes": 2, "parallelism": {"tp": 2}},
 }
-CASES = [("ddp", "lora"), ("fsdp2", "lora"), ("ddp", "full"), ("fsdp2", "full"), ("fsdp1", "full"),
-         ("fsdp1", "lora"), ("fsdp2ac", "lora")]
+CASES = [("ddp", "lora"), ("fsdp2", "lora"), pytest.param("ddp", "full", marks=pytest.mark.extended),
+         ("fsdp2", "full"), ("fsdp1", "full"), ("fsdp1", "lora"), ("fsdp2ac", "lora")]
+"""ddp + full is `extended` (make test-all): DDP is proven by ddp + lora, full fine-tuning under two processes by
+fsdp2 and fsdp1 + full; it cost about 25 s of make test's 2-core budget."""
 
 
 def recipe(model_dir: Path, data_file: Path, out: Path, peft: dict, distributed: dict, batch: int,

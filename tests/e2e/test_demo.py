@@ -1,8 +1,10 @@
 """The embedded demo, end to end: assets built offline, every stage through `ftune run`, real learning.
 
-`make test` runs the toy stages (`python -m ftune.demo --quick --no-real`: A, B, B2 on the tiny from-scratch
-Llama) in a temporary working directory and checks the figures it reports against the run dirs it left behind;
-the shipped demo's stages C and D on the real SmolLM2-135M-Instruct (minutes of CPU) run in the `extended` test.
+Both run in `make test-all` (marked `extended`): the toy stages (`python -m ftune.demo --quick --no-real`: A, B, B2
+on the tiny from-scratch Llama, about 75 s of CPU) in a temporary working directory, checking the figures it reports
+against the run dirs it left behind, and the shipped demo's stages C and D on the real SmolLM2-135M-Instruct
+(minutes of CPU). `make test` keeps the cheap checks: the task rows here, the sums task
+(tests/unit/test_demo_sums.py) and the committed summary's figures (tests/unit/test_demo_figures.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def test_task_rows_are_deterministic_and_held_out():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the toy stages are behind --no-real since `make demo` runs the real model's
 def test_quick_demo_learns(tmp_path):
     env = {**os.environ, "FTUNE_DEMO_QUICK": "1"}
     proc = subprocess.run([sys.executable, "-m", "ftune.demo", "--no-real", "--workdir", str(tmp_path)], cwd=REPO, env=env,

@@ -112,7 +112,7 @@ def runs(work, tiny_model_dir) -> dict:
     return get
 
 
-@pytest.mark.parametrize("objective", ["orpo", "simpo"])
+@pytest.mark.parametrize("objective", [pytest.param("orpo", marks=pytest.mark.extended), "simpo"])  # one in make test
 def test_reference_free_objective_learns_the_preference(objective, runs):
     run = runs(objective)
     logged = evals(run)
