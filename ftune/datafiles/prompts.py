@@ -103,7 +103,7 @@ def decide(recipe: Recipe) -> RunPrompts:
             plain.append(where)
     if unread:
         return RunPrompts(format="text", reason=f"{', '.join(unread)} could not be read before launch (not on disk, "
-                          "or a hub dataset not in the cache): its prompts are taken as plain text")
+                          "or a hub dataset not in the cache), so plain text is assumed")
     if plain:
         return RunPrompts(format="text", reason=f"{', '.join(plain)} holds plain-string prompts")
     return RunPrompts(format="text", reason="no training source renders prompts through a template")
@@ -114,7 +114,7 @@ def note(recipe: Recipe, decided: RunPrompts) -> str | None:
     chat messages); None when the formats alone say it."""
     if not any(style_of(spec.format).messages for _, spec in sources(recipe, splits=("train",))):
         return None
-    return f"prompts after training (generate, chat, eval, merge): {decided.format}, since {decided.reason}"
+    return f"prompts after training (generate, chat, eval, merge): {decided.format}: {decided.reason}"
 
 
 def messages_in(where: str, spec, fields: tuple[str, ...]) -> str | None:

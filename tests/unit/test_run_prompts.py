@@ -137,7 +137,7 @@ def test_an_unreadable_source_is_taken_as_text_and_the_plan_says_so(tmp_path):
     r = recipe({"path": str(tmp_path / "missing.jsonl"), "format": "preference"}, objective="dpo")
     got = decide(r)
     assert got.format == "text" and "could not be read before launch" in got.reason
-    assert note(r, got) == f"prompts after training (generate, chat, eval, merge): text, since {got.reason}"
+    assert note(r, got) == f"prompts after training (generate, chat, eval, merge): text: {got.reason}"
     assert note(recipe({"path": "x.jsonl", "format": "chat"}), decide(recipe({"path": "x.jsonl", "format": "chat"}))) \
         is None  # the format alone says it: nothing to add
 
@@ -156,7 +156,7 @@ def test_the_plan_records_the_decision_and_notes_it(tmp_path):
                                     "output": {"dir": str(tmp_path / "runs" / "unit")}}))
     plan = compile_plan(load_recipe(str(path)), check_inputs=False)
     assert plan.prompt == decide(plan.recipe) and plan.prompt.format == "chat"
-    assert any(n.startswith("prompts after training (generate, chat, eval, merge): chat, since data.train[0]'s rows")
+    assert any(n.startswith("prompts after training (generate, chat, eval, merge): chat: data.train[0]'s rows")
                for n in plan.notes), plan.notes
     assert json.loads(plan.model_dump_json())["prompt"]["format"] == "chat"  # plan.json carries it
 
