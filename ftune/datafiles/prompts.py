@@ -68,6 +68,11 @@ class RunPrompts(BaseModel):
     reason: str
     """Why, in a line (shown by `ftune plan` when the rows decided)."""
 
+    @property
+    def chat(self) -> bool:
+        """Prompts go through the chat template (which final/'s tokenizer then carries)."""
+        return self.format == "chat"
+
 
 def style_of(fmt: str) -> PromptStyle:
     return STYLES.get(fmt, PLUGIN_STYLE)

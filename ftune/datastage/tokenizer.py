@@ -34,7 +34,7 @@ def load(path: str, recipe, token: str | None = None, prompt=None):
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     apply_tokens(tok, recipe.model)
-    if recipe.data.chat_template or (prompt or decide(recipe)).format == "chat":
+    if recipe.data.chat_template or (prompt or decide(recipe)).chat:
         from ftune.datastage import chat_template_of
 
         # the template the prompts are rendered with is saved with the tokenizer in final/, so inference formats

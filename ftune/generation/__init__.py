@@ -46,7 +46,7 @@ def prompt_format(plan, tokenizer) -> PromptFormat:
     from ftune.datafiles.prompts import decide
 
     decided = plan.prompt or decide(plan.recipe)
-    if decided.format == "chat":
+    if decided.chat:
         return PromptFormat("chat", chat_template_of(plan.recipe, tokenizer))
     return PromptFormat(decided.format, decided.template)
 

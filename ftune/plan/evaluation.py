@@ -41,4 +41,4 @@ def generation_metrics(recipe: Recipe) -> list[str]:
         return list(section.metrics)
     from ftune.datafiles.prompts import decide
 
-    return ["f1"] if decide(recipe).format == "chat" else ["exact_match", "f1"]  # the prompts the answers follow
+    return ["f1"] if decide(recipe).chat else ["exact_match", "f1"]  # the prompts the answers follow
