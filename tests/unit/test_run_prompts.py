@@ -210,3 +210,19 @@ def test_default_generation_metrics_follow_the_prompt_format():
     assert metrics({"format": "instruction"}) == ["exact_match", "f1"]
     assert metrics({"format": "instruction", "as_chat": True}) == ["f1"]  # free-form chat answers: F1 alone
     assert metrics({"format": "chat"}) == ["f1"]
+
+
+def test_the_report_shows_the_runs_prompt_format(tmp_path):
+    """`ftune report`'s plan decisions show the recorded prompt format beside the other decisions."""
+    import shutil
+
+    from ftune.report.collect import read_run
+
+    run = tmp_path / "rl"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "report_runs" / "rl", run)
+    plan = json.loads((run / "plan.json").read_text())
+    assert "prompt" not in plan  # recorded before the decision was: no row, nothing invented
+    assert "prompt" not in dict(read_run(run).decisions())
+    decided = RunPrompts(format="chat", source="data.train[0]", reason="data.train[0]'s rows hold chat messages")
+    (run / "plan.json").write_text(json.dumps({**plan, "prompt": decided.model_dump()}))
+    assert json.loads(dict(read_run(run).decisions())["prompt"]) == decided.model_dump()
