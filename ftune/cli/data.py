@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
 
     processor = tokenizer.load_processor(plan)  # a vision-language model's: its tokenizer renders the rows
     tok = processor.tokenizer if processor is not None else tokenizer.load(plan.tokenizer_path, recipe,
-                                                                          token=loaded.secret("model.hub_token"))
+                                                                          token=loaded.secret("model.hub_token"),
+                                                                          prompt=plan.prompt)
     log: list[str] = []
     bundle = build(recipe, tok, plan.data, log=log.append, processor=processor)
     ds = bundle.train if args.split == "train" else bundle.eval

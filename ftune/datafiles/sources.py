@@ -322,9 +322,15 @@ def _peek_json(src: Source, n: int) -> tuple[list[str], list[dict]]:
 
 def _peek_disk(root: Path, split: str) -> list[str]:
     """Column names from a save_to_disk folder's dataset_info.json (of `split` for a DatasetDict)."""
+    return list(disk_features(root, split))
+
+
+def disk_features(root: Path, split: str) -> dict:
+    """A save_to_disk folder's features as its dataset_info.json writes them (of `split` for a DatasetDict): column
+    -> `{"_type": "Value", "dtype": "string"}`, a list of such (a list of structs: chat messages), ..."""
     if (root / "dataset_dict.json").exists():
         root = root / split
     info = root / "dataset_info.json"
     if not info.exists():
-        return []
-    return list(json.loads(info.read_text()).get("features", {}))
+        return {}
+    return json.loads(info.read_text()).get("features", {}) or {}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ftune.errors import FtuneError
-from ftune.recipe.sources import sources
+from ftune.datafiles.prompts import decide
 
 
-def load(path: str, recipe, token: str | None = None):
-    """The tokenizer at `path`, ready for training (a pad token, right padding). Also used by `ftune data`."""
+def load(path: str, recipe, token: str | None = None, prompt=None):
+    """The tokenizer at `path`, ready for training (a pad token, right padding). Also used by `ftune data`.
+    `prompt`: the run's prompt format (`Plan.prompt`; None: decided from the recipe, `ftune.datafiles.prompts`)."""
     from transformers import AutoTokenizer
 
     try:
@@ -33,10 +34,10 @@ def load(path: str, recipe, token: str | None = None):
             hint="model.path (or model.tokenizer) must hold tokenizer files (tokenizer.json / tokenizer_config.json)",
         ) from err
     apply_tokens(tok, recipe.model)
-    if recipe.data.chat_template or any(s.format == "chat" or s.as_chat for _, s in sources(recipe)):
+    if recipe.data.chat_template or (prompt or decide(recipe)).chat:
         from ftune.datastage import chat_template_of
 
-        # the template the data is rendered with is saved with the tokenizer in final/, so inference formats
+        # the template the prompts are rendered with is saved with the tokenizer in final/, so inference formats
         # prompts the same way (ftune's default included, for a tokenizer that has none)
         tok.chat_template = chat_template_of(recipe, tok)
     if tok.pad_token is None:
@@ -65,7 +66,7 @@ def trained_token_ids(tok, model) -> list[int]:
 
 
 def load_tokenizer(plan):
-    return load(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"))
+    return load(plan.tokenizer_path, plan.recipe, token=plan.secret("model.hub_token"), prompt=plan.prompt)
 
 
 def _not_cached(path: str, recipe, what: str) -> None:

@@ -36,18 +36,19 @@ class PromptFormat:
         return cls(format=data["format"], template=data.get("template"))
 
 
-def prompt_format(recipe, tokenizer) -> PromptFormat:
-    """The prompt format of a run: its first chat (or vision-chat) or instruction training source, else plain
-    text. A vision-chat run's prompts are encoded by `ftune.infer.image_prompts` (with their images); its format here
-    names the template for the stop tokens and a merged folder's record."""
+def prompt_format(plan, tokenizer) -> PromptFormat:
+    """The prompt format of a run as its Plan recorded it (`Plan.prompt`, decided before launch from the training
+    data: `ftune.datafiles.prompts`; a plan written before ftune recorded it is decided from its recipe now), the
+    chat template resolved with `tokenizer` (the one saved with the model). A vision run's prompts are encoded by
+    `ftune.infer.image_prompts` (with their images); its format here names the template for the stop tokens and a
+    merged folder's record."""
     from ftune.datafiles.chat_rows import chat_template_of
+    from ftune.datafiles.prompts import decide
 
-    for src in recipe.data.train:
-        if src.format in ("chat", "vision-chat"):  # vision-chat: the template its processor (tokenizer) carries
-            return PromptFormat("chat", chat_template_of(recipe, tokenizer))
-        if src.format == "instruction":
-            return PromptFormat("instruction", src.template)
-    return PromptFormat("text")
+    decided = plan.prompt or decide(plan.recipe)
+    if decided.chat:
+        return PromptFormat("chat", chat_template_of(plan.recipe, tokenizer))
+    return PromptFormat(decided.format, decided.template)
 
 
 def as_chat_template(fmt: PromptFormat) -> str | None:

@@ -56,7 +56,7 @@ def evaluate(plan, model_dir: Path, generate=None, log=None) -> dict:
     if generate is not None:
         from ftune.plan.evaluation import generation_metrics
 
-        fmt = generation.prompt_format(plan.recipe, tok)
+        fmt = generation.prompt_format(plan, tok)
         with_generate = plan.recipe.model_copy(update={"eval": plan.recipe.eval.model_copy(update={"generate": generate})})
         metrics.update(generation.generation_metrics(
             model, tok, bundle.eval, metrics=generation_metrics(with_generate), max_new_tokens=generate.max_new_tokens,

@@ -144,7 +144,8 @@ def load_tokenizer(target: Target):
     if target.plan is not None:
         from ftune.datastage.tokenizer import load
 
-        return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"))
+        return load(str(target.model_dir), target.plan.recipe, token=target.plan.secret("model.hub_token"),
+                    prompt=target.plan.prompt)
     from transformers import AutoTokenizer
 
     try:
@@ -231,7 +232,7 @@ def load_for_generation(target: Target, *, extra: dict | None = None) -> Loaded:
     tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)
     if target.plan is not None and not target.is_merged:
         model = load_trained(target.plan, target.model_dir, tok, extra=extra)
-        fmt = prompt_format(target.plan.recipe, tok)
+        fmt = prompt_format(target.plan, tok)
         q = target.record.get("quantization")
         kind = "adapter" if target.is_adapter else "model"
         description = f"{kind} {target.model_dir}" + (f" on a {q['bits']}-bit base" if target.is_adapter and q else "")

@@ -282,7 +282,7 @@ def _write_verified(target, plan, action, dtype, shard_size, out, tmp, log, quan
 
     vision = load_vision(target) if is_vision(target) else None  # the processor travels with the merged model
     tok = vision.processor.tokenizer if vision is not None else load_tokenizer(target)
-    fmt = prompt_format(plan.recipe, tok)
+    fmt = prompt_format(plan, tok)
     quant = target.record.get("quantization") or (plan.recipe.kbit.model_dump() if plan.recipe.kbit
                                                    else None)
     base = f"unquantized {dtype}" + (f" (the run trained on a {quant['bits']}-bit base; the adapter is folded into "

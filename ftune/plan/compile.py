@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ftune import __version__, adapter, benchmarks, hub
+from ftune.datafiles import prompts
 from ftune.errors import Problem
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
                         quantization, rl)
@@ -190,6 +191,9 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     # included, ran single-threaded under accelerate's default of 1); a plan for other machines (`gpus`) leaves it
     # to the run there
     threads = cpu_threads(train.threads, num_processes) if gpus is None else None
+    prompt = prompts.decide(recipe)
+    if (line := prompts.note(recipe, prompt)) is not None:
+        notes.append(line)
     return Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
@@ -215,6 +219,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         teacher=distill.teacher_load(recipe),
         fsdp_mixed_precision=fsdp_mp,
         resume_from=resume_from,
+        prompt=prompt,
         generate_metrics=generation_metrics(recipe) if recipe.eval.generate is not None else None,
         benchmarks=benchmarks.plan(recipe.eval.benchmarks, recipe_dir,
                                    recipe.eval.batch_size or train.per_device_batch_size),

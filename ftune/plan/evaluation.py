@@ -39,5 +39,6 @@ def generation_metrics(recipe: Recipe) -> list[str]:
     section = recipe.eval.generate
     if section is not None and section.metrics is not None:
         return list(section.metrics)
-    chat = any(s.format == "chat" or s.as_chat for s in recipe.data.train)
-    return ["f1"] if chat else ["exact_match", "f1"]
+    from ftune.datafiles.prompts import decide
+
+    return ["f1"] if decide(recipe).chat else ["exact_match", "f1"]  # the prompts the answers follow

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftune.benchmarks import BenchmarkPlan
+from ftune.datafiles.prompts import RunPrompts
 from ftune.plan.batching import Collator, DataPlan
 from ftune.plan.cluster import ClusterEnv
 from ftune.plan.gguf import GgufSource
@@ -124,6 +125,10 @@ class Plan(BaseModel):
     generate_metrics: list[str] | None = None
     """eval.generate's metrics (`ftune.plan.evaluation`): the recipe's, else those that fit its data; None without
     eval.generate."""
+    prompt: RunPrompts | None = None
+    """How the trained model is prompted after training (`ftune generate`, `chat`, `eval`, eval.generate, the merged
+    folder's chat template): chat, instruction or text, as the training data rendered its prompts
+    (`ftune.datafiles.prompts.decide`). None in a plan written before ftune recorded it: read from the recipe then."""
     benchmarks: BenchmarkPlan | None = None
     """eval.benchmarks as the run measures them (lm-eval harness tasks, include folders absolute, batch size, when);
     None without it (`ftune.benchmarks.plan`)."""

@@ -131,7 +131,7 @@ class RunFacts:
         """plan.json's decisions, one row each (the nested dicts as compact JSON)."""
         keys = ("device", "num_processes", "world_size", "mixed_precision", "effective_batch_size", "parallelism",
                 "activation_checkpointing", "upcast_non_quantized", "trainer_class", "config_class", "resume_from",
-                "generate_metrics", "cpu_threads", "data", "model_load", "trainer", "notes", "warnings")
+                "generate_metrics", "prompt", "cpu_threads", "data", "model_load", "trainer", "notes", "warnings")
         rows = []
         for k in keys:
             if k in self.plan and self.plan[k] not in (None, [], {}):

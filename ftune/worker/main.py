@@ -156,7 +156,7 @@ def _generation_metrics(plan: Plan, trainer, tok, console) -> dict:
             console.print("[yellow]eval.generate[/yellow]: skipped in a multi-process run; `ftune eval` computes it")
         return {}
     section = plan.recipe.eval.generate
-    fmt = generation.prompt_format(plan.recipe, tok)
+    fmt = generation.prompt_format(plan, tok)
     metrics = generation.generation_metrics(
         trainer.model, tok, trainer.eval_dataset, metrics=plan.generate_metrics or [],
         max_new_tokens=section.max_new_tokens, max_samples=section.max_samples,

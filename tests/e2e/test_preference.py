@@ -166,7 +166,7 @@ def test_ftune_eval_reports_the_objectives_metrics(runs, work):
 def test_dpo_learns_stops_early_and_resumes_identically(work, tiny_model_dir):
     """DPO + LoRA: the preference is learnt; early stopping on eval_rewards/accuracies (patience 1) stops the run at
     the first evaluation without a gain; a run resumed from the first checkpoint logs the same losses and stops at
-    the same step; final/ is one plain adapter."""
+    the same step; final/ is one plain adapter; the plain-string prompts stay plain text after training."""
     max_steps = 24
     recipe = preference_recipe(
         tiny_model_dir, work / "pairs.jsonl", "dpo",
@@ -197,6 +197,8 @@ def test_dpo_learns_stops_early_and_resumes_identically(work, tiny_model_dir):
         "checkpoint": {**recipe["checkpoint"], "resume": str(run / "checkpoints" / "checkpoint-4")},
         "output": {"dir": "runs/dpo-resumed", "report_to": ["none"]}})
     assert json.loads((resumed / "plan.json").read_text())["resume_from"].endswith("checkpoint-4")
+    # plain-string pairs: generate, chat and merge prompt the model with the bare text, as DPO scored it
+    assert json.loads((run / "plan.json").read_text())["prompt"]["format"] == "text"
     again = {r["step"]: r["loss"] for r in metrics(resumed) if "loss" in r}
     assert again and min(again) > 4 and max(again) == stopped, metrics(resumed)
     assert again == pytest.approx({s: v for s, v in train.items() if s > 4}, rel=1e-4)

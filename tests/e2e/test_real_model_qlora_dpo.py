@@ -85,6 +85,8 @@ def test_dpo_on_the_real_model_prefers_the_house_format_on_held_out_pairs(tmp_pa
         "checkpoint": {"strategy": "no"},
         "output": {"dir": "run", "report_to": []},
     })
+    # conversational pairs: after training the model is prompted through its chat template (generate, chat, merge)
+    assert json.loads((run / "plan.json").read_text())["prompt"]["format"] == "chat"
     evals = {}
     for row in metrics(run):
         if "eval_rewards/accuracies" in row:

@@ -203,3 +203,29 @@ def test_two_grpo_steps_call_every_tool_and_log_calls_results_and_masks(sft):
             assert s["rewards"]["tool_error"] == -0.5 and s["rewards"]["exact_match"] == 0.0
     steps = [r for r in metrics(out) if "reward" in r]
     assert steps and all("tools/call_frequency" in r and "rewards/tool_error/mean" in r for r in steps)
+    assert_prompts_are_chat(out, plan)
+
+
+def assert_prompts_are_chat(out: Path, plan: dict) -> None:
+    """The run trained on conversational prompts (rendered with `hermes`): the Plan records the chat format, final/
+    carries the template, and `ftune generate` prompts the trained model through it (on main before the fix:
+    `prompt_format: text`, the prompt given to the model as bare text)."""
+    import contextlib
+    import io
+
+    from transformers import AutoTokenizer
+
+    from ftune.chat import resolve
+    from ftune.cli.main import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):  # in this process: a subprocess would start torch again (seconds)
+        code = main(["generate", str(out), "--prompt", "code of <k1>?", "--max-new-tokens", "2", "--format", "json"])
+    assert code == 0, buf.getvalue()
+    got = json.loads(buf.getvalue())
+    tok = AutoTokenizer.from_pretrained(out / "final")
+    assert tok.chat_template == resolve("hermes")  # the template the prompts were rendered with travels in final/
+    assert got["prompt_format"] == "chat", got
+    assert plan["prompt"] == {"format": "chat", "template": None, "source": "data.train[0]",
+                              "reason": plan["prompt"]["reason"]}
+    assert "rows hold chat messages (field `prompt`, row 1 of" in plan["prompt"]["reason"]
