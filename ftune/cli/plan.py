@@ -54,14 +54,15 @@ def summarize_names(names: list[str]) -> list[tuple[str, int]]:
 
 
 def _compile(loaded, gpus: int | None):
-    """The Plan, without the checks that need the inputs on disk (plan shows what is missing instead).
+    """The Plan, without the checks that need the inputs on disk (plan shows what is missing instead), and the
+    meta model its checks built (the estimate's, so `plan` builds the model once).
 
     `gpus`: plan for that many GPUs per machine even where none is visible (`--gpu-memory`/`--gpus`), so
     GPU-only settings are not refused as they would be for a run on this CPU machine.
     """
-    from ftune.plan.compile import compile_plan
+    from ftune.plan.compile import compile_with_model
 
-    return compile_plan(loaded, check_inputs=False, gpus=gpus or None, reads_model=True)
+    return compile_with_model(loaded, check_inputs=False, gpus=gpus or None, reads_model=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,7 +120,8 @@ def _plan(args: argparse.Namespace) -> int:
     if gpus is None and gpu_memory is not None:
         n = recipe.distributed.num_processes
         gpus = n if isinstance(n, int) and recipe.distributed.strategy != "none" else 1
-    plan = _compile(loaded, gpus)
+    compiled = _compile(loaded, gpus)
+    plan = compiled.plan
     recipe = plan.recipe  # as it runs: a continued adapter's base and peft section
     device = "cuda" if gpus else plan.device
     from ftune.plan.parallelism import data_parallel
@@ -133,7 +135,7 @@ def _plan(args: argparse.Namespace) -> int:
         seq, unsized = None, err.problems
     try:
         est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
-                       gpu_memory=gpu_memory, device=device, seq_length=seq)
+                       gpu_memory=gpu_memory, device=device, seq_length=seq, meta=compiled.meta)
     except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
         raise loaded.error(err.problems + unsized) from None
     if unsized:

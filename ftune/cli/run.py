@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ftune.cli.imports import block_bitsandbytes
     from ftune.errors import RecipeError
-    from ftune.plan.compile import compile_plan
+    from ftune.plan.compile import compile_with_model
     from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
 
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_recipe(args.recipe, args.overrides)
     if not needs_bitsandbytes(loaded.recipe):  # the parent never quantizes; the worker decides for itself
         block_bitsandbytes()
-    plan = compile_plan(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    compiled = compile_with_model(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    plan = compiled.plan
     warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once
         from ftune.launch.gguf import materialize
@@ -48,23 +49,26 @@ def run(args: argparse.Namespace) -> int:
     from ftune.launch.launcher import launch
 
     console.print(f"[dim]$ {command}[/dim]", soft_wrap=True)
+    estimate = memory_estimate(plan, compiled.meta) if plan.recipe.output.report else None
+    del compiled  # its meta model is not held in this process while the run goes on
     try:
         return launch(plan, loaded.resolved_yaml(), secret_env=loaded.secret_env,
                       debug=getattr(args, "debug", False), origins=origins(loaded, tuple(args.overrides)),
-                      estimate=memory_estimate(plan) if plan.recipe.output.report else None)
+                      estimate=estimate)
     except RecipeError as err:  # found by the worker: located at the keys the user wrote, as at plan time
         raise loaded.error(err.problems) from None
 
 
-def memory_estimate(plan) -> dict | None:
-    """`ftune plan`'s memory estimate, for the report's measured-against-estimated memory (`output.report`). A
-    recipe the estimate can't model (a refusal of its own) gets none: the page says so, the run goes on."""
+def memory_estimate(plan, meta=None) -> dict | None:
+    """`ftune plan`'s memory estimate, for the report's measured-against-estimated memory (`output.report`), on
+    `meta`, the compile's meta model (none: built here). A recipe the estimate can't model (a refusal of its own)
+    gets none: the page says so, the run goes on."""
     from ftune.errors import FtuneError
     from ftune.estimate.estimate import estimate
 
     try:
         est = estimate(plan.recipe, world_size=plan.world_size, num_processes=plan.num_processes, gpu_memory=None,
-                       device=plan.device)
+                       device=plan.device, meta=meta)
     except FtuneError:
         return None
     return {"peak_bytes": est.total_bytes, "peak_phase": est.peak_phase, "device": est.device,

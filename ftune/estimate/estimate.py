@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.fp8 import Fp8Cost, fp8_cost
 from ftune.estimate.fp8 import converted as fp8_converted
 from ftune.estimate.generation import GenerationMemory, generation_memory
-from ftune.models.meta import DTYPES, _build, resolve_config
+from ftune.models.meta import DTYPES, MetaModel, meta_model
 from ftune.estimate.teacher import TeacherFacts, teacher_facts, with_teacher
 from ftune.estimate.moe import MoeFacts, mlp_values, moe_facts
 from ftune.estimate.memory import fmt_bytes, parse_bytes, per_device  # noqa: F401  (parse_bytes: for the CLI)
@@ -154,28 +153,32 @@ def estimate(
     gpu_memory: int | None,
     device: str | None = None,
     seq_length: int | None = None,
+    meta: MetaModel | None = None,
 ) -> Estimate:
     """Parameters, layout and per-device memory of `recipe`, from its model config alone.
 
     `device`: `cuda` or `cpu`; default `cuda` when `gpu_memory` is given or a GPU is visible.
     `seq_length`: tokens per row for activations; default data.max_seq_length, else the model's maximum.
+    `meta`: the recipe's model on the meta device as the compiler built it (`ftune.plan.compile.Compiled.meta`),
+    else built here from the config the one resolver finds; either way the estimate changes it (tokens added, the
+    method injected), so a caller hands it on once.
     """
-    config_file, source = resolve_config(recipe)
     if (dist := recipe.distributed).strategy == "fsdp" and dist.fsdp is None:  # no section: its defaults run
         recipe = recipe.model_copy(update={"distributed": dist.model_copy(update={"fsdp": FsdpSection()})})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _estimate(recipe, config_file, source, world_size, num_processes, gpu_memory, device, seq_length)
+        return _estimate(recipe, meta or meta_model(recipe), world_size, num_processes, gpu_memory, device,
+                         seq_length)
 
 
-def _estimate(recipe: Recipe, config_file: Path, source: str, world_size: int, num_processes: int,
+def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: int,
               gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
     from ftune.estimate.probe import formula_profile, probe_activations
 
     from ftune.estimate.qat import cost_lines as qat_cost_lines
     from ftune.estimate.tokens import plan_tokens
 
-    model, config, dtype = _build(recipe, config_file)
+    model, config, dtype, source = meta.model, meta.config, meta.dtype, meta.source
     notes: list[str] = []
     tokens = plan_tokens(recipe, model.get_input_embeddings().num_embeddings)
     if tokens is not None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ftune import __version__, adapter, benchmarks, hub
 from ftune.datafiles import prompts
 from ftune.errors import Problem
+from ftune.models.meta import MetaModel
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
                         quantization, rl)
 from ftune.plan.checks import environment, model_files, preflight, resume
@@ -98,9 +100,27 @@ def _from_launcher(recipe: Recipe, environ, problems: list[Problem], notes: list
     return recipe.model_copy(update={"distributed": distributed}), found
 
 
+@dataclass
+class Compiled:
+    """A compile's Plan, and the model it built on the meta device for its checks (None where it built none)."""
+
+    plan: Plan
+    meta: MetaModel | None
+    """Handed to the estimate (`ftune plan`, a run's report), which then builds nothing; it is the estimate's to
+    change (the method is injected into it), so it is handed on once."""
+
+
 def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
                  reads_model: bool = False) -> Plan:
-    """Recipe (as loaded) → frozen Plan. Raises RecipeError listing every environment problem.
+    """Recipe (as loaded) → frozen Plan (`compile_with_model`, its meta model dropped)."""
+    return compile_with_model(loaded, check_inputs=check_inputs, gpus=gpus, environ=environ,
+                              reads_model=reads_model).plan
+
+
+def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
+                       reads_model: bool = False) -> Compiled:
+    """Recipe (as loaded) → frozen Plan, with the meta model its checks built. Raises RecipeError listing every
+    environment problem.
 
     Every pre-launch check runs here, so `plan`, `run --dry-run` and `run` refuse the same recipes: every tier of
     the table of checks (`ftune.plan.checks`: the job's shape once the launcher's environment is applied, the
@@ -150,19 +170,19 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     model_known = not any(p.path == "model.path" or p.path.startswith("peft.") for p in problems)
     # a GGUF's converted folder is written by `ftune run` after compiling: its checks run there, once it exists
     converted = gguf_source is None or preflight.config_is_local(recipe)
-    experts = wrap = None
+    inspected = preflight.Inspection()
     if model_known and converted:  # not on top of a refusal
         continued = (written, adapter_dir) if adapter_dir is not None else None
         # the model on the meta device, from the one resolver's config (the folder, the cache, the hub, model.config,
         # the catalog): `plan` without the inputs decides the wrap classes and DDP's unused parameters as `run` does
-        found, experts, wrap = preflight.inspect(recipe, device, continued, required=check_inputs)
-        problems += found
+        inspected = preflight.inspect(recipe, device, continued, required=check_inputs)
+        problems += inspected.problems
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)
     warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
 
     config, cfg_notes = accelerate.build(recipe, device=device, num_processes=num_processes,
-                                         recipe_dir=recipe_dir, mixed_precision=mp, wrap_classes=wrap)
+                                         recipe_dir=recipe_dir, mixed_precision=mp, wrap_classes=inspected.wrap)
     notes += cfg_notes
     train = recipe.train
     obj = objective(train.objective)
@@ -178,7 +198,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     trainer = (training_arguments(recipe, run=run, device=device, world_size=world_size, mixed_precision=mp,
                                   accelerate_config=config, resuming=resume_from is not None)
                | preference.config_kwargs(recipe) | rl.config_kwargs(recipe) | distill.config_kwargs(recipe)
-               | ddp.find_unused(recipe, world_size, experts, notes))
+               | ddp.find_unused(recipe, world_size, inspected.experts, notes))
     load = model_load(recipe, adapter=adapter_dir)
     layout = parallelism.decide(recipe)
     notes += parallelism.notes(layout, world_size)
@@ -194,7 +214,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
     prompt = prompts.decide(recipe)
     if (line := prompts.note(recipe, prompt)) is not None:
         notes.append(line)
-    return Plan(
+    plan = Plan(
         ftune_version=__version__,
         recipe_file=str(Path(loaded.file).resolve()),
         recipe=recipe,
@@ -234,6 +254,7 @@ def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, 
         notes=notes,
         warnings=warnings,
     )
+    return Compiled(plan, inspected.meta)
 
 
 def _worker_env(threads: CpuThreads | None, run: RunDir) -> dict[str, str]:

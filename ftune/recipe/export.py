@@ -267,7 +267,7 @@ def docs_reference() -> str:
     from ftune.recipe._schema import _is_model, members
     from ftune.recipe.schema import Recipe
 
-    out = [DOCS_MARKER, "Generated from `ftune/recipe/schema.py` and `ftune/methods/` by `ftune.recipe.export`.", ""]
+    out = [DOCS_MARKER, "Generated from `ftune/recipe/schema/` and `ftune/methods/` by `ftune.recipe.export`.", ""]
     out += _table(Recipe)
     seen: set[type] = set()
 

@@ -263,3 +263,30 @@ def test_plan_prints_epochs_and_what_max_steps_comes_to(capsys, tmp_path, tiny_m
     assert "(1 epoch)" in capsys.readouterr().out
     assert main(["plan", str(path), "train.max_steps=5"]) == 0
     assert "(train.max_steps: " in capsys.readouterr().out
+
+
+def test_plan_builds_the_meta_model_once(capsys, monkeypatch, tmp_path, tiny_model_dir, text_data_file):
+    """The compiler's preflight builds the model on the meta device and hands it to the estimate
+    (`ftune.plan.compile.Compiled.meta`), which builds none of its own; its figures are those of a fresh build."""
+    from ftune.estimate.estimate import estimate
+    from ftune.models import meta
+    from ftune.plan.compile import compile_plan
+    from ftune.recipe import load_recipe
+
+    built: list[str] = []
+    instantiate = meta._instantiate
+
+    def counted(recipe, config):
+        built.append(recipe.model.path)
+        return instantiate(recipe, config)
+
+    monkeypatch.setattr(meta, "_instantiate", counted)
+    path = write_recipe(tmp_path, tiny_model_dir, text_data_file)
+    out = plan_json(capsys, str(path))
+    assert built == [str(tiny_model_dir)]
+
+    plan = compile_plan(load_recipe(path), check_inputs=False, reads_model=True)
+    fresh = estimate(plan.recipe, world_size=plan.world_size, num_processes=plan.num_processes, gpu_memory=None,
+                     device=plan.device)  # meta=None: built here
+    assert built == [str(tiny_model_dir)] * 3  # the compile's and the estimate's own
+    assert fresh.as_json() == out["estimate"]

@@ -48,7 +48,7 @@ def _structural(plan) -> tuple:
 
 def _both(path: Path):
     loaded = load_recipe(path)
-    return plan_compile(loaded, None), compile_plan(loaded)  # `ftune plan`'s compile and `run --dry-run`'s
+    return plan_compile(loaded, None).plan, compile_plan(loaded)  # `ftune plan`'s compile and `run --dry-run`'s
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -70,6 +70,6 @@ def test_a_model_planned_from_its_config_alone_decides_as_its_folder(tmp_path, t
     for strategy in ("ddp", "fsdp"):
         folder, _ = _both(_recipe(tmp_path, str(tiny_qwen3_moe_dir), strategy, "folder"))
         planned = plan_compile(load_recipe(_recipe(tmp_path, "acme/not-here", strategy, "config",
-                                                   config=str(tiny_qwen3_moe_dir / "config.json"))), None)
+                                                   config=str(tiny_qwen3_moe_dir / "config.json"))), None).plan
         assert _structural(planned) == _structural(folder) != (None, None)
         assert planned.launch.accelerate_config == folder.launch.accelerate_config

@@ -9,12 +9,13 @@ before the run dir is written).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftune import hub
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.models.config import linear_layer_names
-from ftune.models.meta import build_meta_model, meta_model
+from ftune.models.meta import MetaModel, build_meta_model, meta_model
 from ftune.plan import parallelism, qat, quantization
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.objectives import family_of
@@ -29,24 +30,39 @@ def config_is_local(recipe: Recipe) -> bool:
         hub.offline() and hub.cached_file(m.path, "config.json", m.revision) is not None)
 
 
+@dataclass
+class Inspection:
+    """What the compiler learns from the model on the meta device."""
+
+    problems: list[Problem] = field(default_factory=list)
+    experts: ExpertsKind | None = None
+    """How the model holds its experts (the DDP decision, ftune.plan.ddp)."""
+    wrap: list[str] | None = None
+    """The layer classes FSDP wraps (`wrap_classes`)."""
+    meta: MetaModel | None = None
+    """The meta model inspected (None where none was built), handed on so `ftune plan`'s estimate doesn't build it
+    again; nothing here changes it."""
+
+
 def inspect(recipe: Recipe, device: str, continued: tuple[Recipe, str] | None = None, *, required: bool = True
-            ) -> tuple[list[Problem], ExpertsKind | None, list[str] | None]:
-    """`problems` on the meta model, how it holds its experts (the DDP decision, ftune.plan.ddp) and the layer
-    classes FSDP wraps (`wrap_classes`): one build, from the config the one resolver finds
-    (`ftune.models.meta.resolve_config`: the model's folder, the HF cache, the hub when `required`, `model.config`,
-    the catalog), so `plan` (without the inputs) and `run` decide alike. `continued`: the recipe as written and the
-    adapter folder, when `recipe` continues an adapter. `required`: a config found nowhere is a problem (`run`);
-    otherwise nothing is inspected (`plan` says so through its estimate, `data` and `eval` need no model)."""
+            ) -> Inspection:
+    """`problems` on the meta model, how it holds its experts and the layer classes FSDP wraps: one build, from the
+    config the one resolver finds (`ftune.models.meta.resolve_config`: the model's folder, the HF cache, the hub
+    when `required`, `model.config`, the catalog), so `plan` (without the inputs) and `run` decide alike.
+    `continued`: the recipe as written and the adapter folder, when `recipe` continues an adapter. `required`: a
+    config found nowhere is a problem (`run`); otherwise nothing is inspected (`plan` says so through its estimate,
+    `data` and `eval` need no model)."""
     try:
-        model = meta_model(recipe, fetch=required).model
+        meta = meta_model(recipe, fetch=required)
     except RecipeError as err:  # at the key the resolver names (model.path, model.config, model.task)
-        return (list(err.problems) if required else []), None, None
+        return Inspection(list(err.problems) if required else [])
     except FtuneError as err:  # an unreadable config: at the key that names the model
-        return ([Problem.at("model.path", err.message, err.hint)] if required else []), None, None
+        return Inspection([Problem.at("model.path", err.message, err.hint)] if required else [])
+    model = meta.model
     found = problems(recipe, device, model)
     if continued is not None:
         found += continued_target_problems(continued[0], recipe, continued[1], model)
-    return found, experts_kind(model), wrap_classes(recipe, model)
+    return Inspection(found, experts_kind(model), wrap_classes(recipe, model), meta)
 
 
 def continued_target_problems(written: Recipe, recipe: Recipe, folder: str, model) -> list[Problem]:
