@@ -133,3 +133,19 @@ def outermost(parameters: list[str], model_type: str | None, parts: set[str]) ->
             of.setdefault(".".join(pieces[:k]), set()).add(part_of(name, model_type))
     pure = {n for n, found in of.items() if len(found) == 1 and next(iter(found)) in parts}
     return sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure)
+
+
+def called(modules: dict, names: list[str]) -> list[str]:
+    """`names` of modules (`modules`: a model's `named_modules()` as a dict) with each container (ModuleList,
+    ModuleDict: never called itself, and peft's modules_to_save refuses one) replaced by its members, recursively:
+    Qwen3-VL's projector holds `visual.deepstack_merger_list`, a ModuleList beside `visual.merger`."""
+    import torch
+
+    out: list[str] = []
+    for name in names:
+        if isinstance(modules[name], torch.nn.ModuleList | torch.nn.ModuleDict):
+            children = [n for n in modules if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+            out += called(modules, children)
+        else:
+            out.append(name)
+    return out

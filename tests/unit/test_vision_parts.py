@@ -71,6 +71,32 @@ def test_qwen_merger_is_the_projector_inside_the_vision_tower():
     assert part_of("lm_head.weight", "qwen2_5_vl") == "language"
 
 
+def test_qwen3_vl_s_projector_trains_whole_through_the_members_of_its_module_list(tiny_tokenizer_dir):
+    """Qwen3-VL's projector holds `visual.deepstack_merger_list`, a ModuleList, which peft's modules_to_save refuses
+    (`modules_to_save cannot be applied to modules of type ModuleList`): the LoRA targets name its members, and the
+    injected model trains every projector parameter. (The model needs no torchvision; its processor does.)"""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from ftune.methods.lora import Config, inject
+    from ftune.models.vision_parts import called
+    from ftune.tiny_vision import qwen_vl_parts
+
+    config, _ = qwen_vl_parts(AutoTokenizer.from_pretrained(tiny_tokenizer_dir), family="qwen3_vl")
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config)
+    assert called(dict(model.named_modules()), ["model.visual.deepstack_merger_list", "model.visual.merger"]) == [
+        "model.visual.deepstack_merger_list.0", "model.visual.merger"]
+    projector = [n for n, _ in model.named_parameters() if part_of(n, "qwen3_vl") == "projector"]
+    wrapped = inject(model, Config(method="lora", r=4, alpha=8, target_modules="all-linear"), "image-text-to-text")
+    trains = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    saved = {n for n in trains if ".modules_to_save.default." in n}
+    assert {n.split(".modules_to_save.")[0] for n in saved} == {
+        "base_model.model.model.visual.deepstack_merger_list.0", "base_model.model.model.visual.merger"}
+    assert len(saved) == len(projector)  # every projector tensor trains, in its saved copy
+    assert not [n for n in trains if part_of(n, "qwen3_vl") == "vision"]
+
+
 def test_names_match_whole_segments_only():
     # `visualize` is not `visual`, `connectors` not `connector`
     assert part_of("model.language_model.visualize.weight", "qwen2_vl") == "language"
