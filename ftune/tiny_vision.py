@@ -1,6 +1,7 @@
-"""Tiny vision-language models of the families whose processor works without torchvision, built offline from
-configs with their processors (LLaVA-NeXT, Gemma 3, PaliGemma; LLaVA and Idefics3 are in `ftune.tiny`), for the
-tests' colour task and the benchmarks. Each saves a folder AutoProcessor and AutoModelForImageTextToText load.
+"""Tiny vision-language models built offline from configs with their processors, for the tests' colour task and the
+benchmarks: LLaVA-NeXT, Gemma 3, PaliGemma and Mllama, whose processor works without torchvision (LLaVA and Idefics3
+are in `ftune.tiny`), and the Qwen-VL families, whose processor needs it (`build_tiny_qwen_vl`). Each saves a folder
+AutoProcessor and AutoModelForImageTextToText load.
 
 The weights' init std is 0.2 (not transformers' 0.02) where the family takes it, so that a LoRA under a frozen
 random head can move the logits far enough to learn in a few dozen steps, as for the tiny LLaVA.
@@ -28,10 +29,12 @@ def _siglip(image_size: int, patch_size: int, vision_size: int) -> dict:
                 image_size=image_size, patch_size=patch_size)
 
 
-def _save(folder: str | Path, config, processor, tokenizer):
+def _save(folder: str | Path, config, processor, tokenizer, init=None):
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_config(config)
+    if init is not None:
+        init(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(folder))
@@ -122,6 +125,50 @@ def build_tiny_paligemma(folder: str | Path, tokenizer, *, image_size: int = 28,
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), projection_dim=hidden_size,
         hidden_size=hidden_size)
     return _save(folder, config, processor, tokenizer)
+
+
+def build_tiny_mllama(folder: str | Path, tokenizer, *, seed: int = 0, **sizes):
+    """A Mllama (Llama 3.2 Vision: a tiled ViT with a global encoder, a linear projector, and a Llama decoder with
+    a gated cross-attention layer after the self-attention ones): the image is not in the sequence; its one
+    `<|image|>` token starts the text that attends to the image's tiles (`cross_attention_mask`), and the processor
+    puts the BOS token after the leading image tokens. One tile of `image_size` square (`mllama_parts`' sizes)."""
+    import torch
+
+    config, processor = mllama_parts(tokenizer, **sizes)
+    torch.manual_seed(seed)
+    return _save(folder, config, processor, tokenizer, init=_open_gates)
+
+
+def mllama_parts(tokenizer, *, image_size: int = 28, patch_size: int = 14, hidden_size: int = 64,
+                 vision_size: int = 32, num_layers: int = 2):
+    """The tiny Mllama's config and processor (the tokenizer gets `<|image|>`)."""
+    from transformers import MllamaConfig, MllamaImageProcessorPil, MllamaProcessor
+
+    tokenizer.add_special_tokens({"additional_special_tokens": [*VLM_TOKENS, "<|image|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    images = MllamaImageProcessorPil(size={"height": image_size, "width": image_size}, max_image_tiles=1)
+    processor = MllamaProcessor(image_processor=images, tokenizer=tokenizer,
+                                chat_template=VLM_TEMPLATE.replace("<image>", "<|image|>"))
+    config = MllamaConfig(
+        vision_config=dict(hidden_size=vision_size, num_hidden_layers=2, num_global_layers=1, attention_heads=2,
+                           intermediate_size=2 * vision_size, vision_output_dim=2 * vision_size,
+                           image_size=image_size, patch_size=patch_size, max_num_tiles=1,
+                           intermediate_layers_indices=[0], supported_aspect_ratios=[[1, 1]],
+                           initializer_range=INIT_RANGE),
+        text_config=_text(tokenizer, hidden_size, num_layers + 1, cross_attention_layers=[num_layers]),
+        image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"), tie_word_embeddings=False)
+    return config, processor
+
+
+def _open_gates(model) -> None:
+    """Mllama's cross-attention gates start at 0 (tanh(0): no image in the text), and a pretrained checkpoint's are
+    open: set to 1 here, since LoRA trains no gate."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+                p.fill_(1.0)
 
 
 QWEN_VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]

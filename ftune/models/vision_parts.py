@@ -42,6 +42,7 @@ LAYOUTS: dict[str, Layout] = {
     "gemma3": _TOWER,
     "paligemma": _TOWER,
     "mistral3": _TOWER,
+    "mllama": Layout(vision=("vision_model",), projector=("multi_modal_projector",)),
 }
 
 IMAGE_LIMITS: dict[str, int] = {"llava": 1, "paligemma": 1}
@@ -59,6 +60,8 @@ TRL_IMAGES_REFUSED: dict[str, str] = {
     "paligemma": "its processor refuses text without images, and TRL 1.16's DPO collator tokenizes the chosen and "
                  "rejected completions in processor calls of their own, without the images (PaliGemma also has no "
                  "chat template: it builds its prefix and suffix itself)",
+    "mllama": "its text attends to the image through `cross_attention_mask`, which TRL 1.16's DPO collator builds "
+              "for the prompt alone and keeps, prompt-long, beside the prompt + completion ids",
 }
 """The families `LAYOUTS` splits whose image rows TRL 1.16's DPO and GRPO trainers can't take, and why. The others
 go through TRL's generic paths (the processor on `images` + text; GRPO slices `pixel_values` per image, or by

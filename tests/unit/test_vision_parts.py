@@ -26,6 +26,11 @@ CONFIGS = {
                   text_config=dict(_TEXT, model_type="llama")),
     "gemma3": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, head_dim=16), mm_tokens_per_image=4),
     "paligemma": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, model_type="gemma2", head_dim=16)),
+    "mllama": dict(vision_config=dict(hidden_size=32, num_hidden_layers=1, num_global_layers=1, attention_heads=2,
+                                      intermediate_size=64, vision_output_dim=64, image_size=28, patch_size=14,
+                                      max_num_tiles=1, intermediate_layers_indices=[0],
+                                      supported_aspect_ratios=[[1, 1]]),
+                   text_config=dict(_TEXT, num_hidden_layers=2, cross_attention_layers=[1], pad_token_id=0)),
 }
 # the first segment after the wrapper that each part's parameters start with, as transformers 5.23 builds them
 EXPECTED = {
@@ -37,7 +42,8 @@ EXPECTED = {
 EXPECTED |= {"qwen2_5_vl": EXPECTED["qwen2_vl"], "qwen3_vl": EXPECTED["qwen2_vl"], "smolvlm": EXPECTED["idefics3"],
              # Gemma ties lm_head to the embeddings: no parameter of its own
              "gemma3": EXPECTED["llava"] | {"language": {"language_model"}},
-             "paligemma": EXPECTED["llava"] | {"language": {"language_model"}}}
+             "paligemma": EXPECTED["llava"] | {"language": {"language_model"}},
+             "mllama": EXPECTED["llava"] | {"vision": {"vision_model"}}}
 
 
 def _meta(model_type: str):
