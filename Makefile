@@ -88,7 +88,7 @@ $(TV_VENV)/.installed: pyproject.toml $(VENV)/.installed
 	touch $@
 
 test-torchvision: $(TV_VENV)/.installed
-	$(TV_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -p no:randomly $(TORCHVISION_TESTS)
+	$(TV_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -p no:randomly $(TORCHVISION_TESTS)
 
 # The CLI-wide fuzz test with more draws than `make test` gives it (200 per command there).
 FUZZ_EXAMPLES ?= 2000

@@ -155,6 +155,7 @@ def full_run(tmp_path_factory, models) -> Path:
     return folder
 
 
+@pytest.mark.xdist_group("qwen-full")  # --dist loadgroup (make test-torchvision): one worker, full_run once
 def test_full_fine_tuning_learns_with_the_frozen_tower_bit_identical_and_generates_from_final(full_run, models):
     from safetensors.torch import load_file
 
@@ -172,6 +173,7 @@ def test_full_fine_tuning_learns_with_the_frozen_tower_bit_identical_and_generat
     assert _generate(run / "final", full_run) == list(COLOURS)
 
 
+@pytest.mark.xdist_group("qwen-full")
 def test_full_fine_tuning_resumes_from_a_checkpoint(full_run, models):
     """Resumed at step 15, the run logs the same loss and gradient norm at step 30 as the run that went through."""
     recipe = _recipe(models["qwen2_vl"], full_run / "data.jsonl",
