@@ -5,7 +5,8 @@ build_tiny_qwen_vl`) learn the colour task of tests/vision_data.py with LoRA (he
 tower is not in the adapter, the projector (`visual.merger`) trained whole; `ftune merge` checks the merged model
 on image rows, and `ftune generate` on the merged folder names the colour of a red, a green and a blue square.
 Qwen2-VL also: blank images stay at chance (the image reaches the model), and full fine-tuning with a frozen tower
-(the tower bit-identical, final/ a whole model that `generate` reads, a checkpoint resumed).
+(the tower bit-identical, final/ a whole model that `generate` reads, a checkpoint resumed), and FSDP over both
+towers on 2 processes.
 
 transformers 5.23 builds the Qwen-VL processor only with a video processor, which needs torchvision, and the
 project's CPU torch 2.13 has none that loads: these tests skip without torchvision, and `make test-torchvision`
@@ -185,3 +186,34 @@ def test_full_fine_tuning_resumes_from_a_checkpoint(full_run, models):
     again = {m["step"]: m for m in metrics(resumed) if "loss" in m}
     assert min(again) > 15 and again[STEPS]["loss"] == pytest.approx(first[STEPS]["loss"], rel=1e-5)
     assert again[STEPS]["grad_norm"] == pytest.approx(first[STEPS]["grad_norm"], rel=1e-5)
+
+
+# ------------------------------------------------------------------ FSDP over both towers
+@pytest.mark.distributed
+def test_fsdp_wraps_qwen_s_vision_blocks_and_decoder_layers_on_two_processes(models, tmp_path):
+    """The tiny Qwen2-VL under FSDP2 on 2 processes (gloo) with gradient checkpointing, 3 steps: the Plan names
+    both towers' layer classes, each rank wraps them, and the frozen tower stays out of the adapter."""
+    from safetensors.torch import load_file
+
+    from ftune.models.vision_parts import part_of
+    from ftune.rundir import RunDir
+
+    recipe = _recipe(models["qwen2_vl"], colour_rows(tmp_path, 16, sides=SIDES),
+                     distributed={"strategy": "fsdp", "num_processes": 2}, checkpoint={"strategy": "no"})
+    recipe["data"].pop("eval")
+    recipe |= {"eval": {"strategy": "no"}, "train": {"max_steps": 3, "learning_rate": 1e-2, "per_device_batch_size": 2,
+                                                     "logging_steps": 1, "gradient_checkpointing": True}}
+    res = ftune("run", str(write_recipe(tmp_path, recipe)), cwd=tmp_path, timeout=400,
+                env={"FTUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "FTUNE_RECORD_FACTS": "1"})
+    assert res.code == 0, res.text[-4000:]
+    run = RunDir(tmp_path / "runs" / "r")
+    plan = json.loads(run.plan.read_text())
+    wrap = set(plan["launch"]["accelerate_config"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","))
+    assert {"Qwen2VLVisionBlock", "Qwen2VLDecoderLayer"} <= wrap, wrap
+    for rank in (0, 1):
+        facts = json.loads(run.rank_facts(rank).read_text())
+        assert facts["world_size"] == 2 and facts["distributed_type"] == "FSDP"
+        assert {"FSDPQwen2VLVisionBlock", "FSDPQwen2VLDecoderLayer"} <= set(facts["fsdp_unit_classes"]), facts
+    adapter = load_file(str(run.final / "adapter_model.safetensors"))
+    assert not [n for n in adapter if part_of(n, "qwen2_vl") == "vision"]
+    assert [n for n in adapter if part_of(n, "qwen2_vl") == "projector"]
