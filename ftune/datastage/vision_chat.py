@@ -323,13 +323,17 @@ def pixel_inputs(processor, paths: list[list[str]], settings, ids=None) -> dict:
     """The model's image inputs for a batch whose rows name `paths` (rows without images add nothing)."""
     import torch
 
-    nested = [[open_image(p, settings)[0] for p in row] for row in paths]
-    nested = [row for row in nested if row]
+    opened = [[open_image(p, settings)[0] for p in row] for row in paths]
+    nested = [row for row in opened if row]
     out: dict = {}
     if nested:
         px = processor.image_processor(images=nested, return_tensors="pt")
         unused = set(getattr(processor, "unused_input_names", []))  # Gemma 3's num_crops: generate() refuses it
         out.update({k: v for k, v in px.items() if isinstance(v, torch.Tensor) and k not in unused})
+        if ids is not None and "cross_attention_mask" in getattr(processor, "model_input_names", []):
+            tiles = iter(px["num_tiles"])
+            out["cross_attention_mask"] = cross_attention_mask(processor, ids, [next(tiles) if row else []
+                                                                                for row in opened])
     key = type_ids_key(processor)
     if ids is not None and key:
         # the processor's own list where it has one (Gemma 3: the soft tokens, not <start_of_image>)
@@ -338,6 +342,20 @@ def pixel_inputs(processor, paths: list[list[str]], settings, ids=None) -> dict:
         out[key] = torch.isin(ids, torch.tensor(sorted(found))).to(torch.int) if found else \
             torch.zeros_like(ids, dtype=torch.int)
     return out
+
+
+def cross_attention_mask(processor, ids, num_tiles: list[list[int]]):
+    """Mllama's `cross_attention_mask` (batch, tokens, images, tiles): which of a row's tokens attend to which
+    image's tiles (from each image token up to the next, the last to the row's end), as its processor builds it from
+    the text, here from the batch's padded ids; `num_tiles`: the tiles of each row's images."""
+    import torch
+    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
+                                                              get_cross_attention_token_mask)
+
+    sparse = [get_cross_attention_token_mask(row.tolist(), processor.image_token_id) for row in ids]
+    dense = convert_sparse_cross_attention_mask_to_dense(sparse, num_tiles, processor.image_processor.max_image_tiles,
+                                                         ids.shape[1])
+    return torch.from_numpy(dense)
 
 
 def type_ids_key(processor) -> str | None:

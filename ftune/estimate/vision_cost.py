@@ -3,7 +3,8 @@ language model (total and trainable, split by `ftune.models.vision_parts.part_of
 what one image costs (vision-encoder patches and language-model tokens, from `data.images.max_pixels` and the
 model's patch and merge sizes), and the activations the image encoder keeps for backward.
 
-The image arithmetic reads only the model config, as transformers' processors resize (no processor is loaded).
+The image arithmetic reads the model config, and for Qwen-VL the pixel budget of the model folder's image processor
+(its JSON, `processor_pixel_cap`), as transformers' processors resize (no processor is loaded).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ DEFAULT_MAX_PIXELS = {
     "qwen3_vl": 16_777_216,  # Qwen3-VL's preprocessor_config.json: size.longest_edge (a pixel count) 4096 x 4096
     "qwen3_vl_moe": 16_777_216,
 }
-"""The pixels per image Qwen's processors allow (dynamic resolution): the cap over `data.images.max_pixels`."""
+"""The pixels per image Qwen's processors allow (dynamic resolution): the cap over `data.images.max_pixels` when
+the model folder's image processor doesn't say (`processor_pixel_cap`)."""
 
 SMOLVLM_TILES_PER_EDGE = 4
 """Idefics3/SmolVLM processors resize the longest edge to 4 tiles (`size.longest_edge` = 4 x the vision tower's
@@ -82,18 +84,47 @@ def model_type_of(config) -> str:
     return str(_get(config, "model_type", "") or "")
 
 
-def image_cost(config, max_pixels: int | None = None) -> ImageCost | None:
-    """Patches and tokens of one image, from the model config (a transformers config or its dict)."""
+def processor_pixel_cap(folder) -> int | None:
+    """The most pixels per image the image processor saved in the model folder `folder` allows (Qwen-VL's
+    `max_pixels`, or `size.longest_edge`, a pixel count there); None without a folder or a readable cap."""
+    import json
+    from pathlib import Path
+
+    if folder is None:
+        return None
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = Path(folder) / name
+        try:
+            data = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict):
+            continue
+        data = data.get("image_processor", data) if isinstance(data.get("image_processor"), dict) else data
+        size = data.get("size") if isinstance(data.get("size"), dict) else {}
+        cap = data.get("max_pixels") or size.get("max_pixels") or size.get("longest_edge")
+        if isinstance(cap, int) and cap > 0:
+            return cap
+    return None
+
+
+def image_cost(config, max_pixels: int | None = None, processor_cap: int | None = None) -> ImageCost | None:
+    """Patches and tokens of one image, from the model config (a transformers config or its dict); Qwen-VL's
+    within `processor_cap`, the pixels its image processor allows (else the checkpoints' default)."""
     kind = model_type_of(config)
     v = _get(config, "vision_config") or {}
     patch = _get(v, "patch_size")
     if kind in QWEN:  # smart_resize: each side rounded to a multiple of patch x merge, within the processor's budget
         merge = _get(v, "spatial_merge_size", 2)
         unit = patch * merge
-        pixels = min(max_pixels or DEFAULT_MAX_PIXELS[kind], DEFAULT_MAX_PIXELS[kind])
+        cap = processor_cap or DEFAULT_MAX_PIXELS[kind]
+        pixels = min(max_pixels or cap, cap)
         per_edge = max(1, round(math.isqrt(pixels) / unit))
-        tokens = min(per_edge * per_edge, DEFAULT_MAX_PIXELS[kind] // (unit * unit))
-        source = "data.images.max_pixels" if max_pixels else "the processor's default max_pixels"
+        tokens = max(1, min(per_edge * per_edge, cap // (unit * unit)))
+        if max_pixels and max_pixels <= cap:
+            source = "data.images.max_pixels"
+        else:
+            source = "the image processor's max_pixels" if processor_cap else "the processor's default max_pixels"
         return ImageCost(pixels, tokens * merge * merge, tokens,
                          f"a square image of {source} {pixels:,}: {per_edge} x {per_edge} tokens of "
                          f"({patch} x {merge})² pixels, {tokens * merge * merge:,} patches; other shapes within 10%")
@@ -172,14 +203,14 @@ def encoder_activations(config, cost: ImageCost, *, images: int, itemsize: int, 
 
 def vision_facts(base_counts: dict[str, tuple[int, int]], model, config, *, max_pixels: int | None,
                  images_per_sample: int, batch: int, itemsize: int, notes: list[str], seq: int,
-                 modes: dict[str, str] | None = None) -> tuple[VisionFacts, tuple]:
+                 modes: dict[str, str] | None = None, processor_cap: int | None = None) -> tuple[VisionFacts, tuple]:
     """The plan's vision facts, and the image encoder's activations to add to the language model's profile.
 
     `base_counts`: `count_by_part` of the base model (before the method); `model`: after it."""
     kind = model_type_of(config)
     after = count_by_part(model, kind)
     parts = {part: PartCount(base_counts[part][0], after[part][1], (modes or {}).get(part)) for part in PARTS}
-    cost = image_cost(config, max_pixels)
+    cost = image_cost(config, max_pixels, processor_cap)
     extra = ((), (), 0)
     if cost is None:
         notes.append(f"vision: the image arithmetic of model type {kind!r} is not known to ftune: image tokens and "
@@ -200,12 +231,14 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
     """The vision facts, and the activation profile with the image encoder's layers and projector added (the
     probe ran the language model on text positions; the image placeholders are among its `seq` tokens)."""
     from ftune.estimate.facts import ActivationProfile
+    from ftune.hub import folder
 
     images, peft = recipe.data.images, recipe.peft
     modes = peft.part_modes()
     facts, (layers, inputs, projector) = vision_facts(
         base_counts, model, config, max_pixels=images.max_pixels, images_per_sample=images.max_per_sample or 1,
-        batch=batch, itemsize=itemsize, notes=notes, seq=seq, modes=modes)
+        batch=batch, itemsize=itemsize, notes=notes, seq=seq, modes=modes,
+        processor_cap=processor_pixel_cap(folder(recipe.model.path, recipe.model.revision)))
     profile = ActivationProfile(profile.layer_bytes + layers, profile.layer_input_bytes + inputs,
                                 profile.outside_bytes + projector, profile.head_bytes)
     return facts, profile

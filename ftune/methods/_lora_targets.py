@@ -174,7 +174,7 @@ def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
     the `lora` parts that `target_modules` names (all of them with `all-linear`), the `full` parts' top modules saved
     whole (peft modules_to_save), the rest frozen. Targets are full module names, so no part leaks into another."""
     from ftune.methods._base import VisionModules
-    from ftune.models.vision_parts import PARTS, outermost, part_of
+    from ftune.models.vision_parts import PARTS, called, outermost, part_of
 
     kind = model.config.model_type
     modes = cfg.modules or VisionModules()
@@ -191,7 +191,7 @@ def _vision(model, cfg) -> tuple[Targets, list[Problem]]:
                                        "name that part's layers in peft.target_modules (`all-linear`: every linear "
                                        f"layer), or set peft.modules.{part}: full or frozen"))
     whole = {p for p in PARTS if modes.of(p) == "full"}
-    tops = outermost([n for n, _ in model.named_parameters()], kind, whole)
+    tops = called(dict(model.named_modules()), outermost([n for n, _ in model.named_parameters()], kind, whole))
     if not chosen and not tops:
         problems.append(Problem.at("peft.modules", f"every part of {type(model).__name__} is frozen: nothing trains",
                                    "set at least one of peft.modules.vision / projector / language to lora or full"))

@@ -42,6 +42,7 @@ LAYOUTS: dict[str, Layout] = {
     "gemma3": _TOWER,
     "paligemma": _TOWER,
     "mistral3": _TOWER,
+    "mllama": Layout(vision=("vision_model",), projector=("multi_modal_projector",)),
 }
 
 IMAGE_LIMITS: dict[str, int] = {"llava": 1, "paligemma": 1}
@@ -59,6 +60,8 @@ TRL_IMAGES_REFUSED: dict[str, str] = {
     "paligemma": "its processor refuses text without images, and TRL 1.16's DPO collator tokenizes the chosen and "
                  "rejected completions in processor calls of their own, without the images (PaliGemma also has no "
                  "chat template: it builds its prefix and suffix itself)",
+    "mllama": "its text attends to the image through `cross_attention_mask`, which TRL 1.16's DPO collator builds "
+              "for the prompt alone and keeps, prompt-long, beside the prompt + completion ids",
 }
 """The families `LAYOUTS` splits whose image rows TRL 1.16's DPO and GRPO trainers can't take, and why. The others
 go through TRL's generic paths (the processor on `images` + text; GRPO slices `pixel_values` per image, or by
@@ -133,3 +136,19 @@ def outermost(parameters: list[str], model_type: str | None, parts: set[str]) ->
             of.setdefault(".".join(pieces[:k]), set()).add(part_of(name, model_type))
     pure = {n for n, found in of.items() if len(found) == 1 and next(iter(found)) in parts}
     return sorted(n for n in pure if "." not in n or n.rsplit(".", 1)[0] not in pure)
+
+
+def called(modules: dict, names: list[str]) -> list[str]:
+    """`names` of modules (`modules`: a model's `named_modules()` as a dict) with each container (ModuleList,
+    ModuleDict: never called itself, and peft's modules_to_save refuses one) replaced by its members, recursively:
+    Qwen3-VL's projector holds `visual.deepstack_merger_list`, a ModuleList beside `visual.merger`."""
+    import torch
+
+    out: list[str] = []
+    for name in names:
+        if isinstance(modules[name], torch.nn.ModuleList | torch.nn.ModuleDict):
+            children = [n for n in modules if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+            out += called(modules, children)
+        else:
+            out.append(name)
+    return out

@@ -75,7 +75,7 @@ def without_autograd(model) -> list[str]:
     (`enable_input_require_grads`) hooks every sub-model's input embeddings to require grad, the vision tower's
     too, so without this backward ran through the frozen tower and checkpointing recomputed each of its layers.
     Returns the modules switched (none for a text model or a tower that trains)."""
-    from ftune.models.vision_parts import is_vision_language, outermost, part_of
+    from ftune.models.vision_parts import called, is_vision_language, outermost, part_of
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kind = getattr(getattr(base, "config", None), "model_type", None)
@@ -86,7 +86,7 @@ def without_autograd(model) -> list[str]:
         return []
     modules = dict(base.named_modules())
     tops = outermost(list(params), kind, {"vision"})
-    chosen = [called for name in tops for called in _called(modules, name)]
+    chosen = called(modules, tops)
     for name in chosen:
         module = modules[name]
         module.register_forward_pre_hook(_autograd_off)
@@ -101,16 +101,6 @@ def without_autograd(model) -> list[str]:
         if found is not None and id(found) in inside:
             module.get_input_embeddings = _no_embeddings
     return chosen
-
-
-def _called(modules: dict, name: str) -> list[str]:
-    """`name`, or the members of a container (ModuleList, ModuleDict: never called itself), recursively."""
-    import torch
-
-    if isinstance(modules[name], torch.nn.ModuleList | torch.nn.ModuleDict):
-        children = [n for n in modules if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
-        return [c for child in children for c in _called(modules, child)]
-    return [name]
 
 
 def _autograd_off(module, args) -> None:

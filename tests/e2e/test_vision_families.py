@@ -1,9 +1,10 @@
 """The colour task (tests/vision_data.py) learned through `ftune run` by a tiny model of each vision-language family
 whose processor works without torchvision in transformers 5.23 (#40): LLaVA-NeXT (tiles + image_newline), Gemma 3
 (`<start_of_image>` expanded with soft tokens; `num_crops` and `token_type_ids`), PaliGemma (BOS put after the
-image tokens, a newline appended) and Idefics3 (the placeholder rewritten). Held-out exact match from chance (1/3)
+image tokens, a newline appended), Idefics3 (the placeholder rewritten) and Mllama (the image outside the sequence,
+read by cross-attention layers through `cross_attention_mask`). Held-out exact match from chance (1/3)
 to >= 0.9 as for the LLaVA test, the vision tower frozen (nothing of it in the adapter), the projector trained.
-Gemma 3 runs in `make test`; the others, one run each of about 13 CPU s, are `extended`."""
+Gemma 3 runs in `make test`; the others, one run each of about 13 to 20 CPU s, are `extended`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ FAMILIES = {  # model_type -> (builder in ftune.tiny / ftune.tiny_vision, its ke
     "llava_next": ("ftune.tiny_vision", "build_tiny_llava_next", {}),
     "paligemma": ("ftune.tiny_vision", "build_tiny_paligemma", {}),
     "idefics3": ("ftune.tiny", "build_tiny_idefics3", {"init_range": 0.2}),
+    "mllama": ("ftune.tiny_vision", "build_tiny_mllama", {}),
 }
 IN_MAKE_TEST = {"gemma3"}
 

@@ -4,6 +4,7 @@ form written from the config alone, and the totals equal the published ones; wha
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
@@ -167,3 +168,26 @@ def test_image_cost_matches_the_qwen_processor_resize():
         seen.append(rh * rw // (28 * 28))
     assert cost.tokens == seen[0] == 625  # 708 x 708 px: 25 x 25 tokens
     assert all(abs(n - cost.tokens) <= 0.1 * cost.tokens for n in seen), seen
+
+
+def test_a_qwen_image_is_planned_within_the_model_folder_s_image_processor(tmp_path):
+    """The pixels a Qwen-VL image processor allows are read from the model folder (`max_pixels` in
+    preprocessor_config.json, or `size.longest_edge`, a pixel count, inside transformers 5's processor_config.json):
+    an image processor capped at 56 x 56 gives 4 tokens of 16 patches whatever data.images.max_pixels says, where
+    the checkpoints' default would plan 16,384 tokens (and warn that an image overflows a 64-token row)."""
+    from ftune.estimate.vision_cost import processor_pixel_cap
+
+    config = {"model_type": "qwen2_vl", "vision_config": {"patch_size": 14, "spatial_merge_size": 2}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "processor_config.json").write_text(json.dumps(
+        {"image_processor": {"size": {"shortest_edge": 784, "longest_edge": 3136}}, "processor_class": "X"}))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "preprocessor_config.json").write_text(json.dumps({"max_pixels": 200_704, "min_pixels": 3136}))
+    (tmp_path / "c").mkdir()
+    assert [processor_pixel_cap(tmp_path / k) for k in "abc"] + [processor_pixel_cap(None)] == [3136, 200_704,
+                                                                                                 None, None]
+    small = image_cost(config, 1024 * 1024, processor_pixel_cap(tmp_path / "a"))
+    assert (small.patches, small.tokens) == (16, 4) and "image processor's max_pixels 3,136" in small.how
+    within = image_cost(config, 128 * 28 * 28, processor_pixel_cap(tmp_path / "b"))  # data's budget below the cap
+    assert within.tokens == 121 and "data.images.max_pixels" in within.how  # round(sqrt(100,352) / 28) = 11, 11²
+    assert image_cost(config, None, None).tokens == 16_384  # no folder: the checkpoints' default

@@ -169,6 +169,40 @@ def test_rows_encode_with_image_tokens_masked_and_the_collator_adds_pixels(proce
                                                                   == IGNORE).all()
 
 
+def test_mllama_batches_get_the_cross_attention_mask_its_processor_builds(tiny_tokenizer_dir, tmp_path):
+    """Mllama's text attends to an image through `cross_attention_mask`, which its processor builds from the text:
+    the collator builds it from the padded batch the same way (each image from its `<|image|>` token to the next
+    image's, the last to the row's end; nothing before the first), equal to the processor's own on the same text."""
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from ftune.datastage.vision_chat import VisionCollator
+    from ftune.tiny_vision import mllama_parts
+
+    mllama_parts(AutoTokenizer.from_pretrained(tiny_tokenizer_dir))[1].save_pretrained(tmp_path / "m")
+    processor = AutoProcessor.from_pretrained(tmp_path / "m")  # as the run loads it
+    _png(tmp_path / "a.png")
+    _png(tmp_path / "b.png", (56, 40))
+    rows = [_row({"type": "image", "image": "a.png"}, {"type": "text", "text": "what colour"}),
+            _row({"type": "text", "text": "two"}, {"type": "image", "image": "a.png"}, {"type": "text", "text": "and"},
+                 {"type": "image", "image": "b.png"}, answer="blue")]
+    ds, _ = _encode(processor, _jsonl(tmp_path / "d.jsonl", rows))
+    batch = VisionCollator(processor.tokenizer.pad_token_id, processor, FIT)([ds[0], ds[1]])
+    mask, ids = batch["cross_attention_mask"], batch["input_ids"]
+    assert tuple(mask.shape) == (2, ids.shape[1], 2, 1)  # rows, tokens, images, tiles
+    image = processor.image_token_id
+    first, (second, third) = [(row == image).nonzero().flatten().tolist() for row in ids]
+    positions = torch.arange(ids.shape[1])
+    assert mask[0, :, 0, 0].tolist() == (positions >= first[0]).int().tolist() and not mask[0, :, 1].any()
+    assert mask[1, :, 0, 0].tolist() == ((positions >= second) & (positions < third)).int().tolist()
+    assert mask[1, :, 1, 0].tolist() == (positions >= third).int().tolist()
+    texts = [processor.tokenizer.decode(row[:len(d["input_ids"])]) for row, d in zip(ids, [ds[0], ds[1]])]
+    images = [[Image.open(tmp_path / "a.png")], [Image.open(tmp_path / "a.png"), Image.open(tmp_path / "b.png")]]
+    own = processor(text=texts, images=images, add_special_tokens=False, padding=True, return_tensors="pt")
+    assert own["input_ids"].equal(ids) and own["cross_attention_mask"].equal(mask)
+
+
 def test_too_many_images_and_a_cut_image_are_refused_at_the_row(processor, tmp_path):
     _png(tmp_path / "a.png")
     path = _jsonl(tmp_path / "d.jsonl", [

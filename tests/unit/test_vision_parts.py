@@ -26,6 +26,11 @@ CONFIGS = {
                   text_config=dict(_TEXT, model_type="llama")),
     "gemma3": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, head_dim=16), mm_tokens_per_image=4),
     "paligemma": dict(vision_config=_SIGLIP, text_config=dict(_TEXT, model_type="gemma2", head_dim=16)),
+    "mllama": dict(vision_config=dict(hidden_size=32, num_hidden_layers=1, num_global_layers=1, attention_heads=2,
+                                      intermediate_size=64, vision_output_dim=64, image_size=28, patch_size=14,
+                                      max_num_tiles=1, intermediate_layers_indices=[0],
+                                      supported_aspect_ratios=[[1, 1]]),
+                   text_config=dict(_TEXT, num_hidden_layers=2, cross_attention_layers=[1], pad_token_id=0)),
 }
 # the first segment after the wrapper that each part's parameters start with, as transformers 5.23 builds them
 EXPECTED = {
@@ -37,7 +42,8 @@ EXPECTED = {
 EXPECTED |= {"qwen2_5_vl": EXPECTED["qwen2_vl"], "qwen3_vl": EXPECTED["qwen2_vl"], "smolvlm": EXPECTED["idefics3"],
              # Gemma ties lm_head to the embeddings: no parameter of its own
              "gemma3": EXPECTED["llava"] | {"language": {"language_model"}},
-             "paligemma": EXPECTED["llava"] | {"language": {"language_model"}}}
+             "paligemma": EXPECTED["llava"] | {"language": {"language_model"}},
+             "mllama": EXPECTED["llava"] | {"vision": {"vision_model"}}}
 
 
 def _meta(model_type: str):
@@ -69,6 +75,32 @@ def test_qwen_merger_is_the_projector_inside_the_vision_tower():
     assert part_of("model.visual.deepstack_merger_list.0.linear_fc1.weight", "qwen3_vl") == "projector"
     assert part_of("model.language_model.layers.0.self_attn.q_proj.weight", "qwen2_5_vl") == "language"
     assert part_of("lm_head.weight", "qwen2_5_vl") == "language"
+
+
+def test_qwen3_vl_s_projector_trains_whole_through_the_members_of_its_module_list(tiny_tokenizer_dir):
+    """Qwen3-VL's projector holds `visual.deepstack_merger_list`, a ModuleList, which peft's modules_to_save refuses
+    (`modules_to_save cannot be applied to modules of type ModuleList`): the LoRA targets name its members, and the
+    injected model trains every projector parameter. (The model needs no torchvision; its processor does.)"""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from ftune.methods.lora import Config, inject
+    from ftune.models.vision_parts import called
+    from ftune.tiny_vision import qwen_vl_parts
+
+    config, _ = qwen_vl_parts(AutoTokenizer.from_pretrained(tiny_tokenizer_dir), family="qwen3_vl")
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config)
+    assert called(dict(model.named_modules()), ["model.visual.deepstack_merger_list", "model.visual.merger"]) == [
+        "model.visual.deepstack_merger_list.0", "model.visual.merger"]
+    projector = [n for n, _ in model.named_parameters() if part_of(n, "qwen3_vl") == "projector"]
+    wrapped = inject(model, Config(method="lora", r=4, alpha=8, target_modules="all-linear"), "image-text-to-text")
+    trains = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    saved = {n for n in trains if ".modules_to_save.default." in n}
+    assert {n.split(".modules_to_save.")[0] for n in saved} == {
+        "base_model.model.model.visual.deepstack_merger_list.0", "base_model.model.model.visual.merger"}
+    assert len(saved) == len(projector)  # every projector tensor trains, in its saved copy
+    assert not [n for n in trains if part_of(n, "qwen3_vl") == "vision"]
 
 
 def test_names_match_whole_segments_only():

@@ -169,7 +169,8 @@ def test_dpo_and_grpo_on_image_rows_validate(tmp_path, fmt, objective):
 
 
 @pytest.mark.parametrize("model_type,refused", [("paligemma", "its processor refuses text without images"),
-                                                ("mllama", "ftune has no part layout for mllama"),
+                                                ("mllama", "through `cross_attention_mask`, which TRL 1.16's DPO"),
+                                                ("aya_vision", "ftune has no part layout for aya_vision"),
                                                 ("llava", None), ("qwen2_5_vl", None)])
 def test_a_family_trl_cannot_take_images_for_is_refused_at_model_path(tmp_path, model_type, refused):
     from ftune.plan.checks.environment import vision_objective
