@@ -46,7 +46,7 @@ test-all: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not distributed and not extended" tests
 
 # The numerics-sensitive tests (every multi-process run against one process, packing/padding-free losses,
 # bit-identical resumes, the speed levers' loss curves) under every set of CPU kernels this machine has: ATen's own

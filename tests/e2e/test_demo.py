@@ -115,7 +115,8 @@ def test_the_real_demo_rl_stage_raises_the_held_out_score(tmp_path):
     held = sums.pairs()[1]
     assert rl["score_after"] == sums.score([s["after"] for s in rl["samples"]], held)
     run = tmp_path / sums.RUN_DIR
-    assert [step for step, _ in rl["reward"]] == list(range(2, rl["steps"] + 1, 2))
+    # logged every 2 steps, and the first step too (the Plan's logging_first_step: a run's starting point)
+    assert [step for step, _ in rl["reward"]] == [1, *range(2, rl["steps"] + 1, 2)]
     sample = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert sample and all(s["rewards"]["numeric"] in (0.0, 1.0) for s in sample)
     asked = {r["prompt"][0]["content"] for r in map(json.loads, (tmp_path / "recipes/demo/assets/sums.heldout.jsonl")
