@@ -11,18 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from ftune.gguf import SMOLLM2_INSTALL, inspect, packaged_smollm2
+from ftune.gguf import inspect
+from tests.e2e._real import GGUF, REAL_EXTENDED
 from tests.e2e._util import ftune
 from tests.e2e.test_benchmarks import task_folder
 
-GGUF = packaged_smollm2()
 TASKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 LIMIT = 40  # rows: 160 log-likelihoods of a 135M model, seconds on 2 cores
 
 pytestmark = [
-    pytest.mark.slow, pytest.mark.real, pytest.mark.extended,
-    pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
-                       reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
+    *REAL_EXTENDED,
     pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                        reason='needs the lm-eval harness: pip install "ftune[eval]"'),
 ]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from ftune.demo import sums, tasks
-from ftune.gguf import SMOLLM2_INSTALL, packaged_smollm2
+from tests.e2e._real import needs_real_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def test_quick_demo_learns(tmp_path):
 
 @pytest.mark.extended
 @pytest.mark.real
-@pytest.mark.skipif(packaged_smollm2() is None, reason=f"the real model isn't installed: {SMOLLM2_INSTALL}")
+@needs_real_model
 def test_the_real_demo_rl_stage_raises_the_held_out_score(tmp_path):
     """`make demo` as shipped (stages C and D on SmolLM2-135M-Instruct, full steps): GRPO on stage C's adapter raises
     the share of held-out one-digit sums answered right, greedily, by at least 15 points (seeded)."""

@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from ftune.demo import house
-from ftune.gguf import SMOLLM2_INSTALL, packaged_smollm2
+from tests.e2e._real import GGUF, REAL_EXTENDED
 from tests.e2e._util import eval_losses, ftune, write_recipe
 
-GGUF = packaged_smollm2()
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.real,
-    pytest.mark.extended,
-    pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
-                       reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
+    *REAL_EXTENDED,
     pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (pip install 'ftune[preference]')"),
 ]
 LAYERS = [*range(0, 28, 2), 29]

@@ -9,23 +9,17 @@ adapter's greedy output. Skipped, with the reason, where the model package or `g
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from ftune.demo import house
-from ftune.gguf import SMOLLM2_INSTALL, converted_folder, inspect, is_converted, packaged_smollm2
+from ftune.gguf import converted_folder, inspect, is_converted
+from tests.e2e._real import GGUF, REAL
 from tests.e2e._util import ftune, write_recipe
 
-GGUF = packaged_smollm2()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.real,
-    pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
-                       reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
-]
+pytestmark = REAL
 STEPS = 16
 NEW_TOKENS = 20
 

@@ -11,24 +11,17 @@ Second-line runs of the real model (minutes on 2 cores): `extended`, run by `mak
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from ftune.demo import house
-from ftune.gguf import SMOLLM2_INSTALL, converted_folder, inspect, packaged_smollm2
+from ftune.gguf import converted_folder, inspect
+from tests.e2e._real import GGUF, REAL_EXTENDED
 from tests.e2e._util import ftune, losses, metrics, write_recipe
 
-GGUF = packaged_smollm2()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.real,
-    pytest.mark.extended,
-    pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
-                       reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
-]
+pytestmark = REAL_EXTENDED
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 

@@ -18,16 +18,11 @@ import random
 
 import pytest
 
-from ftune.gguf import SMOLLM2_INSTALL, packaged_smollm2
+from tests.e2e._real import GGUF, REAL_EXTENDED
 from tests.e2e._util import ftune, losses, write_recipe
 
-GGUF = packaged_smollm2()
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.real,
-    pytest.mark.extended,
-    pytest.mark.skipif(GGUF is None or importlib.util.find_spec("gguf") is None,
-                       reason=f"the real model isn't installed: {SMOLLM2_INSTALL}"),
+    *REAL_EXTENDED,
     pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                        reason="needs torchao (pip install 'ftune[qat]')"),
 ]
