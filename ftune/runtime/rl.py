@@ -2,7 +2,7 @@
 trainer, the guards and completions.jsonl. TRL generates, computes advantages and the loss; ftune writes none of them.
 
 Each reward is scored row by row (`ftune.rewards.Sample`), so a reward that raises or returns NaN stops the run
-naming the reward and the row. TRL's logged names are mapped to ftune's (`ALIASES`) in metrics.jsonl.
+naming the reward and the row. TRL's logged names are mapped to ftune's (`rl_guard.ALIASES`) in metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ftune.errors import RunError
 from ftune.rewards import REWARD_MODEL, Sample, available
 from ftune.rundir import is_complete
 from ftune.runtime.reward_pool import Entry, Pool, RewardsInterrupted, RewardTimeout
+from ftune.runtime.rl_guard import guard
 from ftune.datastage.prompt import BOOKKEEPING, ROW
 
 TIMES = ("generation_time", "training_time", "generated_tokens")
@@ -26,10 +27,6 @@ processes. TRL's own `step_time` counts both without the optimizer step."""
 DEFAULT_LIMIT_S = 10.0
 """`train.rl.reward_timeout`'s default (the schema's)."""
 
-ALIASES = {"frac_reward_zero_std": "zero_advantage_frac", "completions/mean_length": "completion_length",
-           "completions/clipped_ratio": "clipped_ratio"}
-"""TRL's metric → ftune's name (both are kept). `reward`, `reward_std`, `rewards/<name>/mean|std` and `kl` keep
-TRL's names."""
 
 
 def reward_function(spec, plugin, pool=None, index: int = 0, limit_s: float = DEFAULT_LIMIT_S):
@@ -101,49 +98,6 @@ def reward_functions(plan, device) -> list:
 
         funcs = [zero_failed(f) for f in funcs]
     return funcs
-
-
-def guard(plan):
-    """Add ftune's metric names to each training log, and stop the run on RL's silent failures: rewards identical
-    within every group (zero advantages: nothing to learn), or every completion clipped at the length limit, for
-    `train.rl.guard_logs` logs in a row. Logged values are gathered over processes, so every rank stops alike.
-    Placed first among the callbacks, so metrics.jsonl sees the names it adds."""
-    from transformers import TrainerCallback
-
-    rl = plan.recipe.train.rl
-    objective = plan.recipe.train.objective
-    limit = rl.guard_logs
-
-    class RLGuard(TrainerCallback):
-        def __init__(self) -> None:
-            self.flat = self.clipped = 0
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "reward" not in logs:
-                return
-            for trl_name, name in ALIASES.items():
-                if trl_name in logs:
-                    logs[name] = logs[trl_name]
-            self.flat = self.flat + 1 if logs.get("frac_reward_zero_std") == 1.0 else 0
-            self.clipped = self.clipped + 1 if logs.get("completions/clipped_ratio") == 1.0 else 0
-            if self.flat >= limit:
-                per = ", ".join(f"{k.split('/')[1]} {logs[k]:.3g}" for k in logs
-                                if k.startswith("rewards/") and k.endswith("/mean"))
-                raise RunError(
-                    f"{objective}: every group's completions got identical rewards for {self.flat} logs in a row "
-                    f"(step {state.global_step}; mean reward {logs['reward']:.3g}: {per}); every advantage is zero, "
-                    "so nothing is learned", hint="check the rewards against the data (the answer's format, a "
-                    "regex that never matches), see completions.jsonl; raise train.rl.temperature or "
-                    "num_generations, or add a graded reward (e.g. length, contains) beside a pass/fail one")
-            if self.clipped >= limit:
-                raise RunError(
-                    f"{objective}: every completion hit max_completion_length ({rl.max_completion_length} tokens) "
-                    f"for {self.clipped} logs in a row (step {state.global_step}): none ended, so answers are cut "
-                    "before they are scored", hint="raise train.rl.max_completion_length, check that the model "
-                    "ends its answers with the tokenizer's eos token (model.special_tokens.eos_token; an SFT "
-                    "stage first teaches it), or add soft_overlong_punishment")
-
-    return RLGuard()
 
 
 def step_timer(trainer):

@@ -282,14 +282,14 @@ def test_plugin_rewards_join_the_registry_and_may_not_shadow_a_builtin(monkeypat
 
 # ------------------------------------------------------------------------------ the guard
 def _guard(**rl):
-    from ftune.runtime.rl import guard
+    from ftune.runtime.rl_guard import guard
 
     section = SimpleNamespace(guard_logs=3, max_completion_length=16, **rl)
     return guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective="grpo", rl=section))))
 
 
 def _log(g, step, **logs):
-    g.on_log(None, SimpleNamespace(global_step=step), None, logs=logs)
+    g.on_log(None, SimpleNamespace(global_step=step, is_world_process_zero=True), None, logs=logs)
     return logs
 
 
@@ -306,6 +306,31 @@ def test_guard_maps_trl_names_and_stops_on_flat_rewards_after_n_logs():
         _log(g, 5, reward=0.0, frac_reward_zero_std=1.0, **{"rewards/exact_match/mean": 0.0})
     assert "identical rewards for 3 logs in a row (step 5" in err.value.message and "exact_match 0" in err.value.message
     assert "completions.jsonl" in err.value.hint
+
+
+def test_guard_trains_on_when_the_rewards_saturate_at_the_runs_best(capsys):
+    """A solved task scores every completion alike: identical rewards after they varied, at the best mean the run
+    has logged, are a note, not a stop (the demo-sized GRPO run reaches exact_match 1 for every group)."""
+    g = _guard()
+    _log(g, 2, reward=0.4, frac_reward_zero_std=0.5)
+    _log(g, 4, reward=0.9, frac_reward_zero_std=0.75)
+    for step in (6, 8, 10, 12, 14):
+        _log(g, step, reward=1.0, frac_reward_zero_std=1.0)
+    err = capsys.readouterr().err
+    assert err.count("saturated") == 1 and "at the run's best mean reward (1, step 10)" in err
+
+
+@pytest.mark.parametrize("history", [
+    [],  # identical from the first log: a reward that never tells completions apart
+    [(0.9, 0.5)],  # the rewards varied, then fell flat below the run's best: collapsed, not solved
+], ids=["never-varied", "below-best"])
+def test_guard_still_stops_on_flat_rewards_that_are_not_saturation(history):
+    g = _guard()
+    for step, (reward, zero_std) in enumerate(history, 1):
+        _log(g, step, reward=reward, frac_reward_zero_std=zero_std)
+    with pytest.raises(RunError, match="identical rewards for 3 logs in a row"):
+        for step in range(len(history) + 1, len(history) + 4):
+            _log(g, step, reward=1.0 if not history else 0.5, frac_reward_zero_std=1.0)
 
 
 def test_guard_stops_when_every_completion_is_clipped():

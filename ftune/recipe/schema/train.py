@@ -162,7 +162,8 @@ class RLSection(Section):
     """Where completions are generated."""
     guard_logs: int = Field(3, ge=1)
     """Stop the run when, for this many training logs in a row, every group's rewards are identical (all
-    advantages zero: nothing to learn) or every completion is clipped at max_completion_length."""
+    advantages zero: nothing to learn; unless they are flat at the run's best after varying: saturated, a note) or
+    every completion is clipped at max_completion_length."""
     completions_sample: int = Field(8, ge=0)
     """Completions (with their rewards) written to completions.jsonl per log; 0 writes none."""
     tools: list[ToolSpec] = Field(default_factory=list)
