@@ -31,11 +31,17 @@ def guard(plan):
     class RLGuard(TrainerCallback):
         def __init__(self) -> None:
             self.flat = self.clipped = 0
-            self.varied, self.best, self.saturated = False, float("-inf"), False
+            self.varied, self.best, self.saturated, self.read_history = False, float("-inf"), False, False
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "reward" not in logs:
                 return
+            if not self.read_history:  # a resumed run's logs before its checkpoint (trainer_state.json, loaded
+                self.read_history = True  # after on_train_begin): the rewards it had logged count as its own
+                for past in getattr(state, "log_history", None) or []:
+                    if "reward" in past and past is not logs:
+                        self.varied = self.varied or past.get("frac_reward_zero_std") not in (None, 1.0)
+                        self.best = max(self.best, past["reward"])
             for trl_name, name in ALIASES.items():
                 if trl_name in logs:
                     logs[name] = logs[trl_name]

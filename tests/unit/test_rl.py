@@ -288,8 +288,9 @@ def _guard(**rl):
     return guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective="grpo", rl=section))))
 
 
-def _log(g, step, **logs):
-    g.on_log(None, SimpleNamespace(global_step=step, is_world_process_zero=True), None, logs=logs)
+def _log(g, step, history=(), **logs):
+    state = SimpleNamespace(global_step=step, is_world_process_zero=True, log_history=[*history, logs])
+    g.on_log(None, state, None, logs=logs)
     return logs
 
 
@@ -318,6 +319,20 @@ def test_guard_trains_on_when_the_rewards_saturate_at_the_runs_best(capsys):
         _log(g, step, reward=1.0, frac_reward_zero_std=1.0)
     err = capsys.readouterr().err
     assert err.count("saturated") == 1 and "at the run's best mean reward (1, step 10)" in err
+
+
+def test_guard_reads_a_resumed_runs_history_before_calling_flat_rewards_saturated():
+    """A run resumed after its rewards varied (trainer_state.json's log history) saturates as the unbroken run
+    would; resumed with a history that never varied, it still stops."""
+    varied = [{"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.5}, {"step": 4, "loss": 0.1}]
+    g = _guard()
+    for step in (6, 8, 10, 12):
+        _log(g, step, history=varied, reward=1.0, frac_reward_zero_std=1.0)
+    g = _guard()
+    with pytest.raises(RunError, match="identical rewards"):
+        for step in (6, 8, 10):
+            _log(g, step, history=[{"step": 2, "reward": 0.0, "frac_reward_zero_std": 1.0}], reward=0.0,
+                 frac_reward_zero_std=1.0)
 
 
 @pytest.mark.parametrize("history", [
