@@ -31,26 +31,17 @@ def guard(plan):
     class RLGuard(TrainerCallback):
         def __init__(self) -> None:
             self.flat = self.clipped = 0
-            self.varied, self.best, self.saturated, self.read_history = False, float("-inf"), False, False
+            self.saturated = False
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "reward" not in logs:
                 return
-            if not self.read_history:  # a resumed run's logs before its checkpoint (trainer_state.json, loaded
-                self.read_history = True  # after on_train_begin): the rewards it had logged count as its own
-                for past in getattr(state, "log_history", None) or []:
-                    if "reward" in past and past is not logs:
-                        self.varied = self.varied or past.get("frac_reward_zero_std") not in (None, 1.0)
-                        self.best = max(self.best, past["reward"])
             for trl_name, name in ALIASES.items():
                 if trl_name in logs:
                     logs[name] = logs[trl_name]
-            flat = logs.get("frac_reward_zero_std") == 1.0
-            self.flat = self.flat + 1 if flat else 0
-            self.varied = self.varied or not flat
-            self.best = max(self.best, logs["reward"])
+            self.flat = self.flat + 1 if logs.get("frac_reward_zero_std") == 1.0 else 0
             self.clipped = self.clipped + 1 if logs.get("completions/clipped_ratio") == 1.0 else 0
-            if self.flat >= limit and self.varied and logs["reward"] >= self.best:
+            if self.flat >= limit and saturated(state.log_history, logs):
                 if not self.saturated and state.is_world_process_zero:
                     print(f"ftune worker: note: {objective}: every group's completions got identical rewards for "
                           f"{self.flat} logs in a row at the run's best mean reward ({logs['reward']:.3g}, step "
@@ -75,3 +66,12 @@ def guard(plan):
                     "stage first teaches it), or add soft_overlong_punishment")
 
     return RLGuard()
+
+
+def saturated(history: list[dict], logs: dict) -> bool:
+    """Whether flat rewards in `logs` are saturation: the run's rewards varied in some earlier log and are now at
+    the best mean it has logged. `history`: the trainer's log history (a resumed run's logs before its checkpoint
+    too, as trainer_state.json restores them)."""
+    rewarded = [h for h in (*history, logs) if "reward" in h]
+    varied = any(h.get("frac_reward_zero_std") not in (None, 1.0) for h in rewarded)
+    return varied and logs["reward"] >= max(h["reward"] for h in rewarded)

@@ -285,12 +285,19 @@ def _guard(**rl):
     from ftune.runtime.rl_guard import guard
 
     section = SimpleNamespace(guard_logs=3, max_completion_length=16, **rl)
-    return guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective="grpo", rl=section))))
+    g = guard(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(objective="grpo", rl=section))))
+    g.log_history = []  # the trainer's state.log_history, as Trainer.log keeps it
+    return g
 
 
 def _log(g, step, history=(), **logs):
-    state = SimpleNamespace(global_step=step, is_world_process_zero=True, log_history=[*history, logs])
-    g.on_log(None, state, None, logs=logs)
+    """Trainer.log: the log appended to the history, then the callbacks called; `history`: a resumed run's logs
+    before its checkpoint (trainer_state.json's), put first."""
+    if history and not g.log_history:
+        g.log_history.extend(history)
+    g.log_history.append(logs)
+    g.on_log(None, SimpleNamespace(global_step=step, is_world_process_zero=True, log_history=g.log_history), None,
+             logs=logs)
     return logs
 
 
