@@ -108,14 +108,12 @@ def sequence_length(recipe, data: DataCount | None) -> int | None:
 def _plan(args: argparse.Namespace) -> int:
     from ftune.errors import RecipeError
     from ftune.estimate.estimate import estimate, parse_bytes
-    from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
 
     gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory") if args.gpu_memory is not None else None
     loaded = load_recipe(args.recipe, args.overrides)
     recipe = loaded.recipe
-    if not needs_bitsandbytes(recipe):  # planning never quantizes; a k-bit recipe's checks look for the package
-        block_bitsandbytes()  # before the preflight imports peft
+    block_bitsandbytes(recipe)  # planning never quantizes; before the preflight imports peft
     gpus = args.gpus
     if gpus is None and gpu_memory is not None:
         n = recipe.distributed.num_processes

@@ -21,13 +21,11 @@ def run(args: argparse.Namespace) -> int:
     from ftune.cli.imports import block_bitsandbytes
     from ftune.errors import RecipeError
     from ftune.plan.compile import compile_with_model
-    from ftune.plan.quantization import needs_bitsandbytes
     from ftune.recipe import load_recipe
 
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
-    if not needs_bitsandbytes(loaded.recipe):  # the parent never quantizes; the worker decides for itself
-        block_bitsandbytes()
+    block_bitsandbytes(loaded.recipe)  # the parent never quantizes; the worker decides for itself
     compiled = compile_with_model(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
     plan = compiled.plan
     warnings = list(plan.warnings)

@@ -119,7 +119,8 @@ def test_the_planning_parent_keeps_bitsandbytes_out_only_in_its_own_process(monk
     from ftune.cli.imports import block_bitsandbytes
 
     monkeypatch.setattr(sys, "argv", [argv0, "run", "recipe.yaml"])
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # recorded, so the test's block is undone after it
+    monkeypatch.delitem(sys.modules, "bitsandbytes")
     if peft_loaded:
         monkeypatch.setitem(sys.modules, "peft", sys.modules.get("peft") or object())
     else:
@@ -128,3 +129,22 @@ def test_the_planning_parent_keeps_bitsandbytes_out_only_in_its_own_process(monk
     assert ("bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None) is blocked
     if blocked:
         assert importlib.util.find_spec("bitsandbytes") is None
+
+
+@pytest.mark.parametrize(("kbit", "optimizer", "blocked"), [
+    (None, "adamw_torch", True),
+    (4, "adamw_torch", False),  # a QLoRA recipe's checks look for the package
+    (None, "paged_adamw_8bit", False),  # so do a bitsandbytes optimizer's
+])
+def test_a_recipe_that_quantizes_with_bitsandbytes_keeps_it(monkeypatch, kbit, optimizer, blocked):
+    from types import SimpleNamespace
+
+    from ftune.cli.imports import block_bitsandbytes
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/ftune", "plan", "recipe.yaml"])
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # recorded, so the test's block is undone after it
+    monkeypatch.delitem(sys.modules, "bitsandbytes")
+    monkeypatch.delitem(sys.modules, "peft", raising=False)
+    recipe = SimpleNamespace(kbit=kbit, train=SimpleNamespace(optimizer=optimizer))
+    assert block_bitsandbytes(recipe) is blocked
+    assert ("bitsandbytes" in sys.modules) is blocked
