@@ -59,16 +59,22 @@ def score(answers: list[str], held: list[tuple[int, int]]) -> float:
 
 def answers(target_arg: str, held: list[tuple[int, int]]) -> list[str]:
     """Greedy answers of the model (a base folder or a run dir) to the held-out questions, within the budget."""
-    from ftune.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
     from ftune.infer.load import load_for_generation
     from ftune.infer.source import resolve
 
     lo = load_for_generation(resolve(target_arg, allow_model=True))
+    return model_answers(lo.model, lo.tokenizer, held, lo.stop_ids)
+
+
+def model_answers(model, tokenizer, pairs: list[tuple[int, int]], stop_ids=()) -> list[str]:
+    """Greedy answers of a loaded model to "What is a plus b?" for each pair, within the budget."""
+    from ftune.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
+
     # The chat template the prompts were rendered with in training: a `format: prompt` run's own format reads as
     # plain text (its rows may hold strings or messages), so the tokenizer's template is named here.
-    fmt = model_prompt_format(lo.tokenizer)
-    prompts = [encode_prompt(fmt, lo.tokenizer, {"messages": row(a, b)["prompt"]}) for a, b in held]
-    done = generate(lo.model, lo.tokenizer, prompts, stop_ids=stop_token_ids(lo.tokenizer, fmt, lo.stop_ids),
+    fmt = model_prompt_format(tokenizer)
+    prompts = [encode_prompt(fmt, tokenizer, {"messages": row(a, b)["prompt"]}) for a, b in pairs]
+    done = generate(model, tokenizer, prompts, stop_ids=stop_token_ids(tokenizer, fmt, stop_ids),
                     max_new_tokens=NEW_TOKENS, batch_size=len(prompts))
     return [c.text.strip() for c in done]
 

@@ -18,6 +18,7 @@ import random
 
 import pytest
 
+from ftune.demo import sums
 from tests.e2e._real import GGUF, REAL_EXTENDED
 from tests.e2e._util import ftune, losses, write_recipe
 
@@ -29,7 +30,6 @@ pytestmark = [
 QAT = {"scheme": "int4-weight", "group_size": 32}
 STEPS = 30
 HELD_OUT = 100
-NEW_TOKENS = 16
 QAT_GAIN = 0.05
 """QAT + convert must beat PTQ on the held-out sums by at least 5 points. Measured on the 2-core development
 machine (AVX-512 kernels), held-out accuracy fp32 / int4 PTQ / int4 QAT + convert: 0.81 / 0.66 / 0.75 at 30 steps
@@ -37,15 +37,11 @@ machine (AVX-512 kernels), held-out accuracy fp32 / int4 PTQ / int4 QAT + conver
 60 steps). Under ATEN_CPU_CAPABILITY=avx2 (another CPU's kernels) at 30 steps: 0.81 / 0.63 / 0.72 (+9)."""
 
 
-def sums() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def pairs() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(training pairs, held-out pairs) of two-digit numbers 10..49, shuffled once with seed 0."""
     every = [(a, b) for a in range(10, 50) for b in range(10, 50)]
     random.Random(0).shuffle(every)
     return every[HELD_OUT:HELD_OUT + 300], every[:HELD_OUT]
-
-
-def question(a: int, b: int) -> dict:
-    return {"role": "user", "content": f"What is {a} plus {b}?"}
 
 
 def recipe(work, name: str, **sections) -> dict:
@@ -66,10 +62,10 @@ def recipe(work, name: str, **sections) -> dict:
 def runs(tmp_path_factory):
     """The plain run, the QAT run, and the QAT run merged into truly int4 weights."""
     work = tmp_path_factory.mktemp("real-qat")
-    train, _ = sums()
-    (work / "sums.jsonl").write_text("".join(
-        json.dumps({"messages": [question(a, b), {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]})
-        + "\n" for a, b in train))
+    train, _ = pairs()
+    rows = [{"messages": [*sums.row(a, b)["prompt"], {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]}
+            for a, b in train]
+    (work / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name, sections in (("plain", {}), ("qat", {"quantization": {"qat": QAT}})):
         result = ftune("run", str(write_recipe(work, recipe(work, name, **sections), f"{name}.yaml")), cwd=work,
                        timeout=1800)
@@ -81,20 +77,12 @@ def runs(tmp_path_factory):
 
 
 def answers(model, tok) -> list[str]:
-    from ftune.generation import encode_prompt, generate, model_prompt_format, stop_token_ids
-
-    fmt = model_prompt_format(tok)
-    _, held = sums()
-    prompts = [encode_prompt(fmt, tok, {"messages": [question(a, b)]}) for a, b in held]
-    done = generate(model, tok, prompts, stop_ids=stop_token_ids(tok, fmt), max_new_tokens=NEW_TOKENS,
-                    batch_size=len(prompts))
-    return [c.text.strip() for c in done]
+    """Greedy answers to the held-out sums, as the demo's stage D asks them (`ftune.demo.sums`)."""
+    return sums.model_answers(model, tok, pairs()[1])
 
 
 def accuracy(texts: list[str]) -> float:
-    from ftune.demo.sums import score
-
-    return score(texts, sums()[1])
+    return sums.score(texts, pairs()[1])
 
 
 def test_int4_qat_beats_int4_post_training_quantization(runs):
