@@ -24,6 +24,7 @@ from ftune.estimate.facts import MemoryItem, ParamFact
 from ftune.estimate.optimizer import optimizer_spec
 from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
                                    make_layout)
+from ftune.estimate.long_rows import finisher, hidden_size, longer_rows, tiled
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.suggest import suggest
 from ftune.estimate.vision_cost import VisionFacts, base_parts, with_images
@@ -248,6 +249,9 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     facts_vision, profile = (None, profile) if vision_base is None else with_images(
         recipe, vision_base, model, config, profile, batch=batch, seq=seq, itemsize=DTYPES[dtype], notes=notes)
 
+    hidden = hidden_size(config, model)
+    untiled = profile
+    profile, constant = tiled(recipe, profile, seq, hidden)
     dist = recipe.distributed
     units = None
     if dist.strategy == "fsdp" and dist.fsdp is not None:
@@ -267,7 +271,10 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
     longest = None if usable is None or attn == "eager" else longest_row(
-        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes)
+        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes, constant)
+    if longest is not None and rl is None and device == "cuda" and (line := longer_rows(
+            recipe, facts, untiled, layout, seq, hidden, usable, longest, finisher(recipe, teacher))) is not None:
+        notes.append(line)
     generation = generation_memory(recipe, config, dtype) if rl is not None else None
     if generation is not None:
         resident = sum(i.bytes for i in memory.items if i.phase == "always")

@@ -4,7 +4,7 @@ activation profile `ftune.estimate.probe` measures, and one row of a device's me
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,24 @@ class ActivationProfile:
     head_bytes: int
     """The largest tensor saved by the head/loss (fp32 log-probabilities): backward starts by allocating
     two gradients of that size, on top of everything saved."""
+
+    mlp_bytes: tuple[int, ...] = ()
+    """Of `layer_bytes`, what each layer's MLP (`layer.mlp`) saves inside it: what the tiled MLP doesn't keep."""
+    mlp_kept: tuple[int, ...] = ()
+    """Each layer's MLP input, where nothing outside the MLP saves it: what the tiled MLP keeps instead."""
+    tile_bytes: int = 0
+    """With a tiled MLP: one slice's intermediates, recomputed in backward on top of `transient`'s (`tiled`)."""
+
+    def tiled(self, slices: int) -> ActivationProfile:
+        """Each MLP tiled in `slices` (`train.tiled_mlp`): forward keeps its input only; backward recomputes one
+        slice at a time. Unchanged where the probe did not measure the MLPs (a formula profile)."""
+        if not self.mlp_bytes:
+            return self
+        mlp = self.mlp_bytes + (0,) * (len(self.layer_bytes) - len(self.mlp_bytes))  # vision layers: not tiled
+        kept = self.mlp_kept + (0,) * (len(self.layer_bytes) - len(self.mlp_kept))
+        layers = tuple(b - m + k for b, m, k in zip(self.layer_bytes, mlp, kept))
+        return replace(self, layer_bytes=layers, mlp_bytes=(), mlp_kept=(),
+                       tile_bytes=max(math.ceil(m / max(slices, 1)) for m in mlp))
 
     def saved(self, checkpointing: bool) -> int:
         """Bytes kept from forward to backward; with checkpointing only each layer's input and the head's."""

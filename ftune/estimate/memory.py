@@ -61,6 +61,9 @@ def gradient_bytes(params: list[ParamFact]) -> int:
 
 
 # ------------------------------------------------------------------------------------------- per device
+TILE_SLICE = "one MLP slice recomputed in backward (train.tiled_mlp)"
+
+
 @dataclass(frozen=True)
 class Layout:
     """The knobs that decide what one device holds."""
@@ -178,6 +181,8 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     items.append(MemoryItem("activations", detail, saved, "backward"))
     transient, what = profile.transient(recompute)
     items.append(MemoryItem("temporary", what, transient, "backward"))
+    if profile.tile_bytes:  # counted beside the layer's recompute or the head's gradients (at most one is in flight)
+        items.append(MemoryItem("temporary", TILE_SLICE, profile.tile_bytes, "backward"))
     items.append(MemoryItem("temporary", "optimizer update scratch", int(scratch * o_factor), "update"))
     items += extra
     if layout.device == "cuda":

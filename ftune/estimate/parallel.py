@@ -43,14 +43,17 @@ def _retotal(memory: DeviceMemory, items: list[MemoryItem]) -> DeviceMemory:
     return DeviceMemory(tuple(items), peak, phase["always"] + phase[peak], memory.offloaded)
 
 
-def longest_sequence(memory: DeviceMemory, seq: int, device_memory: int, multiple: int = 1) -> int:
+def longest_sequence(memory: DeviceMemory, seq: int, device_memory: int, multiple: int = 1,
+                     constant: str | None = None) -> int:
     """The longest row (tokens) whose peak fits `device_memory`, from a plan at `seq` tokens: the backward
     phase's activations and temporaries grow linearly with the sequence (SDPA/flash keep no seq x seq scores),
-    everything else does not. 0 when even the sequence-free part does not fit. Rounded down to `multiple`
-    (2 x cp: context parallelism splits a row into that many chunks)."""
+    everything else does not, nor the item whose detail is `constant` (a tiled MLP's slice of hidden-size tokens).
+    0 when even the sequence-free part does not fit. Rounded down to `multiple` (2 x cp: context parallelism splits
+    a row into that many chunks)."""
     always = sum(i.bytes for i in memory.items if i.phase == "always")
     update = sum(i.bytes for i in memory.items if i.phase == "update")
-    scaled = sum(i.bytes for i in memory.items if i.phase == "backward" and i.kind in ("activations", "temporary"))
+    scaled = sum(i.bytes for i in memory.items if i.phase == "backward" and i.kind in ("activations", "temporary")
+                 and i.detail != constant)
     fixed = sum(i.bytes for i in memory.items if i.phase == "backward") - scaled
     room = device_memory - always - fixed
     if room <= 0 or always + update > device_memory or scaled <= 0:
@@ -67,11 +70,11 @@ def split_layout(memory: DeviceMemory, layout) -> DeviceMemory:
 
 
 def longest_row(memory: DeviceMemory, seq: int, device_memory: int, layout, positions: int | None,
-                notes: list[str]) -> int:
+                notes: list[str], constant: str | None = None) -> int:
     """`longest_sequence` for the recipe's layout (a multiple of 2 x cp under cp), capped at the model's positions
     with a note saying what memory alone would allow."""
     cp = layout.cp if layout is not None else 1
-    longest = longest_sequence(memory, seq, device_memory, 2 * cp if cp > 1 else 1)
+    longest = longest_sequence(memory, seq, device_memory, 2 * cp if cp > 1 else 1, constant)
     if positions and longest > positions:
         notes.append(f"longest row: {longest:,} tokens fit in memory, capped at the model's {positions:,} positions")
         return positions

@@ -19,6 +19,8 @@ class _Recorder:
 
     exclude: set[int]
     layer: int | None = None
+    mlp: int | None = None  # the layer whose MLP (`layer.mlp`) is running
+    in_mlp: dict[int, int] = field(default_factory=dict)  # storage -> the layer whose MLP saved it first
     seen: dict[int, int] = field(default_factory=dict)
     owner: dict[int, int | None] = field(default_factory=dict)
     largest_outside: int = 0
@@ -35,6 +37,8 @@ class _Recorder:
         nbytes = storage.nbytes()
         self.seen[key] = nbytes
         self.owner[key] = self.layer
+        if self.mlp is not None:
+            self.in_mlp[key] = self.mlp
         if self.layer is None:
             self.largest_outside = max(self.largest_outside, nbytes)
 
@@ -130,9 +134,27 @@ def probe_activations(
         if args and args[0].requires_grad:
             rec.record(args[0])
 
+    kept: list[int] = [0] * len(layers)
+
+    def mlp_enter(i):
+        def hook(module, args):
+            rec.mlp = i
+            if args and args[0].requires_grad or any(p.requires_grad for p in module.parameters()):
+                # the tiled MLP saves its input; counted unless something outside the MLP saved it already
+                storage = args[0].untyped_storage()
+                kept[i] = 0 if storage._cdata in rec.seen else storage.nbytes()
+
+        return hook
+
+    def mlp_leave(module, args, output):
+        rec.mlp = None
+
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
         handles.append(layer.register_forward_hook(leave))
+        if isinstance(mlp := getattr(layer, "mlp", None), torch.nn.Module):
+            handles.append(mlp.register_forward_pre_hook(mlp_enter(i)))
+            handles.append(mlp.register_forward_hook(mlp_leave))
     for m in model.modules():
         w = getattr(m, "weight", None)
         if w is not None and id(w) in quantized:
@@ -163,7 +185,10 @@ def probe_activations(
             outside += nbytes
         else:
             per_layer[owner] += nbytes
-    return ActivationProfile(tuple(per_layer), tuple(inputs), outside, rec.largest_outside)
+    mlp = [0] * len(layers)
+    for key, i in rec.in_mlp.items():
+        mlp[i] += rec.seen[key]
+    return ActivationProfile(tuple(per_layer), tuple(inputs), outside, rec.largest_outside, tuple(mlp), tuple(kept))
 
 
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")

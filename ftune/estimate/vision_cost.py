@@ -230,7 +230,8 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
                 notes: list[str]):
     """The vision facts, and the activation profile with the image encoder's layers and projector added (the
     probe ran the language model on text positions; the image placeholders are among its `seq` tokens)."""
-    from ftune.estimate.facts import ActivationProfile
+    from dataclasses import replace
+
     from ftune.hub import folder
 
     images, peft = recipe.data.images, recipe.peft
@@ -239,6 +240,6 @@ def with_images(recipe, base_counts, model, config, profile, *, batch: int, seq:
         base_counts, model, config, max_pixels=images.max_pixels, images_per_sample=images.max_per_sample or 1,
         batch=batch, itemsize=itemsize, notes=notes, seq=seq, modes=modes,
         processor_cap=processor_pixel_cap(folder(recipe.model.path, recipe.model.revision)))
-    profile = ActivationProfile(profile.layer_bytes + layers, profile.layer_input_bytes + inputs,
-                                profile.outside_bytes + projector, profile.head_bytes)
+    profile = replace(profile, layer_bytes=profile.layer_bytes + layers,
+                      layer_input_bytes=profile.layer_input_bytes + inputs, outside_bytes=profile.outside_bytes + projector)
     return facts, profile

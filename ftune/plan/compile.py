@@ -17,7 +17,7 @@ from ftune.datafiles import prompts
 from ftune.errors import Problem
 from ftune.models.meta import MetaModel
 from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
-                        quantization, rl)
+                        quantization, rl, tiling)
 from ftune.plan.checks import environment, model_files, preflight, resume
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
@@ -211,6 +211,9 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
     # included, ran single-threaded under accelerate's default of 1); a plan for other machines (`gpus`) leaves it
     # to the run there
     threads = cpu_threads(train.threads, num_processes) if gpus is None else None
+    if inspected.meta is not None and (line := tiling.note(recipe, inspected.meta.config,
+                                                           recipe.data.max_seq_length)) is not None:
+        notes.append(line)
     prompt = prompts.decide(recipe)
     if (line := prompts.note(recipe, prompt)) is not None:
         notes.append(line)
@@ -230,6 +233,7 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
         model_load=load,
         data=batching.data_plan(recipe, step_samples=effective_batch),
         activation_checkpointing=checkpointing_owner(trainer),
+        tiled_mlp_shards=tiling.shards(recipe),
         upcast_non_quantized=recipe.kbit is not None and quantization.upcasts(recipe),
         trainer=trainer,
         uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,

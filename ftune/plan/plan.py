@@ -97,6 +97,9 @@ class Plan(BaseModel):
     """Who checkpoints activations, never both: the Trainer (`train.gradient_checkpointing`, on the model; k-bit
     preparation turns it on the same way), FSDP (`distributed.fsdp.activation_checkpointing`, wrapped after
     sharding; it replaces the Trainer's), or nobody."""
+    tiled_mlp_shards: int | Literal["auto"] | None = None
+    """`train.tiled_mlp` (`ftune.plan.tiling`): the slices of each decoder layer's MLP call, a count or `auto` (the
+    call's tokens / hidden size, rounded up); None: not tiled."""
     upcast_non_quantized: bool = False
     """With a quantized model: k-bit preparation upcasts the unquantized weights to fp32 (peft's default; not
     under FSDP, one dtype per shard). `ftune.plan.quantization.upcasts` decides it."""

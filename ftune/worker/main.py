@@ -98,6 +98,13 @@ def run_stages(plan: Plan) -> dict:
     if recipe.qat is not None and recipe.qat.start_after_steps:
         callbacks.append(qat.start_callback(recipe.qat))
     trainer = train.build_trainer(plan, model, processor if trl_images else tok, bundle, args, callbacks)
+    if plan.tiled_mlp_shards is not None:  # once the trainer's Liger kernels have patched each MLP's forward
+        from ftune.plan.tiling import mlps
+        from ftune.runtime import tiled_mlp
+
+        tiled = tiled_mlp.apply(mlps(trainer.model), plan.tiled_mlp_shards)
+        if console:
+            console.print(f"tiled MLP: {tiled} decoder MLPs, slices: {plan.tiled_mlp_shards}")
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
     if profile.enabled():

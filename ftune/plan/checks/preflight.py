@@ -16,7 +16,7 @@ from ftune import hub
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.models.config import linear_layer_names
 from ftune.models.meta import MetaModel, build_meta_model, meta_model
-from ftune.plan import parallelism, qat, quantization
+from ftune.plan import parallelism, qat, quantization, tiling
 from ftune.plan.ddp import ExpertsKind, experts_kind
 from ftune.recipe.objectives import family_of
 from ftune.recipe.schema import FsdpSection, Recipe
@@ -120,6 +120,7 @@ def problems(recipe: Recipe, device: str, model=None) -> list[Problem]:
     found += router_problems(recipe, model) + quantization.fused_expert_problems(recipe, model)
     found += completion_position_problems(recipe, model) + paged_layer_problems(recipe, model)
     found += parallelism.model_problems(recipe, model.config)
+    found += tiling.model_problems(recipe, model)
     return found + quantization.check_model_config(recipe, model, device) + qat.model_problems(recipe, model)
 
 

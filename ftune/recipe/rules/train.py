@@ -118,6 +118,13 @@ def speed_levers_fit(recipe: Recipe) -> Iterator[Problem]:
         yield Problem.at("train.dataloader.prefetch_factor", "prefetch_factor needs dataloader workers "
                          "(train.dataloader.workers is 0)", "set `train.dataloader.workers: 2` (or more), or remove "
                          "prefetch_factor")
+    if t.tiled_mlp_shards is not None and not t.tiled_mlp:
+        yield Problem.at("train.tiled_mlp_shards", "tiled_mlp_shards is set but train.tiled_mlp is false",
+                         "set `train.tiled_mlp: true`, or remove tiled_mlp_shards")
+    if t.tiled_mlp and recipe.distributed.strategy == "deepspeed":
+        yield Problem.at("train.tiled_mlp", "the tiled MLP is not supported under DeepSpeed: its backward runs the "
+                         "MLP once per slice, and ZeRO-3 gathers and releases the MLP's parameters around each call",
+                         "use `distributed.strategy: fsdp` (or ddp, none), or `train.tiled_mlp: false`")
     if t.kernels == "liger" and recipe.model.task != "causal-lm":
         yield Problem.at("train.kernels", "Liger's fused linear cross-entropy is a causal-LM loss; "
                          f"model.task is '{recipe.model.task}'", "set `train.kernels: none`")

@@ -307,6 +307,13 @@ class TrainSection(Section):
     dataloader: DataloaderSection = Field(default_factory=DataloaderSection)
     """How batches are loaded."""
     activation_offloading: bool = False
-    """Move activations saved for backward to CPU memory during forward and back for backward (long context)."""
+    """Move activations saved for backward to CPU memory during forward and back for backward (long context). With
+    `gradient_checkpointing` these are the checkpointed layer inputs: ALST's offloaded checkpoints."""
+    tiled_mlp: bool = False
+    """Run each decoder layer's MLP over its tokens in slices, forward without autograd and backward recomputing one
+    slice at a time (ALST's tiled MLP): the MLP's intermediates exist for one slice only. Long context; dense
+    decoders with a `mlp` module per layer; not with DeepSpeed."""
+    tiled_mlp_shards: int | None = Field(default=None, ge=1)
+    """Slices per MLP call; default the call's tokens / hidden size, rounded up (ALST's choice)."""
     callbacks: list[CallbackSpec] = Field(default_factory=list)
     """Trainer callbacks registered by installed plugins, by name (a recipe never names code)."""

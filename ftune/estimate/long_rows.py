@@ -1,0 +1,73 @@
+"""Long rows in `ftune plan`: the tiled MLP's effect on the activation profile (`train.tiled_mlp`), and the longest
+row each long-context lever the recipe leaves off would allow (ALST's levers, as far as ftune has them: Liger's fused
+loss, checkpointing, offloaded checkpoints, the tiled MLP), so the plan says which lever raises the limit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ftune.estimate.facts import ActivationProfile, ParamFact
+from ftune.estimate.memory import TILE_SLICE, Layout, fmt_bytes, per_device
+from ftune.estimate.parallel import longest_sequence, split_layout
+from ftune.plan.tiling import shards, slices
+
+if TYPE_CHECKING:
+    from ftune.recipe.schema import Recipe
+
+
+def hidden_size(config, model) -> int:
+    """The decoder's width: what an MLP call's input ends in (the `auto` slices' divisor)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "hidden_size", None) or model.get_input_embeddings().weight.shape[-1]
+
+
+def tiled(recipe: Recipe, profile: ActivationProfile, seq: int, hidden: int, rule=None
+          ) -> tuple[ActivationProfile, str | None]:
+    """`profile` with the MLPs tiled by `rule` (default the recipe's; None: not tiled), and the memory item that
+    stays the same size as rows grow (`longest_row`'s `constant`): an `auto` slice holds hidden-size tokens at most."""
+    rule = shards(recipe) if rule is None else rule
+    if rule is None:
+        return profile, None
+    return profile.tiled(slices(rule, seq, hidden)), TILE_SLICE if rule == "auto" and seq >= hidden else None
+
+
+def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout, seq: int,
+                hidden: int, device_memory: int, longest: int, finish) -> str | None:
+    """The longest row with each lever the recipe leaves off added in turn (`profile` untiled, `layout` the
+    recipe's; `finish` applies what the estimate adds after `per_device`: parallel splits, a teacher), with the
+    host memory offloaded rows take; None when every lever is on or none raises the limit."""
+    steps: list[tuple[str, Layout, object]] = []
+    if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
+        layout = replace(layout, fused_loss=True)
+        steps.append(("train.kernels: liger", layout, None))
+    if not layout.checkpointing:
+        layout = replace(layout, checkpointing=True)
+        steps.append(("train.gradient_checkpointing", layout, None))
+    if not layout.offload_activations:
+        layout = replace(layout, offload_activations=True)
+        steps.append(("train.activation_offloading", layout, None))
+    rule = shards(recipe)
+    if rule is None:
+        rule = "auto"
+        steps.append(("train.tiled_mlp", layout, rule))
+    said, best = [], longest
+    for name, lay, tile in steps:
+        prof, constant = tiled(recipe, profile, seq, hidden, tile or shards(recipe))
+        memory = finish(per_device(facts, prof, lay))
+        rows = longest_sequence(memory, seq, device_memory, 1, constant)
+        if rows <= best:
+            continue
+        best = rows
+        host = f", {fmt_bytes(memory.offloaded * rows // seq)} of host memory" if memory.offloaded else ""
+        said.append(f"+ {name}: {rows:,}{host}")
+    if not said:
+        return None
+    return "longer rows (memory alone; levers added in turn): " + "; ".join(said)
+
+
+def finisher(recipe: Recipe, teacher):
+    """What `estimate` does to `per_device`'s result: the parallel split, then the teacher."""
+    from ftune.estimate.teacher import with_teacher
+
+    return lambda memory: with_teacher(split_layout(memory, recipe.distributed.parallelism), teacher)

@@ -1,0 +1,73 @@
+"""The tiled MLP (`train.tiled_mlp`, carried out by `ftune.runtime.tiled_mlp`): which modules are tiled, into how
+many slices, and the models it can't be right on. Light: no torch at import (the meta model is handed in)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Literal
+
+from ftune.errors import Problem
+
+if TYPE_CHECKING:
+    from ftune.recipe.schema import Recipe
+
+Shards = int | Literal["auto"]
+"""A fixed slice count, or `auto`: each call's tokens / hidden size, rounded up (ALST's rule)."""
+
+
+def shards(recipe: Recipe) -> Shards | None:
+    """What the Plan carries: None when the MLP is not tiled."""
+    t = recipe.train
+    return None if not t.tiled_mlp else t.tiled_mlp_shards or "auto"
+
+
+def slices(rule: Shards, tokens: int, hidden: int) -> int:
+    """Slices of one MLP call over `tokens` tokens (its input's second-to-last dimension)."""
+    return max(1, min(tokens, rule if rule != "auto" else math.ceil(tokens / max(hidden, 1))))
+
+
+def mlps(model) -> list:
+    """The MLP (`layer.mlp`) of each decoder layer of the text model: the one list of `num_hidden_layers` layers
+    that all have one (a vision tower's list, when as long, is left out)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    depth = getattr(config, "num_hidden_layers", None)
+    lists = [(name, m) for name, m in model.named_modules() if type(m).__name__ == "ModuleList" and len(m) == depth
+             and all(getattr(layer, "mlp", None) is not None for layer in m)]
+    if len(lists) > 1:
+        lists = [(name, m) for name, m in lists if "vision" not in name and "visual" not in name]
+    return [layer.mlp for layer in lists[0][1]] if len(lists) == 1 else []
+
+
+def model_problems(recipe: Recipe, model) -> list[Problem]:
+    """A mixture-of-experts block (its router's load-balancing loss is computed per call: slices would change it)
+    or a model without one `mlp` module per decoder layer: refused at train.tiled_mlp."""
+    if not recipe.train.tiled_mlp:
+        return []
+    from ftune.models.moe import moe_layout
+
+    kind = type(model).__name__
+    if moe_layout(model) is not None:
+        return [Problem.at("train.tiled_mlp", f"{kind} is a mixture-of-experts model: its router balances the "
+                           "experts' load over each call's tokens, so slicing the call would change the loss",
+                           "set `train.tiled_mlp: false` (tiling is for dense MLPs)")]
+    if not mlps(model):
+        return [Problem.at("train.tiled_mlp", f"found no `mlp` module in each decoder layer of {kind}, which the "
+                           "tiled MLP slices", "set `train.tiled_mlp: false` (it supports decoders such as Llama, "
+                           "Qwen, Mistral, Gemma)")]
+    return []
+
+
+def note(recipe: Recipe, config, seq: int | None) -> str | None:
+    """What the plan says it tiles, at the plan's row length."""
+    rule = shards(recipe)
+    if rule is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None)
+    how = f"{rule} slices" if rule != "auto" else "tokens / hidden size slices"
+    if not seq or not hidden:
+        return f"train.tiled_mlp: each decoder layer's MLP in {how} (forward without autograd, backward one slice " \
+               "at a time)"
+    n = slices(rule, seq, hidden)
+    return (f"train.tiled_mlp: each decoder layer's MLP in {n} slice{'s' if n > 1 else ''} of <= {math.ceil(seq / n):,} "
+            f"tokens at {seq:,} tokens a row ({how}; forward without autograd, backward one slice at a time)")
