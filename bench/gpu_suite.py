@@ -10,8 +10,9 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
                   FTUNE_BENCH_ASSETS for the 8B parts (nothing is downloaded)
   lora-8b   130   LoRA r16 all-linear at seq 4096, batch 2: plain padded Trainer+peft script vs ftune, and ftune with
                   Liger + packing (bench/gpu.py: tokens/s, MFU by the LoRA formula and by 6N, peak vs plan, threads)
-  long-8b    70   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
-                  then 2 steps at that length and at 4096 packed: peak vs plan at both
+  long-8b   150   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
+                  then 2 steps at 4096 packed and 1 at that length: peak vs plan at both; the plan's longest with
+                  offloaded checkpoints and the tiled MLP too (plan only)
   qlora-8b   60   QLoRA nf4 at seq 4096
   grpo-1.5b  60   GRPO on a Qwen2.5-1.5B shape (LoRA, 8 generations, 256-token completions): ftune vs plain TRL,
                   generated tokens/s and the generation/training split, then ftune with
@@ -56,7 +57,7 @@ class Part:
 
 # #36's parts first (they fill a 9-minute window); fp8 and the Qwen2-VL part after them: in a first window they
 # run only when the others finish early, in a second one by name (`--parts fp8-8b,vlm-qwen2`)
-PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 70),
+PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 150),
          Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 60, cuda_only=True),
          Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True), Part("fp8-8b", 150),
          Part("vlm-qwen2", 180)]
@@ -109,8 +110,14 @@ def part_env() -> dict:
     return facts
 
 
-def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout: float) -> tuple[int | None, dict]:
-    """`ftune plan`'s longest sequence for the long-context recipe on a device of `memory` bytes (None: this one)."""
+ALST_LEVERS = {"activation_offloading": True, "tiled_mlp": True}
+"""What ftune has of ALST's levers beside Liger and checkpointing: offloaded checkpoints and the tiled MLP."""
+
+
+def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout: float,
+            levers: dict | None = None) -> tuple[int | None, dict]:
+    """`ftune plan`'s longest sequence for the long-context recipe (with `levers` added to its train section) on a
+    device of `memory` bytes (None: this one)."""
     sys.path.insert(0, str(REPO / "bench"))
     import gpu  # noqa: E402 - the bench's recipe and assets
 
@@ -118,7 +125,7 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
 
     hf_logging.disable_progress_bar()
     model_dir, data = gpu._assets(assets)
-    recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")))
+    recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")), levers)
     argv = [sys.executable, "-m", "ftune.cli.main", "plan", str(recipe), "--format", "json"]
     if memory:
         argv += ["--gpu-memory", f"{memory // 2**20}MiB"]
@@ -129,14 +136,14 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
     return plan["estimate"].get("longest_seq"), plan["estimate"]
 
 
-def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path) -> Path:
+def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dict | None = None) -> Path:
     import yaml
 
     recipe = {"name": f"long-{seq}", "model": {"path": str(model_dir), "dtype": "bfloat16"},
               "data": {"train": [{"path": str(data)}], "max_seq_length": seq, "train_on": "all", "packing": True},
               "peft": {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
               "train": {"max_steps": 2, "per_device_batch_size": 1, "gradient_checkpointing": True,
-                        "mixed_precision": "bf16", "kernels": "liger"},
+                        "mixed_precision": "bf16", "kernels": "liger", **(levers or {})},
               "checkpoint": {"strategy": "no", "resume": False},
               "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False}}
     path = folder / "recipe.yaml"
@@ -256,13 +263,22 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
     rows: dict = {"device_memory_bytes": memory, "plan_longest_seq": length}
     if length is None:
         return {"status": "error", "result": rows, "plan": estimate}
+    rows["plan_notes"] = [n for n in estimate.get("notes", []) if n.startswith(("longest row", "longer rows"))]
+    # with offloaded checkpoints and the tiled MLP: the plan's figure only (a million-token step takes minutes, and
+    # its offloaded layer inputs take more host memory than a lent machine has)
+    alst, alst_estimate = longest(shape, seq_plan, assets, memory, max(10.0, budget - (time.perf_counter() - started)),
+                                  ALST_LEVERS)
+    rows["plan_longest_seq_alst_levers"] = alst
+    rows["plan_notes_alst_levers"] = [n for n in alst_estimate.get("notes", []) if n.startswith("longest row")]
     lengths = [] if SMOKE else sorted({4096, length // 1024 * 1024})  # the smoke checks the plan's figure only
     for seq in lengths:
         left = budget - (time.perf_counter() - started)
         if left < 15:
             rows[str(seq)] = {"not_run": "the part's budget was spent"}
             continue
-        env = {**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "1", "FTUNE_BENCH_STEPS": "2",
+        # one step at the longest row: its peak is the figure (an 8B step at 128K tokens takes about a minute)
+        env = {**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "1",
+               "FTUNE_BENCH_STEPS": "2" if seq <= 4096 else "1",
                "FTUNE_BENCH_VARIANTS": "lora+packing+liger" if cuda else "lora"}
         status, result, tail = _gpu_bench(env, left, assets)
         rows[str(seq)] = {"status": status, **next(iter(result.get("variants", {}).values()), {}),

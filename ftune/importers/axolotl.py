@@ -422,6 +422,10 @@ TABLE: dict[str, Key | Skip] = {
     "torch_compile_backend": Key("train.compile_backend", choose({"inductor": "inductor", "aot_eager": "aot_eager",
                                                                   "cudagraphs": "cudagraphs"}, "compile backend")),
     "activation_offloading": Key("train.activation_offloading", lambda v, c, p: v == "legacy" or as_bool(v)),
+    "tiled_mlp": Key("train.tiled_mlp", lambda v, c, p: as_bool(v)),
+    "tiled_mlp_num_shards": Key("train.tiled_mlp_shards", lambda v, c, p: as_int(v)),
+    "tiled_mlp_use_original_mlp": Skip("ftune's tiled MLP always slices the model's own MLP forward (Liger's with "
+                                       "train.kernels: liger)"),
     "dataloader_num_workers": Key("train.dataloader.workers", lambda v, c, p: as_int(v)),
     "dataloader_prefetch_factor": Key("train.dataloader.prefetch_factor", lambda v, c, p: as_int(v)),
     "dataloader_pin_memory": Key("train.dataloader.pin_memory", lambda v, c, p: as_bool(v)),

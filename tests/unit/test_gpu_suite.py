@@ -37,7 +37,10 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
         assert parts["vlm-qwen2"]["why"].startswith("no torchvision wheel (none in "), parts["vlm-qwen2"]
     assert parts["env"]["result"]["torch"] and parts["env"]["result"]["device"] == "cpu"
     # the plan's longest row on an 80 GiB device: the tiny model's 256 positions bound it, not the memory
-    assert parts["long-8b"]["status"] == "ok" and parts["long-8b"]["result"]["plan_longest_seq"] == 256
+    long = parts["long-8b"]["result"]
+    assert parts["long-8b"]["status"] == "ok" and long["plan_longest_seq"] == 256
+    assert long["plan_longest_seq_alst_levers"] == 256  # offloaded checkpoints + tiled MLP planned too
+    assert any(n.startswith("longest row:") for n in long["plan_notes_alst_levers"]), long
     assert all(parts[p]["status"] == "skipped" for p in ("qlora-8b", "grpo-1.5b", "gpu-tests"))
     # fp8 on a CPU: the plan's estimate (as on an 80 GiB GPU) and this device's refusal at train.precision
     fp8 = parts["fp8-8b"]

@@ -61,6 +61,7 @@ MAPPED = [
     ("axolotl", AX, "torch_compile: true\n", "train.compile", True),
     ("axolotl", AX, "torch_compile: auto\n", "train.compile", True),
     ("axolotl", AX, "activation_offloading: legacy\n", "train.activation_offloading", True),
+    ("axolotl", AX, "tiled_mlp: true\ntiled_mlp_num_shards: 8\n", "train.tiled_mlp_shards", 8),
     ("axolotl", AX, "dataloader_num_workers: 3\n", "train.dataloader.workers", 3),
     ("axolotl", AX, "adam_beta2: 0.95\n", "train.optimizer_args.betas", [0.9, 0.95]),
     ("axolotl", AX, "adam_beta1: 0.8\nadam_beta2: 0.95\n", "train.optimizer_args.betas", [0.8, 0.95]),
