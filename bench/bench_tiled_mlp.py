@@ -57,7 +57,7 @@ def child(folder: Path, seq: int, tiled: bool) -> dict:
 
     from ftune.methods import method_module
     from ftune.plan import tiling
-    from ftune.runtime import tiled_mlp
+    from ftune import tiled_mlp
 
     torch.set_num_threads(1)
     r = recipe(folder, seq, tiled)

@@ -10,7 +10,7 @@ allocated per parameter.
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ftune.errors import FtuneError, Problem, RecipeError
 from ftune.estimate.fp8 import Fp8Cost, fp8_cost
@@ -26,6 +26,8 @@ from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout
                                    make_layout)
 from ftune.estimate.long_rows import finisher, hidden_size, longer_rows, tiled
 from ftune.estimate.parallel import longest_row, split_layout
+from ftune.estimate.step_probe import in_flight
+from ftune.plan.tiling import shards
 from ftune.estimate.suggest import suggest
 from ftune.estimate.vision_cost import VisionFacts, base_parts, with_images
 from ftune.models.config import linear_layer_names
@@ -235,7 +237,9 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
         keeps_input = quantized if recipe.kbit and recipe.kbit.bits == 8 else set()
         profile = probe_activations(model, batch=batch, seq=seq, attn_implementation=attn,
                                     layer_classes=wrapped, quantized=keeps_input, task=recipe.model.task)
+        measured = vision_base is None  # a VLM's step needs images: its towers are added by formula below
     except Exception as e:  # data-dependent ops (MoE routing, custom code) cannot run on the meta device
+        measured = False
         said: list[str] = []
         hidden = model.get_input_embeddings().embedding_dim
         mlp = mlp_values(model, experts_layout, hidden) if experts_layout is not None else None
@@ -257,6 +261,12 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         units = fsdp_layout(model, recipe, facts, world_size, num_processes, wrapped)
     layout = make_layout(recipe, world_size, device, units, facts)
+    def measure(prof, checkpointing: bool, rule) -> int:  # backward's gradients in flight, from a meta step
+        return in_flight(model, prof, checkpointing, tile_rule=rule, batch=batch, seq=seq, attn_implementation=attn,
+                         task=recipe.model.task, notes=notes) if measured else 0
+
+    profile = replace(profile, inflight_bytes=measure(profile, layout.checkpointing, shards(recipe)))
+    untiled = replace(untiled, inflight_bytes=profile.inflight_bytes)
     facts_vision = facts_vision and facts_vision.checkpointed(layout.checkpointing)
     memory = per_device(facts, profile, layout)
     memory = split_layout(memory, dist.parallelism)  # what tp / cp divide (estimate.parallel)
@@ -273,7 +283,8 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     longest = None if usable is None or attn == "eager" else longest_row(
         memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes, constant)
     if longest is not None and rl is None and device == "cuda" and (line := longer_rows(
-            recipe, facts, untiled, layout, seq, hidden, usable, longest, finisher(recipe, teacher))) is not None:
+            recipe, facts, untiled, layout, seq, hidden, usable, longest, finisher(recipe, teacher),
+            measure)) is not None:
         notes.append(line)
     generation = generation_memory(recipe, config, dtype) if rl is not None else None
     if generation is not None:

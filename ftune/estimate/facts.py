@@ -41,6 +41,9 @@ class ActivationProfile:
     """Of `layer_bytes`, what each layer's MLP (`layer.mlp`) saves inside it: what the tiled MLP doesn't keep."""
     mlp_kept: tuple[int, ...] = ()
     """Each layer's MLP input, where nothing outside the MLP saves it: what the tiled MLP keeps instead."""
+    inflight_bytes: int = 0
+    """Backward's gradients in flight inside a layer, beyond the rest of the profile: a meta step's peak minus the
+    sum (`ftune.estimate.step_probe`)."""
     tile_bytes: int = 0
     """With a tiled MLP: one slice's intermediates, recomputed in backward on top of `transient`'s (`tiled`)."""
 
@@ -62,12 +65,14 @@ class ActivationProfile:
         return sum(self.layer_input_bytes) + self.outside_bytes
 
     def transient(self, checkpointing: bool) -> tuple[int, str]:
-        """Backward's own peak on top of `saved`: the two logits-sized gradients it starts with, or, with
-        checkpointing, one layer recomputed once the head's log-probs are freed, whichever is larger."""
+        """Backward's own peak on top of `saved`: the two logits-sized gradients it starts with, or, once the head's
+        log-probs are freed, the decoder layers' backward (one layer recomputed with checkpointing, and the
+        gradients in flight a meta step measured), whichever is larger."""
         head = 2 * self.head_bytes
-        recompute = max(self.layer_bytes, default=0) - self.head_bytes if checkpointing else 0
-        if recompute > head:
-            return recompute, "one layer recomputed in backward"
+        layer = (max(self.layer_bytes, default=0) if checkpointing else 0) + self.inflight_bytes
+        if layer - self.head_bytes > head:  # the layers' backward: the head's log-probs are freed by then
+            what = "one layer recomputed in backward" if checkpointing else "backward through a layer"
+            return layer - self.head_bytes, what + (", its gradients in flight" if self.inflight_bytes else "")
         return head, "head gradients (logits-sized)"
 
 

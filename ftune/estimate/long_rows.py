@@ -33,10 +33,11 @@ def tiled(recipe: Recipe, profile: ActivationProfile, seq: int, hidden: int, rul
 
 
 def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout, seq: int,
-                hidden: int, device_memory: int, longest: int, finish) -> str | None:
+                hidden: int, device_memory: int, longest: int, finish, measure) -> str | None:
     """The longest row with each lever the recipe leaves off added in turn (`profile` untiled, `layout` the
-    recipe's; `finish` applies what the estimate adds after `per_device`: parallel splits, a teacher), with the
-    host memory offloaded rows take; None when every lever is on or none raises the limit."""
+    recipe's; `finish` applies what the estimate adds after `per_device`: parallel splits, a teacher; `measure(
+    profile, checkpointing, rule)` the gradients in flight of a meta step with the MLP tiled), with the host memory
+    offloaded rows take; None when every lever is on or none raises the limit."""
     steps: list[tuple[str, Layout, object]] = []
     if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
         layout = replace(layout, fused_loss=True)
@@ -54,6 +55,8 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
     said, best = [], longest
     for name, lay, tile in steps:
         prof, constant = tiled(recipe, profile, seq, hidden, tile or shards(recipe))
+        if tile is not None:  # tiling changes what backward holds in flight too
+            prof = replace(prof, inflight_bytes=measure(prof, lay.checkpointing, tile))
         memory = finish(per_device(facts, prof, lay))
         rows = longest_sequence(memory, seq, device_memory, 1, constant)
         if rows <= best:

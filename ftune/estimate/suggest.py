@@ -76,4 +76,4 @@ def _is_quantizable_fact(f: ParamFact) -> bool:
 def _scale_profile(p: ActivationProfile, k: float) -> ActivationProfile:
     return ActivationProfile(tuple(int(b * k) for b in p.layer_bytes), tuple(int(b * k) for b in p.layer_input_bytes),
                              int(p.outside_bytes * k), int(p.head_bytes * k), tuple(int(b * k) for b in p.mlp_bytes),
-                             tuple(int(b * k) for b in p.mlp_kept), int(p.tile_bytes * k))
+                             tuple(int(b * k) for b in p.mlp_kept), int(p.inflight_bytes * k), int(p.tile_bytes * k))

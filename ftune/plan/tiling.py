@@ -1,4 +1,4 @@
-"""The tiled MLP (`train.tiled_mlp`, carried out by `ftune.runtime.tiled_mlp`): which modules are tiled, into how
+"""The tiled MLP (`train.tiled_mlp`, carried out by `ftune.tiled_mlp`): which modules are tiled, into how
 many slices, and the models it can't be right on. Light: no torch at import (the meta model is handed in)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING, Literal
 
 from ftune.errors import Problem
+from ftune.tiled_mlp import slices
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import Recipe
@@ -21,21 +22,21 @@ def shards(recipe: Recipe) -> Shards | None:
     return None if not t.tiled_mlp else t.tiled_mlp_shards or "auto"
 
 
-def slices(rule: Shards, tokens: int, hidden: int) -> int:
-    """Slices of one MLP call over `tokens` tokens (its input's second-to-last dimension)."""
-    return max(1, min(tokens, rule if rule != "auto" else math.ceil(tokens / max(hidden, 1))))
-
-
-def mlps(model) -> list:
-    """The MLP (`layer.mlp`) of each decoder layer of the text model: the one list of `num_hidden_layers` layers
-    that all have one (a vision tower's list, when as long, is left out)."""
+def decoder_layers(model) -> list:
+    """The text model's decoder layers: the one list of `num_hidden_layers` modules that each have an `mlp` (a vision
+    tower's list, when as long, is left out); [] when there is no such list."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     depth = getattr(config, "num_hidden_layers", None)
     lists = [(name, m) for name, m in model.named_modules() if type(m).__name__ == "ModuleList" and len(m) == depth
              and all(getattr(layer, "mlp", None) is not None for layer in m)]
     if len(lists) > 1:
         lists = [(name, m) for name, m in lists if "vision" not in name and "visual" not in name]
-    return [layer.mlp for layer in lists[0][1]] if len(lists) == 1 else []
+    return list(lists[0][1]) if len(lists) == 1 else []
+
+
+def mlps(model) -> list:
+    """The MLP (`layer.mlp`) of each decoder layer (`decoder_layers`)."""
+    return [layer.mlp for layer in decoder_layers(model)]
 
 
 def model_problems(recipe: Recipe, model) -> list[Problem]:

@@ -100,7 +100,7 @@ def run_stages(plan: Plan) -> dict:
     trainer = train.build_trainer(plan, model, processor if trl_images else tok, bundle, args, callbacks)
     if plan.tiled_mlp_shards is not None:  # once the trainer's Liger kernels have patched each MLP's forward
         from ftune.plan.tiling import mlps
-        from ftune.runtime import tiled_mlp
+        from ftune import tiled_mlp
 
         tiled = tiled_mlp.apply(mlps(trainer.model), plan.tiled_mlp_shards)
         if console:

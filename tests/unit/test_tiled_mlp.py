@@ -61,7 +61,7 @@ def chunked(model, slices: int) -> None:
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize(("method", "dropout"), [("full", 0.0), ("lora", 0.0), ("lora", 0.2)])
 def test_tiled_mlp_gives_the_untiled_gradients(method, dropout, checkpointing):
-    from ftune.runtime import tiled_mlp
+    from ftune import tiled_mlp
 
     reference = tiny(method, dropout)
     if dropout:
@@ -89,7 +89,7 @@ def test_untiled_dropout_is_a_different_draw_so_the_reference_matters():
 def test_no_grad_calls_run_the_untiled_mlp():
     import torch
 
-    from ftune.runtime import tiled_mlp
+    from ftune import tiled_mlp
 
     model = tiny("full")
     calls = []
@@ -122,7 +122,7 @@ def test_probe_of_the_tiled_mlp_equals_what_a_tiled_cpu_forward_saves(tiny_model
     from ftune.estimate.probe import probe_activations
     from ftune.methods import method_module
     from ftune.models.meta import _build, resolve_config
-    from ftune.runtime import tiled_mlp
+    from ftune import tiled_mlp
 
     peft = {"method": "lora", "r": 4, "target_modules": "all-linear"} if method == "lora" else {"method": "full"}
     r = Recipe.model_validate({"name": "t", "model": {"path": str(tiny_model_dir), "dtype": "float32"},

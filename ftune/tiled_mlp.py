@@ -8,10 +8,13 @@ The MLP's trainable parameters are inputs of the autograd function, so their gra
 reach them once, through autograd's own accumulation, as an untiled MLP's do: DDP's and FSDP's gradient hooks see
 one gradient per parameter per backward. Each slice's forward runs under the RNG state it had in forward (dropout
 on LoRA's input draws the same mask twice) and the autocast state of forward. What the plan decided (the shard
-count, `Plan.tiled_mlp_shards`) is carried out here; the plan refused what this can't do (MoE blocks, DeepSpeed).
+count, `Plan.tiled_mlp_shards`) is carried out here, in the worker and in `ftune plan`'s meta step
+(`ftune.estimate.step_probe`); the plan refused what this can't do (MoE blocks, DeepSpeed). No torch at import.
 """
 
 from __future__ import annotations
+
+import math
 
 MARK = "_ftune_tiled_mlp"
 
@@ -76,19 +79,23 @@ def apply(mlps: list, rule) -> int:
     """Tile each module of `mlps` (`ftune.plan.tiling.mlps`: the decoder layers' MLPs) in place, in the slices
     `rule` gives (`Plan.tiled_mlp_shards`). Done once the trainer is built: its Liger kernels patch the MLP's forward
     per instance, and the slices then run Liger's. Returns how many were tiled."""
-    from ftune.plan.tiling import slices
-
     done = 0
     for mlp in mlps:
         if getattr(mlp, MARK, False):
             continue
-        mlp.forward = _tiled_forward(mlp, mlp.forward, rule, slices)
+        mlp.forward = _tiled_forward(mlp, mlp.forward, rule)
         setattr(mlp, MARK, True)
         done += 1
     return done
 
 
-def _tiled_forward(mlp, untiled, rule, slices):
+def slices(rule, tokens: int, hidden: int) -> int:
+    """Slices of one MLP call over `tokens` tokens (its input's second-to-last dimension): `rule`, or for `auto`
+    the tokens / hidden size, rounded up (ALST's rule); never more slices than tokens."""
+    return max(1, min(tokens, rule if rule != "auto" else math.ceil(tokens / max(hidden, 1))))
+
+
+def _tiled_forward(mlp, untiled, rule):
     import torch
 
     def forward(x, *args, **kwargs):
@@ -105,8 +112,8 @@ def _tiled_forward(mlp, untiled, rule, slices):
 def _autocast_state(device_type: str):
     import torch
 
-    if not torch.is_autocast_enabled(device_type):
-        return None
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None  # the meta device (`ftune plan`'s probe) has no autocast
     return torch.get_autocast_dtype(device_type)
 
 
@@ -116,8 +123,8 @@ def _autocast(device_type: str, dtype):
     import torch
 
     if dtype is None:
-        return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) \
-            else contextlib.nullcontext()
+        on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        return torch.autocast(device_type, enabled=False) if on else contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
 
 
