@@ -86,17 +86,23 @@ def _no_packed_check():
         masking_utils.find_packed_sequence_indices = found
 
 
+LAYERS_STEPPED = 2
+"""Decoder layers the meta step keeps: the layers of a decoder are alike, so what one holds in flight in backward is
+measured on the first two (the step's cost, ~1 s of Python dispatch for 32 layers, would double a 7B plan's)."""
+
+
 def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpointing: bool, tile_rule=None,
-              task: str = "causal-lm") -> tuple[int, int]:
+              task: str = "causal-lm", layers: int | None = LAYERS_STEPPED) -> tuple[int, int, int]:
     """One forward + backward of the meta `model` (attention as the activation probe runs it: `eager`'s scores, else
-    the flash/SDPA emulation), its trainable parameters' gradients left out: (the step's peak bytes alive, the peak
-    while backward runs through the decoder layers, after the head). Checkpointing and the tiled MLP are switched
-    on for the step and off again after."""
+    the flash/SDPA emulation) with only its first `layers` decoder layers (None: all), its trainable parameters'
+    gradients left out: (the step's peak bytes alive, the peak while backward runs through the decoder layers,
+    after the head, and how many layers ran). Checkpointing, the tiled MLP and the dropped layers are put back
+    after."""
     import torch
 
     from ftune.estimate.probe import FLASH_NAME, _register_flash_emulation
-    from ftune.plan.tiling import decoder_layers, mlps
     from ftune import tiled_mlp
+    from ftune.plan.tiling import decoder_list
 
     if attn_implementation != "eager":
         _register_flash_emulation()
@@ -109,19 +115,25 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
     live = _counter()(exclude)
     params = [p for p in model.parameters() if p.requires_grad]
     hooks = [p.register_post_accumulate_grad_hook(lambda p: live.forget(p.grad.untyped_storage())) for p in params]
-    layers = decoder_layers(model)
+    found = decoder_list(model)
+    every = dict(found._modules) if found is not None else {}
+    stepped = list(every.values())[:layers] if layers else list(every.values())
+
     def mark(module, args, out) -> None:  # the last layer's output gets its gradient once the head's backward is done
         hidden = out[0] if isinstance(out, tuple) else out
         if hidden.requires_grad:
             hidden.register_hook(live.layers_begin)
 
-    if layers:
-        hooks.append(layers[-1].register_forward_hook(mark))
-    tiled = mlps(model) if tile_rule is not None else []
+    if stepped:
+        hooks.append(stepped[-1].register_forward_hook(mark))
+    tiled = [layer.mlp for layer in stepped] if tile_rule is not None else []
     untiled = [m.__dict__.get("forward") for m in tiled]
     was_training = model.training
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
+        if found is not None:  # the model runs the layers in its list (transformers slices it by the config's depth)
+            found._modules.clear()
+            found._modules.update(dict(list(every.items())[:len(stepped)]))
         if checkpointing:  # as the Trainer does: non-reentrant, the embeddings' output made to require grad
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False,
                                                                                   "preserve_rng_state": False})
@@ -133,6 +145,9 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
         with _no_packed_check(), live:
             model(input_ids=ids, labels=labels).loss.backward()
     finally:
+        if found is not None:
+            found._modules.clear()
+            found._modules.update(every)
         for h in hooks:
             h.remove()
         for p in params:
@@ -148,7 +163,7 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
             base.disable_input_require_grads()
         model.train(was_training)
         config._attn_implementation, config.use_cache = previous, cache
-    return live.peak, live.layers_peak
+    return live.peak, live.layers_peak, len(stepped)
 
 
 def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq: int, attn_implementation: str,
@@ -157,8 +172,8 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
     activations, the layer recomputed, a tiled MLP's slice; `profile` tiled by `tile_rule` already): backward's
     gradients in flight. 0, said in `notes`, when the step can't run on the meta device."""
     try:
-        _, layers_peak = step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation,
-                                   checkpointing=checkpointing, tile_rule=tile_rule, task=task)
+        _, layers_peak, n = step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation,
+                                      checkpointing=checkpointing, tile_rule=tile_rule, task=task)
     except Exception as e:  # noqa: BLE001 - custom code or data-dependent ops: the sum stands alone, said
         notes.append(f"backward's gradients in flight not measured (a meta step failed: {type(e).__name__}); "
                      "the activations row counts what forward saves and one recomputed layer")
@@ -166,6 +181,8 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
     # the sum for the layers' backward (`ActivationProfile.transient`'s layer side): what forward saved but the head's
     # log-probs (freed by then), the layer recomputed (checkpointing) and the tiled MLP's slice; the step holds the
     # rest in flight on top
-    counted = (profile.saved(checkpointing) - profile.head_bytes + profile.tile_bytes
-               + (max(profile.layer_bytes, default=0) if checkpointing else 0))
+    # rest in flight on top; the step ran the first `n` layers, so the sum is of those
+    layers = profile.layer_bytes[:n] or profile.layer_bytes
+    saved = sum((profile.layer_input_bytes if checkpointing else profile.layer_bytes)[:n]) + profile.outside_bytes
+    counted = saved - profile.head_bytes + profile.tile_bytes + (max(layers, default=0) if checkpointing else 0)
     return max(0, layers_peak - counted)

@@ -22,16 +22,22 @@ def shards(recipe: Recipe) -> Shards | None:
     return None if not t.tiled_mlp else t.tiled_mlp_shards or "auto"
 
 
-def decoder_layers(model) -> list:
-    """The text model's decoder layers: the one list of `num_hidden_layers` modules that each have an `mlp` (a vision
-    tower's list, when as long, is left out); [] when there is no such list."""
+def decoder_list(model):
+    """The text model's ModuleList of decoder layers: the one list of `num_hidden_layers` modules that each have an
+    `mlp` (a vision tower's list, when as long, is left out); None when there is no such list."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     depth = getattr(config, "num_hidden_layers", None)
     lists = [(name, m) for name, m in model.named_modules() if type(m).__name__ == "ModuleList" and len(m) == depth
              and all(getattr(layer, "mlp", None) is not None for layer in m)]
     if len(lists) > 1:
         lists = [(name, m) for name, m in lists if "vision" not in name and "visual" not in name]
-    return list(lists[0][1]) if len(lists) == 1 else []
+    return lists[0][1] if len(lists) == 1 else None
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of `decoder_list`; [] without one."""
+    found = decoder_list(model)
+    return list(found) if found is not None else []
 
 
 def mlps(model) -> list:

@@ -38,6 +38,27 @@ def by_kind(est) -> dict[str, int]:
     return out
 
 
+def forward_saved_bytes(model, batch: int = BATCH, seq: int = SEQ) -> int:
+    """Bytes of the storages a real forward (train mode) saves for backward, the weights left out: what the meta
+    probe must equal."""
+    import torch
+
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(3, 300, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values())
+
+
 def real_step(model_dir, r: Recipe, dtype):
     """One real forward/backward/AdamW step; the bytes of weights, gradients and optimizer states."""
     import torch
@@ -89,7 +110,6 @@ def test_bf16_full_keeps_bf16_gradients_and_states(tiny_model_dir):
                                              ("prefix", "sdpa"), ("lora", "eager"), ("full", "eager")])
 def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, method, attn):
     """The meta probe records exactly the bytes a real CPU forward saves for backward."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from ftune.methods import method_module
@@ -105,23 +125,11 @@ def test_activation_probe_equals_what_autograd_saves_on_cpu(tiny_model_dir, meth
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn)
     model = method_module(method).inject(model, r.peft, "causal-lm")
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    ids = torch.randint(3, 300, (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+    saved = forward_saved_bytes(model)
     # prefix: peft's prompt-token ids are an expanded CPU view (6 ids) in the real model and a copied
     # (2, 6) tensor on meta: 48 bytes more on meta, the only difference
     slack = 48 if method == "prefix" else 0
-    assert profile.saved(False) - sum(seen.values()) == slack
+    assert profile.saved(False) - saved == slack
     assert profile.head_bytes == BATCH * SEQ * model.config.vocab_size * 4  # fp32 log-probs
 
 
@@ -233,8 +241,6 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     from ftune.estimate.estimate import _apply_method, _quantize_layout
     from ftune.models.meta import _build, resolve_config
     from ftune.estimate.probe import probe_activations
-    from ftune.estimate.quant import describe
-    from ftune.models.meta import build_meta_model
     from ftune.plan.quantization import bnb_config, upcasts
     from ftune.worker import quantize
 
@@ -252,19 +258,7 @@ def test_qlora_probe_equals_a_real_4bit_forward_on_cpu(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=bnb_config(r.quantization),
                                                  dtype=torch.float32, attn_implementation="sdpa")
     model = method_module("lora").inject(quantize.prepare(model, upcast=upcasts(r), checkpointing=False), r.peft, "causal-lm")
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    ids = torch.randint(3, 300, (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    assert profile.saved(False) == sum(seen.values())
+    assert profile.saved(False) == forward_saved_bytes(model)
 
 
 def test_galore_keeps_projected_moments_and_layerwise_one_gradient():

@@ -61,14 +61,14 @@ def test_a_meta_step_counts_what_a_real_cpu_step_holds(tiny_model_dir, method, c
     r = recipe(tiny_model_dir, method)
     meta, _, _ = _build(r, resolve_config(r)[0])
     meta = _apply_method(meta, r).to("meta")
-    peak, layers_peak = step_peak(meta, batch=1, seq=SEQ, attn_implementation="sdpa", checkpointing=checkpointing,
-                                  tile_rule="auto" if tiled else None)
+    peak, layers_peak, _ = step_peak(meta, batch=1, seq=SEQ, attn_implementation="sdpa", checkpointing=checkpointing,
+                                     tile_rule="auto" if tiled else None, layers=None)
     real = real_step_peak(tiny_model_dir, r, checkpointing, tiled)
     # the meta attention keeps what flash/SDPA kernels keep; CPU SDPA's own backward buffers differ a little
     assert peak == pytest.approx(real, rel=0.05)
     assert 0 < layers_peak <= peak
-    again, _ = step_peak(meta, batch=1, seq=SEQ, attn_implementation="sdpa", checkpointing=checkpointing,
-                         tile_rule="auto" if tiled else None)
+    again, _, _ = step_peak(meta, batch=1, seq=SEQ, attn_implementation="sdpa", checkpointing=checkpointing,
+                            tile_rule="auto" if tiled else None, layers=None)
     assert again == peak  # switched off again after: the same model steps the same
     assert not any(p.grad is not None for p in meta.parameters())
 
@@ -88,3 +88,35 @@ def test_the_plans_backward_phase_is_a_real_steps_peak(tiny_model_dir, tiled):
     assert not [n for n in est.notes if "not measured" in n]
     real = real_step_peak(tiny_model_dir, r, True, tiled)
     assert sum(backward.values()) == pytest.approx(real, rel=0.05)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_two_layers_measure_what_all_the_layers_hold_in_flight(checkpointing):
+    """The plan steps the first two decoder layers (LAYERS_STEPPED): on a 6-layer model the gradients in flight are
+    the same as the whole model's, and the model is whole again after."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ftune.estimate.probe import probe_activations
+    from ftune.estimate.step_probe import step_peak
+    from ftune.methods.lora import inject
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=224, num_hidden_layers=6,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+    peft = Recipe.model_validate({"name": "t", "model": {"path": "m"}, "data": {"train": [{"path": "d.jsonl"}]},
+                                  "peft": {"method": "lora", "r": 4, "dropout": 0.0,
+                                           "target_modules": "all-linear"}}).peft
+    model = inject(model, peft, "causal-lm").to("meta")
+    profile = probe_activations(model, batch=1, seq=SEQ, attn_implementation="sdpa",
+                                layer_classes={"LlamaDecoderLayer"}, quantized=set())
+
+    def extra(layers):
+        _, peak, n = step_peak(model, batch=1, seq=SEQ, attn_implementation="sdpa", checkpointing=checkpointing,
+                               layers=layers)
+        saved = sum((profile.layer_input_bytes if checkpointing else profile.layer_bytes)[:n]) + profile.outside_bytes
+        return n, peak - (saved - profile.head_bytes + (max(profile.layer_bytes) if checkpointing else 0))
+
+    assert extra(None)[0] == 6 and extra(2)[0] == 2
+    assert extra(2)[1] == extra(None)[1] > 0
+    assert len(model.get_base_model().model.layers) == 6

@@ -115,14 +115,14 @@ def test_slices(rule, tokens, hidden, want):
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_probe_of_the_tiled_mlp_equals_what_a_tiled_cpu_forward_saves(tiny_model_dir, method):
-    import torch
     from transformers import AutoModelForCausalLM
 
+    from ftune import tiled_mlp
     from ftune.estimate.estimate import _apply_method
     from ftune.estimate.probe import probe_activations
     from ftune.methods import method_module
     from ftune.models.meta import _build, resolve_config
-    from ftune import tiled_mlp
+    from tests.unit.test_estimate_bytes import forward_saved_bytes
 
     peft = {"method": "lora", "r": 4, "target_modules": "all-linear"} if method == "lora" else {"method": "full"}
     r = Recipe.model_validate({"name": "t", "model": {"path": str(tiny_model_dir), "dtype": "float32"},
@@ -136,21 +136,8 @@ def test_probe_of_the_tiled_mlp_equals_what_a_tiled_cpu_forward_saves(tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     model = method_module(method).inject(model, r.peft, "causal-lm")
-    model.train()
     tiled_mlp.apply(tiling.mlps(model), 3)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    ids = torch.randint(3, 300, (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    assert profile.tiled(3).saved(False) == sum(seen.values())
+    assert profile.tiled(3).saved(False) == forward_saved_bytes(model, BATCH, SEQ)
     assert profile.tiled(3).saved(False) < profile.saved(False) - sum(profile.mlp_bytes) // 2  # what tiling saves
     assert profile.tiled(3).tile_bytes == -(-max(profile.mlp_bytes) // 3)
 
