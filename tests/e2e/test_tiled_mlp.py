@@ -10,6 +10,7 @@ from tests.e2e._util import base_recipe, ftune, losses, write_recipe
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.extended  # about 25 s on 2 cores, like the other levers' runs (test_levers.py): make test-all
 def test_tiled_mlp_trains_what_the_untiled_mlp_trains(tmp_path, tiny_model_dir, text_data_file):
     from safetensors.torch import load_file
 
