@@ -88,13 +88,14 @@ def _no_packed_check():
 
 LAYERS_STEPPED = 2
 """Decoder layers the meta step keeps: the layers of a decoder are alike, so what one holds in flight in backward is
-measured on the first two (the step's cost, ~1 s of Python dispatch for 32 layers, would double a 7B plan's)."""
+measured on the last two (the step's cost, ~1 s of Python dispatch for 32 layers, would double a 7B plan's); all of
+them when none of those two trains (`freeze` of the bottom layers)."""
 
 
 def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpointing: bool, tile_rule=None,
               task: str = "causal-lm", layers: int | None = LAYERS_STEPPED) -> tuple[int, int, int]:
     """One forward + backward of the meta `model` (attention as the activation probe runs it: `eager`'s scores, else
-    the flash/SDPA emulation) with only its first `layers` decoder layers (None: all), its trainable parameters'
+    the flash/SDPA emulation) with only its last `layers` decoder layers (None: all), its trainable parameters'
     gradients left out: (the step's peak bytes alive, the peak while backward runs through the decoder layers,
     after the head, and how many layers ran). Checkpointing, the tiled MLP and the dropped layers are put back
     after."""
@@ -117,13 +118,14 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
     hooks = [p.register_post_accumulate_grad_hook(lambda p: live.forget(p.grad.untyped_storage())) for p in params]
     found = decoder_list(model)
     every = dict(found._modules) if found is not None else {}
-    stepped = list(every.values())[:layers] if layers else list(every.values())
+    stepped = list(every.values())[-layers:] if layers else list(every.values())  # the top: where adapters sit
 
     def mark(module, args, out) -> None:  # the last layer's output gets its gradient once the head's backward is done
         hidden = out[0] if isinstance(out, tuple) else out
         if hidden.requires_grad:
             hidden.register_hook(live.layers_begin)
 
+    truncated = len(stepped) < len(every)
     if stepped:
         hooks.append(stepped[-1].register_forward_hook(mark))
     tiled = [layer.mlp for layer in stepped] if tile_rule is not None else []
@@ -133,10 +135,11 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
     try:
         if found is not None:  # the model runs the layers in its list (transformers slices it by the config's depth)
             found._modules.clear()
-            found._modules.update(dict(list(every.items())[:len(stepped)]))
+            found._modules.update({str(i): layer for i, layer in enumerate(stepped)})
         if checkpointing:  # as the Trainer does: non-reentrant, the embeddings' output made to require grad
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False,
                                                                                   "preserve_rng_state": False})
+        if checkpointing or truncated:  # without the layers below, the kept ones still get an input that trains
             base.enable_input_require_grads()
         tiled_mlp.apply(tiled, tile_rule)
         model.train()
@@ -160,6 +163,7 @@ def step_peak(model, *, batch: int, seq: int, attn_implementation: str, checkpoi
                 m.forward = forward
         if checkpointing:
             base.activation_checkpointing_disable()
+        if checkpointing or truncated:
             base.disable_input_require_grads()
         model.train(was_training)
         config._attn_implementation, config.use_cache = previous, cache
@@ -170,10 +174,22 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
               task: str, notes: list[str]) -> int:
     """What a meta step's peak in the decoder layers' backward holds beyond the memory model's sum for it (saved
     activations, the layer recomputed, a tiled MLP's slice; `profile` tiled by `tile_rule` already): backward's
-    gradients in flight. 0, said in `notes`, when the step can't run on the meta device."""
+    gradients in flight. 0, said in `notes`, when the step can't run on the meta device; 0 without checkpointing,
+    where everything forward saved is still there and what one layer's backward adds is a small part of it."""
+    if not checkpointing:
+        return 0
+
+    def step(layers):
+        return step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation,
+                         checkpointing=checkpointing, tile_rule=tile_rule, task=task, layers=layers)
+
     try:
-        _, layers_peak, n = step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation,
-                                      checkpointing=checkpointing, tile_rule=tile_rule, task=task)
+        try:
+            _, layers_peak, n = step(LAYERS_STEPPED)
+        except RuntimeError as e:  # nothing trains in the top layers: no graph to step back through
+            if "does not require grad" not in str(e):
+                raise
+            _, layers_peak, n = step(None)
     except Exception as e:  # noqa: BLE001 - custom code or data-dependent ops: the sum stands alone, said
         notes.append(f"backward's gradients in flight not measured (a meta step failed: {type(e).__name__}); "
                      "the activations row counts what forward saves and one recomputed layer")
@@ -181,8 +197,8 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
     # the sum for the layers' backward (`ActivationProfile.transient`'s layer side): what forward saved but the head's
     # log-probs (freed by then), the layer recomputed (checkpointing) and the tiled MLP's slice; the step holds the
     # rest in flight on top
-    # rest in flight on top; the step ran the first `n` layers, so the sum is of those
-    layers = profile.layer_bytes[:n] or profile.layer_bytes
-    saved = sum((profile.layer_input_bytes if checkpointing else profile.layer_bytes)[:n]) + profile.outside_bytes
+    # rest in flight on top; the step ran the last `n` layers, so the sum is of those
+    layers = profile.layer_bytes[-n:] or profile.layer_bytes
+    saved = sum((profile.layer_input_bytes if checkpointing else profile.layer_bytes)[-n:]) + profile.outside_bytes
     counted = saved - profile.head_bytes + profile.tile_bytes + (max(layers, default=0) if checkpointing else 0)
     return max(0, layers_peak - counted)
