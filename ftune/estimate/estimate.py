@@ -24,7 +24,7 @@ from ftune.estimate.facts import MemoryItem, ParamFact
 from ftune.estimate.optimizer import optimizer_spec
 from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
                                    make_layout)
-from ftune.estimate.long_rows import finisher, hidden_size, longer_rows, tiled
+from ftune.estimate.long_rows import finisher, hidden_size, host_note, longer_rows, tiled
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.step_probe import in_flight
 from ftune.plan.tiling import shards
@@ -280,6 +280,9 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
+    if memory.offloaded and gpu_memory is None and device == "cuda" and (line := host_note(memory.offloaded,
+                                                                                          num_processes)):
+        notes.append(line)  # planned on the GPU machine itself: its RAM is known
     longest = None if usable is None or attn == "eager" else longest_row(
         memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes, constant)
     if longest is not None and rl is None and device == "cuda" and (line := longer_rows(

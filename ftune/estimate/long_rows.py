@@ -74,3 +74,16 @@ def finisher(recipe: Recipe, teacher):
     from ftune.estimate.teacher import with_teacher
 
     return lambda memory: with_teacher(split_layout(memory, recipe.distributed.parallelism), teacher)
+
+
+def host_note(offloaded: int, processes: int) -> str | None:
+    """What offloading (activations, FSDP's or DeepSpeed's states) puts in this machine's RAM, said when the
+    processes on it would need more than it has."""
+    from ftune.estimate.layout import host_memory
+
+    host = host_memory()
+    if host is None or offloaded * processes <= host:
+        return None
+    each = f"{fmt_bytes(offloaded)} per process x {processes}" if processes > 1 else fmt_bytes(offloaded)
+    return (f"offloaded to host memory: {each}, more than this machine's {fmt_bytes(host)} of RAM: the run would "
+            "run out of host memory (shorten data.max_seq_length, or offload less)")

@@ -239,3 +239,27 @@ def test_the_8b_plan_names_the_lever_that_raises_the_longest_row(tmp_path):
     assert f"{lengths[2]:,} tokens fit in memory" in cap and lengths[2] > 5 * plain.longest_seq
     [item] = [i for i in levers.memory if "MLP slice" in i.detail]
     assert item.phase == "backward"
+
+
+def test_planning_on_a_gpu_machine_says_when_offloaded_rows_outgrow_its_ram(monkeypatch):
+    """Offloaded checkpoints of a long row live in host memory: planned on the GPU machine itself (its RAM known),
+    the plan says when they need more than it has; with --gpu-memory (another machine) it can't know."""
+    from ftune.estimate import estimate as est_module
+    from ftune.estimate import layout
+
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
+        "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 131072, "packing": True},
+        "peft": {"method": "lora", "r": 16, "target_modules": "all-linear"},
+        "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "activation_offloading": True}})
+    monkeypatch.setattr(est_module, "detect_device_memory", lambda: ("cuda", 141 * 2**30))
+    for ram, said in ((16 * 2**30, True), (2**40, False)):
+        monkeypatch.setattr(layout, "host_memory", lambda ram=ram: ram)
+        est = est_module.estimate(r, world_size=1, num_processes=1, gpu_memory=None)
+        lines = [n for n in est.notes if n.startswith("offloaded to host memory")]
+        assert bool(lines) == said, est.notes
+        if said:  # 32 layers x 4,096 x bf16 = 256 KiB a token: 32 GiB at 131,072 tokens
+            assert "more than this machine's 16.00 GiB of RAM" in lines[0] and est.offloaded_bytes > 32 * 2**30
+    monkeypatch.setattr(layout, "host_memory", lambda: 16 * 2**30)
+    est = est_module.estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
+    assert not [n for n in est.notes if n.startswith("offloaded to host memory")]
