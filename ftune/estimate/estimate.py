@@ -261,6 +261,7 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         units = fsdp_layout(model, recipe, facts, world_size, num_processes, wrapped)
     layout = make_layout(recipe, world_size, device, units, facts)
+
     def measure(prof, checkpointing: bool, rule) -> int:  # backward's gradients in flight, from a meta step
         return in_flight(model, prof, checkpointing, tile_rule=rule, batch=batch, seq=seq, attn_implementation=attn,
                          task=recipe.model.task, notes=notes) if measured else 0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ftune.estimate.facts import ActivationProfile, ParamFact
 from ftune.estimate.memory import TILE_SLICE, Layout, fmt_bytes, per_device
 from ftune.estimate.parallel import longest_sequence, split_layout
+from ftune.estimate.probe import HIDDEN_KEYS, _config_int
 from ftune.plan.tiling import shards, slices
 
 if TYPE_CHECKING:
@@ -17,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def hidden_size(config, model) -> int:
-    """The decoder's width: what an MLP call's input ends in (the `auto` slices' divisor)."""
+    """The decoder's width: what an MLP call's input ends in (the `auto` slices' divisor), read as the formula
+    profile reads it."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text, "hidden_size", None) or model.get_input_embeddings().weight.shape[-1]
+    return _config_int(text, HIDDEN_KEYS) or model.get_input_embeddings().weight.shape[-1]
 
 
 def tiled(recipe: Recipe, profile: ActivationProfile, seq: int, hidden: int, rule=None
@@ -48,13 +50,11 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
     if not layout.offload_activations:
         layout = replace(layout, offload_activations=True)
         steps.append(("train.activation_offloading", layout, None))
-    rule = shards(recipe)
-    if rule is None:
-        rule = "auto"
-        steps.append(("train.tiled_mlp", layout, rule))
+    if shards(recipe) is None:
+        steps.append(("train.tiled_mlp", layout, "auto"))
     said, best = [], longest
     for name, lay, tile in steps:
-        prof, constant = tiled(recipe, profile, seq, hidden, tile or shards(recipe))
+        prof, constant = tiled(recipe, profile, seq, hidden, tile)
         if tile is not None:  # tiling changes what backward holds in flight too
             prof = replace(prof, inflight_bytes=measure(prof, lay.checkpointing, tile))
         memory = finish(per_device(facts, prof, lay))

@@ -140,7 +140,7 @@ def probe_activations(
     def mlp_enter(i):
         def hook(module, args):
             rec.mlp = i
-            if args and args[0].requires_grad or any(p.requires_grad for p in module.parameters()):
+            if args and (args[0].requires_grad or any(p.requires_grad for p in module.parameters())):
                 # the tiled MLP saves its input; counted unless something outside the MLP saved it already
                 storage = args[0].untyped_storage()
                 kept[i] = 0 if storage._cdata in rec.seen else storage.nbytes()

@@ -180,8 +180,8 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
         return 0
 
     def step(layers):
-        return step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation,
-                         checkpointing=checkpointing, tile_rule=tile_rule, task=task, layers=layers)
+        return step_peak(model, batch=batch, seq=seq, attn_implementation=attn_implementation, checkpointing=True,
+                         tile_rule=tile_rule, task=task, layers=layers)
 
     try:
         try:
@@ -194,11 +194,9 @@ def in_flight(model, profile, checkpointing: bool, *, tile_rule, batch: int, seq
         notes.append(f"backward's gradients in flight not measured (a meta step failed: {type(e).__name__}); "
                      "the activations row counts what forward saves and one recomputed layer")
         return 0
-    # the sum for the layers' backward (`ActivationProfile.transient`'s layer side): what forward saved but the head's
-    # log-probs (freed by then), the layer recomputed (checkpointing) and the tiled MLP's slice; the step holds the
-    # rest in flight on top
-    # rest in flight on top; the step ran the last `n` layers, so the sum is of those
-    layers = profile.layer_bytes[-n:] or profile.layer_bytes
-    saved = sum((profile.layer_input_bytes if checkpointing else profile.layer_bytes)[-n:]) + profile.outside_bytes
-    counted = saved - profile.head_bytes + profile.tile_bytes + (max(layers, default=0) if checkpointing else 0)
+    # the sum for the layers' backward (`ActivationProfile.transient`'s layer side) over the `n` layers the step ran:
+    # their checkpointed inputs and what forward saved outside them but the head's log-probs (freed by then), one
+    # layer recomputed, the tiled MLP's slice; the step holds the rest in flight on top
+    saved = sum(profile.layer_input_bytes[-n:]) + profile.outside_bytes - profile.head_bytes
+    counted = saved + max(profile.layer_bytes[-n:], default=0) + profile.tile_bytes
     return max(0, layers_peak - counted)
