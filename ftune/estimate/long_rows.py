@@ -62,11 +62,18 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
         if rows <= best:
             continue
         best = rows
-        host = f", {fmt_bytes(memory.offloaded * rows // seq)} of host memory" if memory.offloaded else ""
+        host = f", {fmt_bytes(host_at(memory, rows, seq))} of host memory" if memory.offloaded else ""
         said.append(f"+ {name}: {rows:,}{host}")
     if not said:
         return None
     return "longer rows (memory alone; levers added in turn): " + "; ".join(said)
+
+
+def host_at(memory, rows: int, seq: int) -> int:
+    """Host memory at a row of `rows` tokens, from `memory` planned at `seq`: the offloaded activations grow with the
+    row, offloaded states (FSDP's parameters, gradients and optimizer; DeepSpeed's) stay the same."""
+    states = memory.offloaded - memory.offloaded_activations
+    return states + memory.offloaded_activations * rows // seq
 
 
 def finisher(recipe: Recipe, teacher):

@@ -98,6 +98,9 @@ class DeviceMemory:
     """Peak bytes: the `always` items plus those of the peak phase."""
     offloaded: int
     """Bytes moved to host memory by offload options."""
+    offloaded_activations: int = 0
+    """Of `offloaded`, the saved activations (`train.activation_offloading`): the part that grows with the row; the
+    rest (FSDP's or DeepSpeed's offloaded states) stays the same."""
 
     def at_peak(self, item: MemoryItem) -> bool:
         return item.phase in ("always", self.peak_phase)
@@ -172,7 +175,9 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     detail = "checkpointed: layer inputs + head" if layout.checkpointing else "saved for backward"
     saved = profile.saved(layout.checkpointing)
     recompute = layout.checkpointing
+    offloaded_activations = 0
     if layout.offload_activations:  # on the device: the layer in flight (in forward, or brought back for backward)
+        offloaded_activations = saved
         offloaded += saved
         saved, detail = max(profile.layer_bytes, default=0), "offloaded to host; one layer on the device"
         # with checkpointing too, the layer in flight is the one recomputed from its brought-back input: the same
@@ -191,7 +196,8 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     phase_bytes = {ph: sum(i.bytes for i in items if i.phase == ph) for ph in ("always", "backward", "update")}
     peak = "backward" if phase_bytes["backward"] >= phase_bytes["update"] else "update"
     total = phase_bytes["always"] + phase_bytes[peak]
-    return DeviceMemory(tuple(i for i in items if i.bytes or i.kind != "temporary"), peak, total, offloaded)
+    return DeviceMemory(tuple(i for i in items if i.bytes or i.kind != "temporary"), peak, total, offloaded,
+                        offloaded_activations)
 
 
 def cublas_workspace(config: str | None = None) -> int:

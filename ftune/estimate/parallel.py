@@ -40,7 +40,7 @@ def split(memory: DeviceMemory, *, tp: int = 1, cp: int = 1, load_shard: int = 1
 def _retotal(memory: DeviceMemory, items: list[MemoryItem]) -> DeviceMemory:
     phase = {ph: sum(i.bytes for i in items if i.phase == ph) for ph in ("always", "backward", "update")}
     peak = "backward" if phase["backward"] >= phase["update"] else "update"
-    return DeviceMemory(tuple(items), peak, phase["always"] + phase[peak], memory.offloaded)
+    return replace(memory, items=tuple(items), peak_phase=peak, total=phase["always"] + phase[peak])
 
 
 def longest_sequence(memory: DeviceMemory, seq: int, device_memory: int, multiple: int = 1,

@@ -263,3 +263,33 @@ def test_planning_on_a_gpu_machine_says_when_offloaded_rows_outgrow_its_ram(monk
     monkeypatch.setattr(layout, "host_memory", lambda: 16 * 2**30)
     est = est_module.estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
     assert not [n for n in est.notes if n.startswith("offloaded to host memory")]
+
+
+def test_longer_rows_host_memory_scales_the_activations_not_the_offloaded_states():
+    """8B full fine-tuning on one GPU with FSDP's CPU offload: the parameters, gradients and optimizer states live
+    in host memory whatever the row; only the offloaded checkpoints grow with it (the note once scaled them all,
+    saying 4,080 GiB of host memory at 279K tokens with no activation offloaded)."""
+    from ftune.estimate.estimate import estimate
+    from ftune.estimate.long_rows import host_at
+
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
+        "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 4096, "packing": True},
+        "peft": {"method": "full"},
+        "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "mixed_precision": "bf16"},
+        "distributed": {"strategy": "fsdp", "num_processes": 1, "fsdp": {"cpu_offload": True}}})
+    est = estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
+    states = est.offloaded_bytes  # no activation offloaded: FSDP's states only (8B x bf16 weights, grads, moments)
+    assert 8.0e9 * 8 < states < 8.1e9 * 8
+    [line] = [n for n in est.notes if n.startswith("longer rows")]
+    steps = line.split("in turn): ", 1)[1].split("; ")
+    host = [float(re.search(r"([\d.]+) GiB of host memory", s).group(1)) for s in steps]
+    rows = [int(re.search(r": ([\d,]+\d)(?:,|$)", s).group(1).replace(",", "")) for s in steps]
+    assert host[0] == pytest.approx(states / 2**30, abs=0.01)  # Liger offloads nothing more
+    per_token = 32 * 4096 * 2  # the offloaded checkpoints: one bf16 layer input per layer and token (+ the head's)
+    assert 1.0 < (host[1] - states / 2**30) / (rows[1] * per_token / 2**30) < 1.2
+    assert host[1] < host[2] < 400  # never the states x row / 4096 (thousands of GiB)
+
+    from ftune.estimate.memory import DeviceMemory
+    m = DeviceMemory((), "backward", 0, offloaded=100 + 40, offloaded_activations=40)
+    assert host_at(m, 4096 * 3, 4096) == 100 + 120
