@@ -53,16 +53,19 @@ def summarize_names(names: list[str]) -> list[tuple[str, int]]:
     return list(Counter(re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n) for n in names).items())
 
 
-def _compile(loaded, gpus: int | None):
+def _compile(loaded, gpus: int | None, gpu_memory: int | None = None):
     """The Plan, without the checks that need the inputs on disk (plan shows what is missing instead), and the
     meta model its checks built (the estimate's, so `plan` builds the model once).
 
     `gpus`: plan for that many GPUs per machine even where none is visible (`--gpu-memory`/`--gpus`), so
-    GPU-only settings are not refused as they would be for a run on this CPU machine.
+    GPU-only settings are not refused as they would be for a run on this CPU machine; `auto` batch sizes are sized
+    against `gpu_memory` then.
     """
+    from ftune.estimate.autobatch import chooser
     from ftune.plan.compile import compile_with_model
 
-    return compile_with_model(loaded, check_inputs=False, gpus=gpus or None, reads_model=True)
+    return compile_with_model(loaded, check_inputs=False, gpus=gpus or None, reads_model=True,
+                              choose=chooser(gpu_memory))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,7 +121,7 @@ def _plan(args: argparse.Namespace) -> int:
     if gpus is None and gpu_memory is not None:
         n = recipe.distributed.num_processes
         gpus = n if isinstance(n, int) and recipe.distributed.strategy != "none" else 1
-    compiled = _compile(loaded, gpus)
+    compiled = _compile(loaded, gpus, gpu_memory)
     plan = compiled.plan
     recipe = plan.recipe  # as it runs: a continued adapter's base and peft section
     device = "cuda" if gpus else plan.device

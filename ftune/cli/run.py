@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     loaded = load_recipe(args.recipe, args.overrides)
     block_bitsandbytes(loaded.recipe)  # the parent never quantizes; the worker decides for itself
-    compiled = compile_with_model(loaded)  # every pre-launch check: refused here, nothing is written or locked yet
+    from ftune.estimate.autobatch import chooser
+
+    compiled = compile_with_model(loaded, choose=chooser())  # every pre-launch check: refused here, nothing is written or locked yet
     plan = compiled.plan
     warnings = list(plan.warnings)
     if plan.model_load.gguf is not None:  # the compiler chose the cached folder; the parent fills it, once

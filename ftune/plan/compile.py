@@ -16,8 +16,8 @@ from ftune import __version__, adapter, benchmarks, hub
 from ftune.datafiles import prompts
 from ftune.errors import Problem
 from ftune.models.meta import MetaModel
-from ftune.plan import (accelerate, batching, checks, cluster, ddp, distill, gguf, parallelism, preference,
-                        quantization, rl, tiling)
+from ftune.plan import (accelerate, batch_size, batching, checks, cluster, ddp, distill, gguf, parallelism,
+                        preference, quantization, rl, tiling)
 from ftune.plan.checks import environment, model_files, preflight, resume
 from ftune.plan.adapter import continue_adapter
 from ftune.plan.evaluation import generation_metrics
@@ -111,14 +111,14 @@ class Compiled:
 
 
 def compile_plan(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
-                 reads_model: bool = False) -> Plan:
+                 reads_model: bool = False, choose: batch_size.Chooser | None = None) -> Plan:
     """Recipe (as loaded) → frozen Plan (`compile_with_model`, its meta model dropped)."""
     return compile_with_model(loaded, check_inputs=check_inputs, gpus=gpus, environ=environ,
-                              reads_model=reads_model).plan
+                              reads_model=reads_model, choose=choose).plan
 
 
 def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = None, environ=None,
-                       reads_model: bool = False) -> Compiled:
+                       reads_model: bool = False, choose: batch_size.Chooser | None = None) -> Compiled:
     """Recipe (as loaded) → frozen Plan, with the meta model its checks built. Raises RecipeError listing every
     environment problem.
 
@@ -129,7 +129,8 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
     `check_inputs` checks model/data paths and the run dir; `gpus` compiles for that many GPUs per machine instead
     of the visible ones (planning a GPU job on a laptop: this machine's devices and packages are not checked then); `environ` is read for a launcher's
     variables (`ftune.plan.cluster`; default os.environ); `reads_model`: the model folder's checks run without
-    `check_inputs` (`plan`, whose estimate reads it)."""
+    `check_inputs` (`plan`, whose estimate reads it); `choose` sizes `auto` micro-batches and checkpointing from the
+    memory estimate (`ftune.estimate.autobatch`, handed in by the commands that plan memory: `plan`, `run`)."""
     written, gguf_source, problems = gguf.resolve(loaded.recipe)  # model.path at a .gguf: its converted folder
     recipe_dir = Path(loaded.file).parent
     recipe, adapter_dir, adapter_problems = continue_adapter(written)  # model.path at an adapter: its base, its peft
@@ -177,8 +178,17 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
         # the catalog): `plan` without the inputs decides the wrap classes and DDP's unused parameters as `run` does
         inspected = preflight.inspect(recipe, device, continued, required=check_inputs)
         problems += inspected.problems
+    batch_note = None
+    if not any(p.severity == "error" for p in problems):  # sized on a model the checks accept
+        recipe, batch_problems, batch_note = batch_size.resolve(
+            recipe, parallelism.data_parallel(recipe, world_size),
+            choose and (lambda r, **kw: choose(r, world_size=world_size, num_processes=num_processes, device=device,
+                                               **kw)))
+        problems += batch_problems
     if errors := [p for p in problems if p.severity == "error"]:
         raise loaded.error(errors)
+    if batch_note is not None:
+        notes.append(batch_note)
     warnings = [p.render() for p in loaded.error(problems).problems]  # what is left: warnings, training goes on
 
     config, cfg_notes = accelerate.build(recipe, device=device, num_processes=num_processes,

@@ -108,7 +108,7 @@ def trainer_fits_objective(recipe: Recipe) -> Iterator[Problem]:
                          "make it smaller than max_seq_length")
     if t.objective == "kto" and (t.preference is None or t.preference.loss_type in (None, *KTO_KL_LOSSES)):
         # the KL estimate pairs each row with another row's completion in the same batch, in a fixed order
-        if t.per_device_batch_size < 2:
+        if t.per_device_batch_size != "auto" and t.per_device_batch_size < 2:  # auto: 2 rows or more
             yield Problem.at("train.per_device_batch_size", "kto estimates its KL term from the other rows of a "
                              "batch; a per-device batch of 1 has none",
                              "set train.per_device_batch_size to 2 or more (or `train.preference.loss_type: "

@@ -93,8 +93,8 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
     """TRL samples `num_generations` completions per prompt in every generation batch (per-device batch x
     accumulation x processes completions): the batch must hold whole groups."""
     t, rl = recipe.train, recipe.train.rl
-    if not family_of(recipe).generates or rl is None or not rl.rewards:
-        return
+    if not family_of(recipe).generates or rl is None or not rl.rewards or t.per_device_batch_size == "auto":
+        return  # auto is refused for these objectives (rules.train.batch_sizes_fit)
     n = recipe.distributed.num_processes
     world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
     batch = t.per_device_batch_size * t.gradient_accumulation_steps * world

@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Iterator
 
 from ftune.errors import Problem
+from ftune.recipe.objectives import family_of
 from ftune.recipe.rules import Rule
 from ftune.recipe.schedule import evaluates
 from ftune.recipe.schema import Recipe
@@ -130,6 +131,37 @@ def speed_levers_fit(recipe: Recipe) -> Iterator[Problem]:
                          f"model.task is '{recipe.model.task}'", "set `train.kernels: none`")
 
 
+def batch_sizes_fit(recipe: Recipe) -> Iterator[Problem]:
+    """`global_batch_size` fixes the optimizer's batch, and `auto` lets the plan size the micro-batch and
+    checkpointing from its memory estimate (`ftune.plan.batch_size`); what the recipe alone can say is checked here,
+    the division by the job's ranks when the plan knows them."""
+    t = recipe.train
+    auto_batch, auto_ckpt = t.per_device_batch_size == "auto", t.gradient_checkpointing == "auto"
+    if auto_batch and t.global_batch_size is None:
+        yield Problem.at("train.per_device_batch_size", "per_device_batch_size auto needs the rows per optimizer step "
+                         "to keep: the plan splits them into micro-batches and accumulation",
+                         "set `train.global_batch_size` (e.g. 32), or a number of rows per device")
+    if t.global_batch_size is not None and "gradient_accumulation_steps" in t.model_fields_set:
+        yield Problem.at("train.gradient_accumulation_steps", "gradient_accumulation_steps follows from "
+                         "global_batch_size (global / (per_device_batch_size x data-parallel ranks)); setting both "
+                         "can disagree", "remove one of them")
+    for key, on in (("per_device_batch_size", auto_batch), ("gradient_checkpointing", auto_ckpt)):
+        if not on:
+            continue
+        if family_of(recipe).generates:
+            yield Problem.at(f"train.{key}", f"{key} auto is not planned for {t.objective}: its batch is the "
+                             "generation batch (whole groups of train.rl.num_generations), and generation's memory "
+                             "comes and goes", f"set train.{key} to a value")
+        elif recipe.data.max_seq_length is None:
+            yield Problem.at(f"train.{key}", f"{key} auto sizes micro-batches of data.max_seq_length-token rows, "
+                             "which is not set", "set data.max_seq_length (the longest row the run trains on)")
+    fsdp = recipe.distributed.fsdp
+    if auto_ckpt and recipe.distributed.strategy == "fsdp" and fsdp is not None and fsdp.activation_checkpointing:
+        yield Problem.at("train.gradient_checkpointing", "distributed.fsdp.activation_checkpointing already "
+                         "checkpoints every layer; auto would decide for the Trainer's, which never runs beside it",
+                         "remove train.gradient_checkpointing (FSDP's is on)")
+
+
 def fp8_fits(recipe: Recipe) -> Iterator[Problem]:
     """torchao's float8 training: bf16 autocast around it, torch.compile to fuse its scaling casts (eager float8 is
     slower than bf16), and plain linear layers to convert (bitsandbytes' are not)."""
@@ -152,4 +184,4 @@ def fp8_fits(recipe: Recipe) -> Iterator[Problem]:
 
 
 RULES: list[Rule] = [optimizer_known, optimizer_args_fit, layerwise_alone, scheduler_args_fit, plateau_needs_eval,
-                     speed_levers_fit, fp8_fits]
+                     speed_levers_fit, batch_sizes_fit, fp8_fits]

@@ -249,12 +249,19 @@ class TrainSection(Section):
     """Warmup in steps (or set warmup_ratio)."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
-    per_device_batch_size: int = Field(1, ge=1)
-    """Samples (rows) per device per forward."""
+    global_batch_size: int | None = Field(None, ge=1)
+    """Rows per optimizer step over all data-parallel ranks. Set, the accumulation follows from it
+    (global_batch_size / (per_device_batch_size x data-parallel ranks)), so the optimizer's batch stays the same on
+    any machine and number of processes; `per_device_batch_size: auto` needs it."""
+    per_device_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Samples (rows) per device per forward. `auto` (with `global_batch_size`): `ftune plan` / `ftune run` pick
+    the micro-batch from the memory they predict on the device: of the divisors of the rows each data-parallel rank
+    takes per step, the fastest that fits (docs/performance.md#micro-batch-and-checkpointing-chosen-by-the-plan)."""
     gradient_accumulation_steps: int = Field(1, ge=1)
-    """Forwards accumulated per optimizer step."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    """Forwards accumulated per optimizer step (derived from `global_batch_size` when that is set)."""
+    gradient_checkpointing: bool | Literal["auto"] = False
+    """Recompute activations in backward to save memory. `auto`: the plan turns it on only when the fastest
+    micro-batch that fits needs it (a step with checkpointing recomputes the forward)."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """Autocast precision (bf16 works on CPU)."""
     precision: Literal["fp8"] | None = None
