@@ -27,6 +27,19 @@ def metrics_line(record: dict) -> str:
     return json.dumps(record, allow_nan=False) + "\n"
 
 
+def host_group(world_size: int):
+    """A process group whose collectives run on the host: the default one when it is gloo (or holds gloo for CPU
+    tensors), else a gloo group beside NCCL (made once, by every rank: `new_group` is collective). None: one
+    process, or the default group."""
+    if world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or "gloo" in str(dist.get_backend()):
+        return None
+    return dist.new_group(backend="gloo")
+
+
 def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
     """metrics.jsonl and checkpoint markers on every run; the progress bar on rank 0's console. `tokens_per_step`:
     the data stage's mean tokens per row x rows per optimizer step, for tok/s without counting tokens each step."""
@@ -77,10 +90,15 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
                     raise nonfinite(key.replace("_", " "), state.global_step, logs[key])
 
     class StopOnSignal(TrainerCallback):
-        """SIGTERM: save a checkpoint at the current step and stop (every rank agrees on the step)."""
+        """SIGTERM: save a checkpoint at the current step and stop (every rank agrees on the step). The ranks agree
+        over a host (gloo) group: the flag reduced on the GPU and read on the host would wait for the step's GPU
+        work every step, and the host could no longer queue the next step's kernels ahead."""
+
+        group = None
 
         def on_train_begin(self, args, state, control, **kwargs):
             STOP.phase = "training"
+            self.group = host_group(args.world_size)
 
         def on_step_end(self, args, state, control, **kwargs):
             requested = STOP.requested
@@ -88,8 +106,8 @@ def make_callbacks(plan, console=None, tokens_per_step: float = 0.0) -> list:
                 import torch
                 import torch.distributed as dist
 
-                flag = torch.tensor([int(requested)], device=args.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                flag = torch.tensor([int(requested)])  # on the host: no device work to wait for
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
                 requested = bool(flag.item())
             if requested:
                 STOP.signum = STOP.signum or 15

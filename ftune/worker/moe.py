@@ -4,7 +4,10 @@ metrics.jsonl at each log (`aux_loss`, `expert_share_max`, `expert_share`), and 
 
 Forward hooks read what the model computes anyway (the routers' chosen experts, the model output's `aux_loss`):
 no extra forward pass, nothing in a dense model's run. Counts are summed over all ranks at each log, so every
-rank sees the same share and stops at the same step.
+rank sees the same share and stops at the same step. The hooks count on the device (a scatter-add, and the aux
+loss added to a device tensor): reading a count on the host in every layer's forward would wait for the GPU there,
+48 times a forward on a 48-layer model, and stop the host from queueing kernels ahead. The host reads them once
+a log.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def router_stats(plan, model):
 
     class RouterStats(TrainerCallback):
         def __init__(self) -> None:
-            self.counts: dict[str, list[int]] = {}
+            self.counts: dict[str, object] = {}  # router -> a device tensor of tokens per expert
             self.tokens: dict[str, int] = {}
             self.aux_sum, self.aux_n = 0.0, 0
             self.streak = 0
@@ -42,17 +45,18 @@ def router_stats(plan, model):
                     return
                 import torch
 
-                seen = torch.bincount(indices.detach().reshape(-1).cpu(), minlength=experts).tolist()
-                mine = self.counts.setdefault(name, [0] * experts)
-                for e, c in enumerate(seen[:experts]):
-                    mine[e] += c
+                flat = indices.detach().reshape(-1)  # bincount would read the largest index on the host: a sync
+                mine = self.counts.get(name)
+                if mine is None:
+                    mine = self.counts[name] = torch.zeros(experts, dtype=torch.int64, device=flat.device)
+                mine.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))
                 self.tokens[name] = self.tokens.get(name, 0) + indices.shape[0]
             return hook
 
         def _aux_hook(self, module, args, output):
             aux = getattr(output, "aux_loss", None)
             if module.training and aux is not None:
-                self.aux_sum += float(aux.detach().float())
+                self.aux_sum = self.aux_sum + aux.detach().float()  # a device tensor once the first one is added
                 self.aux_n += 1
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -98,16 +102,20 @@ def router_stats(plan, model):
 
         def _gathered(self, args):
             """Counts, tokens and the mean aux loss, summed over every rank."""
+            import torch
+
             names = sorted(routers)
-            flat = [c for n in names for c in self.counts.get(n, [0] * experts)]
-            flat += [self.tokens.get(n, 0) for n in names] + [self.aux_sum, self.aux_n]
+            device = args.device if args.world_size > 1 else "cpu"  # the collective's device; one host read after
+            parts = [self.counts[n].to(device, torch.float64) if n in self.counts
+                     else torch.zeros(experts, dtype=torch.float64, device=device) for n in names]
+            aux = torch.as_tensor(self.aux_sum, dtype=torch.float64).reshape(1).to(device)
+            tokens = torch.tensor([self.tokens.get(n, 0) for n in names], dtype=torch.float64, device=device)
+            t = torch.cat([*parts, tokens, aux, torch.tensor([float(self.aux_n)], dtype=torch.float64, device=device)])
             if args.world_size > 1:
-                import torch
                 import torch.distributed as dist
 
-                t = torch.tensor(flat, dtype=torch.float64, device=args.device)
                 dist.all_reduce(t)
-                flat = t.tolist()
+            flat = t.tolist()
             k = len(names) * experts
             counts = {n: flat[i * experts:(i + 1) * experts] for i, n in enumerate(names)}
             tokens = {n: flat[k + i] for i, n in enumerate(names) if flat[k + i]}

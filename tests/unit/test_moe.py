@@ -282,6 +282,69 @@ def test_a_healthy_router_passes_the_guard():
     assert all(abs(sum(r["expert_share"]) - 2.0) < 1e-3 for r in written)  # 2 experts per token
 
 
+SYNCS = {"_local_scalar_dense", "bincount", "nonzero", "item", "_to_copy"}
+"""Ops that read a device tensor on the host (or copy it there) and so wait for the GPU."""
+
+
+def _ops_of_a_forward(model, hooked: bool) -> dict[str, int]:
+    """aten ops (name: count) of one training forward, with the RouterStats hooks attached or not."""
+    from collections import Counter
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import TrainerControl, TrainerState
+
+    from ftune.worker.moe import router_stats
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    callback = None
+    if hooked:
+        plan = SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(router_collapse=None)))
+        callback = router_stats(plan, model)
+        callback.on_train_begin(SimpleNamespace(world_size=1), TrainerState(), TrainerControl(), model=model)
+    model.train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), Ops() as ops:
+        model(input_ids=ids, labels=ids)
+    if callback is not None:
+        callback.on_train_end(None, None, None)
+    return dict(ops.seen)
+
+
+def test_the_router_hooks_count_on_the_device_without_reading_the_host():
+    """The hooks run in every MoE layer's forward: what they add to a forward holds no op that reads a device
+    tensor on the host (a GPU sync per layer); they read once a log. Negative control: the ops the first version
+    used (bincount of the indices on the host) are caught by the same count."""
+    import torch
+
+    model = tiny("qwen3_moe", output_router_logits=True)
+    plain, hooked = _ops_of_a_forward(model, False), _ops_of_a_forward(model, True)
+    added = {op: n - plain.get(op, 0) for op, n in hooked.items() if n > plain.get(op, 0)}
+    assert added.get("scatter_add_", 0) == 2  # one count per router (2 layers)
+    assert not SYNCS & set(added), added
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Catch(TorchDispatchMode):
+        seen: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Catch.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Catch():
+        torch.bincount(torch.tensor([0, 1, 1]).reshape(-1), minlength=4).tolist()
+    assert SYNCS & Catch.seen
+
+
 @pytest.mark.slow  # builds the 30B model on the meta device and puts LoRA on its 6,144 experts: ~10 s of CPU
 def test_the_shipped_recipe_plans_offline(capsys, monkeypatch):
     """recipes/qwen3-30b-a3b-lora.yaml from the catalog: exact counts, every expert adapted, one FSDP unit per
