@@ -21,6 +21,12 @@ compared OpenMP settings, not the trainers; at one thread a step takes about 0.3
 
 The plain script sets `bf16=False, activation_checkpointing=False`, as ftune's Plan does for this float32 recipe
 (TRL's configs default to bf16 autocast and activation checkpointing), so both sides do the same arithmetic.
+
+`FTUNE_BENCH_GRPO_METHODS=lora,full` (default `lora`): after the LoRA rounds, the same rounds with full fine-tuning
+(`peft.method: full`; the plain script passes no peft_config) at a learning rate of 1e-5 on both sides, the scale
+full fine-tuning uses (LoRA's 1e-3 on every weight could diverge, and a non-finite loss stops ftune's run, not the
+plain one); reported under `full`. `FTUNE_BENCH_GRPO_OUT=path` is rewritten after each method's rounds, so a run cut
+short keeps them.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
                  rope_theta=1000000.0)
 OUT = os.environ.get("FTUNE_BENCH_GRPO_OUT")
+METHODS = [m.strip() for m in os.environ.get("FTUNE_BENCH_GRPO_METHODS", "lora").split(",") if m.strip()]
+LR = {"lora": 1e-3, "full": 1e-5}
 
 PLAIN = textwrap.dedent('''
     import json, sys
@@ -61,6 +69,7 @@ PLAIN = textwrap.dedent('''
     model_dir, data_file, out, steps, batch, generations, completion = sys.argv[1:8]
     opts = json.loads(sys.argv[8]) if len(sys.argv) > 8 else {}
     cuda, paged = opts.get("cuda", False), opts.get("continuous_batching", False)
+    full, lr = opts.get("method") == "full", opts.get("lr", 1e-3)
     tok = AutoTokenizer.from_pretrained(model_dir)
     ds = load_dataset("json", data_files=data_file, split="train")
 
@@ -70,15 +79,15 @@ PLAIN = textwrap.dedent('''
     args = GRPOConfig(output_dir=out, max_steps=int(steps), per_device_train_batch_size=int(batch),
                       num_generations=int(generations), max_completion_length=int(completion), temperature=1.0,
                       top_p=1.0, beta=0.0, epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
-                      learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                      learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                       optim="adamw_torch_fused", max_grad_norm=1.0, logging_steps=1, logging_first_step=True,
                       save_strategy="no", report_to="none", use_cpu=not cuda, seed=0, data_seed=0, disable_tqdm=True,
                       remove_unused_columns=False, log_completions=False, use_transformers_continuous_batching=paged,
                       bf16=cuda, activation_checkpointing=False)  # TRL's defaults are bf16 and checkpointing
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="bfloat16" if cuda else "float32")
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=contains, args=args, train_dataset=ds, processing_class=tok,
-                          peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+                          peft_config=None if full else lora)
     result = trainer.train()
     tokens = sum(r["completions/mean_length"] * int(batch) for r in trainer.state.log_history
                  if "completions/mean_length" in r)
@@ -110,13 +119,14 @@ def assets(folder: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
-def recipe(model_dir: Path, data: Path, out: Path, backend: str = "transformers") -> dict:
+def recipe(model_dir: Path, data: Path, out: Path, backend: str = "transformers", method: str = "lora") -> dict:
     return {
         "name": "bench-grpo",
         "model": {"path": str(model_dir), "dtype": "bfloat16" if SHAPE != "tiny" else "float32"},
         "data": {"train": [{"path": str(data), "format": "prompt"}]},
-        "peft": {"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "train": {"objective": "grpo", "max_steps": STEPS, "per_device_batch_size": BATCH, "learning_rate": 1e-3,
+        "peft": ({"method": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+                 if method == "lora" else {"method": "full"}),
+        "train": {"objective": "grpo", "max_steps": STEPS, "per_device_batch_size": BATCH, "learning_rate": LR[method],
                   "lr_scheduler": "constant", "warmup_steps": 0, "logging_steps": 1, "seed": 0,
                   "mixed_precision": "bf16" if SHAPE != "tiny" else "no",
                   "rl": {"rewards": [{"name": "contains", "text": "the"}], "num_generations": GENERATIONS,
@@ -128,6 +138,9 @@ def recipe(model_dir: Path, data: Path, out: Path, backend: str = "transformers"
 
 
 def main() -> dict:
+    unknown = sorted(set(METHODS) - set(LR))
+    if unknown:
+        sys.exit(f"bench-grpo: unknown FTUNE_BENCH_GRPO_METHODS {unknown}; known: {list(LR)}")
     folder = Path(tempfile.mkdtemp(prefix="ftune-bench-grpo-"))
     model_dir, data = assets(folder)
     script = folder / "plain.py"
@@ -136,18 +149,19 @@ def main() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env.update(TOKENIZERS_PARALLELISM="false", **({} if gpu else {"OMP_NUM_THREADS": THREADS}))
 
-    def plain(continuous_batching: bool = False) -> float:
-        opts = json.dumps({"cuda": gpu, "continuous_batching": continuous_batching})
+    def plain(method: str = "lora", continuous_batching: bool = False) -> float:
+        opts = json.dumps({"cuda": gpu, "continuous_batching": continuous_batching, "method": method,
+                           "lr": LR[method]})
         out = subprocess.run([sys.executable, str(script), str(model_dir), str(data), str(folder / "plain"),
                               str(STEPS), str(BATCH), str(GENERATIONS), str(COMPLETION), opts],
                              capture_output=True, text=True, check=True, env=env)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         return result["tokens"] / result["train_runtime"]
 
-    def ftune(i: int, backend: str = "transformers") -> tuple[float, dict, float]:
-        run = folder / f"run{i}-{backend}"
-        path = folder / f"recipe{i}-{backend}.yaml"
-        path.write_text(yaml.safe_dump(recipe(model_dir, data, run, backend)))
+    def ftune(i: int, method: str = "lora", backend: str = "transformers") -> tuple[float, dict, float]:
+        run = folder / f"run{i}-{method}-{backend}"
+        path = folder / f"recipe{i}-{method}-{backend}.yaml"
+        path.write_text(yaml.safe_dump(recipe(model_dir, data, run, backend, method)))
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "ftune.cli.main", "run", str(path)], capture_output=True, text=True,
                        check=True, env=env, cwd=folder)
@@ -157,43 +171,55 @@ def main() -> dict:
         runtime = next(r for r in records if "train_runtime" in r)["train_runtime"]
         return tokens / runtime, json.loads((run / "summary.json").read_text()), wall
 
-    ratios, rows = [], []
-    for i in range(ROUNDS):  # interleaved: each ratio compares runs made seconds apart; alternate who goes first
-        if i % 2 == 0:
-            p = plain()
-            f, summary, wall = ftune(i)
-        else:
-            f, summary, wall = ftune(i)
-            p = plain()
-        ratios.append(f / p)
-        share = summary["generation_seconds"] / (summary["generation_seconds"] + summary["training_seconds"])
-        rows.append({"first": "plain" if i % 2 == 0 else "ftune", "ratio": round(f / p, 3),
-                     "plain_tokens_per_s": round(p, 1), "ftune_tokens_per_s": round(f, 1),
-                     "ftune_generation_share": round(share, 3), "ftune_wall_s": round(wall, 1)})
-        print(f"  round {i + 1}: {rows[-1]}", flush=True)
+    def rounds(method: str) -> dict:
+        ratios, rows = [], []
+        for i in range(ROUNDS):  # interleaved: each ratio compares runs made seconds apart; alternate who goes first
+            if i % 2 == 0:
+                p = plain(method)
+                f, summary, wall = ftune(i, method)
+            else:
+                f, summary, wall = ftune(i, method)
+                p = plain(method)
+            ratios.append(f / p)
+            share = summary["generation_seconds"] / (summary["generation_seconds"] + summary["training_seconds"])
+            rows.append({"first": "plain" if i % 2 == 0 else "ftune", "ratio": round(f / p, 3),
+                         "plain_tokens_per_s": round(p, 1), "ftune_tokens_per_s": round(f, 1),
+                         "ftune_generation_share": round(share, 3), "ftune_wall_s": round(wall, 1)})
+            print(f"  {method} round {i + 1}: {rows[-1]}", flush=True)
+        r = spread(ratios)
+        print(f"grpo {method}: ftune/plain generated tokens/s median {r['median']:.3f} (min {r['min']:.3f}, max "
+              f"{r['max']:.3f}; goal >= 0.95) over {ROUNDS} interleaved rounds", flush=True)
+        return {"rounds": rows, "ftune_over_plain": r}
 
-    paged = ftune_paged = None
-    if gpu:  # TRL's transformers continuous batching: the plain script's flag, and ftune's `backend: paged`
+    result: dict = {"shape": SHAPE, "steps": STEPS, "completions_per_step": BATCH, "generations": GENERATIONS,
+                    "completion_tokens": COMPLETION, "threads": None if gpu else int(THREADS),
+                    "plain_continuous_batching_tokens_per_s": None, "ftune_paged_tokens_per_s": None}
+
+    def save() -> None:
+        if OUT:
+            Path(OUT).write_text(json.dumps(result, indent=2))
+
+    for method in METHODS:
+        block = {"learning_rate": LR[method], **rounds(method)}
+        if method == "lora":  # LoRA's figures where they have always been
+            result |= block
+        else:
+            result[method] = block
+        save()
+    if gpu:  # TRL's transformers continuous batching (LoRA): the plain script's flag, and ftune's `backend: paged`
         try:
-            paged = round(plain(continuous_batching=True), 1)
+            result["plain_continuous_batching_tokens_per_s"] = round(plain(continuous_batching=True), 1)
         except subprocess.CalledProcessError as err:
-            paged = {"error": err.stderr[-1500:]}
+            result["plain_continuous_batching_tokens_per_s"] = {"error": err.stderr[-1500:]}
+        save()
         try:
-            ftune_paged = round(ftune(ROUNDS, "paged")[0], 1)
+            result["ftune_paged_tokens_per_s"] = round(ftune(ROUNDS, backend="paged")[0], 1)
         except subprocess.CalledProcessError as err:
-            ftune_paged = {"error": (err.stdout or "")[-1000:] + (err.stderr or "")[-1000:]}
+            result["ftune_paged_tokens_per_s"] = {"error": (err.stdout or "")[-1000:] + (err.stderr or "")[-1000:]}
     shutil.rmtree(folder, ignore_errors=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    result = {"shape": SHAPE, "steps": STEPS, "completions_per_step": BATCH, "generations": GENERATIONS,
-              "completion_tokens": COMPLETION, "threads": None if gpu else int(THREADS), "rounds": rows,
-              "ftune_over_plain": spread(ratios), "plain_continuous_batching_tokens_per_s": paged,
-              "ftune_paged_tokens_per_s": ftune_paged,
-              "load_average_at_end": round(load, 1)}
-    if OUT:
-        Path(OUT).write_text(json.dumps(result, indent=2))
-    r = result["ftune_over_plain"]
-    print(f"grpo: ftune/plain generated tokens/s median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}; "
-          f"goal >= 0.95) over {ROUNDS} interleaved rounds")
+    result["load_average_at_end"] = round(load, 1)
+    save()
     return result
 
 

@@ -8,9 +8,17 @@ is downloaded. FLOPs per token (written down, as the MFU figure depends on it):
 with N the parameters, L layers, s the sequence length and d the hidden size. MFU = achieved FLOP/s ÷ the
 device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 the same; override with FTUNE_PEAK_TFLOPS).
 
-`plain` rows: a hand-written Trainer script with the same settings (the same model, rows tokenized with BOS and
-EOS and cut to SEQ, pad-to-longest batches with labels -100 on padding only, the same LoRA, bf16, gradient
-checkpointing, fused AdamW, batch, steps and seed); `ftune ÷ plain` is their tokens/s ratio.
+`plain` rows: every variant but `lora-wait` runs bench/plain_trainer.py too, a hand-written Trainer script with the
+same settings (the same model, rows tokenized with BOS and EOS and cut to SEQ, pad-to-longest batches with labels
+-100 on padding only, the same LoRA, bf16, gradient checkpointing, fused AdamW, batch, steps and seed) and the
+variant's levers as transformers, peft, bitsandbytes and torchao offer them, with the values of ftune's Plan:
+QLoRA a BitsAndBytesConfig 4-bit base through peft's prepare_model_for_kbit_training, Liger `use_liger_kernel`,
+compile `torch_compile` with the Plan's backend, fp8 torchao's convert_to_float8_training on the layers ftune
+converts, packing DataCollatorWithFlattening with the variant's attention (the rows flattened as they are, not
+packed first: `compare` says what that changes). `ftune_over_plain` is the steps/s ratio where both sides' steps
+hold the same tokens, the tokens/s ratio for packing; `ftune_over_plain_measure` says which.
+`FTUNE_BENCH_PLAIN=each|after|0`: the plain run right after ftune's of each variant (default), after all of ftune's
+(a part cut short keeps ftune's rows), or not at all.
 
 `FTUNE_BENCH_VARIANTS=lora,full`: run only these variants (in that order). `FTUNE_BENCH_OUT=path`: the results
 JSON is rewritten there after each variant, so a run cut short keeps what it measured. `FTUNE_BENCH_TIMEOUT`: seconds
@@ -18,7 +26,7 @@ one `ftune run` (or plain script) may take before it is recorded as timed out (d
 The packing variant uses flash_attention_2 where the flash_attn package imports, else sdpa (packed rows with
 position_ids), and says which.
 
-`FTUNE_BENCH_PROFILE=DIR`: both sides of the lora/full rows profile steps 6-8 with torch.profiler (ftune's worker
+`FTUNE_BENCH_PROFILE=DIR`: both sides of every compared variant profile steps 6-8 with torch.profiler (ftune's worker
 and the plain script load the same callback, ftune/worker/profile.py) into DIR/<variant>-{ftune,plain}/.
 
 `lora-wait` (a variant, last by default): the LoRA run again at each OpenMP wait setting of the host threads
@@ -43,7 +51,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -89,7 +96,15 @@ VARIANTS = {
     # train.precision fp8 against its bf16 baseline with the same compile (gpu_suite's fp8-8b part)
     "lora+compile": {"peft": LORA, "train": {"compile": True}},
     "lora+fp8": {"peft": LORA, "train": {"compile": True, "precision": "fp8"}},
+    # the plan picks the micro-batch and checkpointing for the same rows per step (docs/performance.md, "chosen by
+    # the plan"); the plain script then runs what it picked
+    "lora+auto": {"peft": LORA, "train": {"global_batch_size": BATCH, "per_device_batch_size": "auto",
+                                          "gradient_checkpointing": "auto"}},
 }
+PLAIN = os.environ.get("FTUNE_BENCH_PLAIN", "each")
+"""When the plain script runs: `each` right after ftune's run of a variant, `after` once every variant's ftune run
+is done (a part cut short keeps ftune's rows), `0` never."""
+PLAIN_SCRIPT = Path(__file__).resolve().parent / "plain_trainer.py"
 WAIT_TIMEOUT = int(os.environ.get("FTUNE_BENCH_WAIT_TIMEOUT", "300"))
 WAIT_BUDGET = int(os.environ.get("FTUNE_BENCH_WAIT_BUDGET", "1200"))
 
@@ -182,59 +197,6 @@ def flops_per_token(n_params: int, full: bool) -> float:
     return (6 if full else 4) * n_params + 12 * L * SEQ * d
 
 
-PLAIN = textwrap.dedent('''
-    import json, sys, time
-    import torch
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
-    cfg = json.loads(sys.argv[1])
-    cuda = torch.cuda.is_available()
-    tok = AutoTokenizer.from_pretrained(cfg["model"])
-    ds = load_dataset("json", data_files=cfg["data"], split="train")
-
-    def encode(b):  # as ftune's text format: BOS, EOS appended, cut to SEQ
-        ids = [x + [tok.eos_token_id] if x[-1] != tok.eos_token_id else x for x in tok(b["text"])["input_ids"]]
-        return {"input_ids": [x[: cfg["seq"]] for x in ids]}
-
-    ds = ds.map(encode, batched=True, remove_columns=ds.column_names)
-    seen = [0]
-
-    def collate(rows):  # pad to the longest row; labels -100 on padding only
-        width = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), width), tok.pad_token_id)
-        labels = torch.full((len(rows), width), -100)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            ids[i, :n] = labels[i, :n] = torch.tensor(r["input_ids"])
-            mask[i, :n] = 1
-        seen[0] += int(mask.sum())
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
-
-    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32)
-    set_seed(cfg["seed"])
-    if cfg["lora"]:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=cfg["lora"]["r"], lora_alpha=cfg["lora"]["alpha"],
-                                                 lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"))
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
-                             learning_rate=cfg["lr"], logging_steps=5, save_strategy="no", report_to="none",
-                             seed=cfg["seed"], data_seed=cfg["seed"], disable_tqdm=True, optim="adamw_torch_fused",
-                             bf16=cuda, use_cpu=not cuda, gradient_checkpointing=True)
-    from ftune.worker.profile import callback  # FTUNE_PROFILE=DIR: the same step profiler as ftune's worker
-    profiler = callback()
-    metrics = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate,
-                      callbacks=[profiler] if profiler else None).train().metrics
-    mean_row = sum(len(x) for x in ds["input_ids"]) / len(ds)
-    print(json.dumps({"tokens_per_s": seen[0] / metrics["train_runtime"],
-                      "steps_per_s": metrics["train_steps_per_second"],
-                      "tokens_per_s_mean_row": mean_row * cfg["batch"] * metrics["train_steps_per_second"],
-                      "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
-''')
-
-
 def _env(side: str, variant: str) -> dict:
     """The environment of one side's run: FTUNE_BENCH_PROFILE=DIR profiles steps 6-8 into DIR/<variant>-<side>."""
     env = dict(os.environ)
@@ -243,21 +205,60 @@ def _env(side: str, variant: str) -> dict:
     return env
 
 
-def plain(folder: Path, model_dir: Path, data: Path, sections: dict, variant: str) -> dict:
-    """The hand-written Trainer script on the same model, rows, batch and settings: its tokens/s and peak."""
-    script = folder / "plain.py"
-    script.write_text(PLAIN)
-    peft = sections["peft"]
+def plain_config(sections: dict, planned: dict) -> dict:
+    """The plain script's levers for one variant, read from ftune's Plan of it (`ftune plan --format json`): what
+    ftune's worker passes to from_pretrained and TrainingArguments, so a default the recipe leaves out (double
+    quantization, compile's backend) is ftune's on both sides. LoRA's rank and alpha and fp8 from the recipe."""
+    peft, load, trainer = sections["peft"], planned["model_load"]["kwargs"], planned["trainer"]
+    bnb = load.get("quantization_config")
+    return {"lora": {"r": peft["r"], "alpha": peft["alpha"]} if peft["method"] == "lora" else None,
+            "quantization": {"quant_type": bnb["bnb_4bit_quant_type"], "double_quant": bnb["bnb_4bit_use_double_quant"],
+                             "compute_dtype": bnb["bnb_4bit_compute_dtype"]} if bnb else None,
+            "liger": bool(trainer.get("use_liger_kernel")), "packing": planned["collator"] != "padding",
+            "attn_implementation": load.get("attn_implementation"),
+            "compile_backend": trainer.get("torch_compile_backend") if trainer.get("torch_compile") else None,
+            "fp8": sections.get("train", {}).get("precision") == "fp8",
+            # the micro-batch and checkpointing as the plan decided them (the same as the recipe's, unless auto)
+            "batch": trainer["per_device_train_batch_size"], "accumulation": trainer["gradient_accumulation_steps"],
+            "checkpointing": bool(trainer.get("activation_checkpointing"))}
+
+
+def plain(folder: Path, model_dir: Path, data: Path, levers: dict, variant: str) -> dict:
+    """bench/plain_trainer.py on the same model, rows, batch and steps with `levers`: its tokens/s, steps/s, peak."""
     cfg = {"model": str(model_dir), "data": str(data), "out": str(folder / "plain"), "seq": SEQ, "batch": BATCH,
-           "steps": STEPS, "lr": LR, "seed": 42, "lora": peft if peft["method"] == "lora" else None}
+           "steps": STEPS, "lr": LR, "seed": 42, **levers}
     try:
-        out = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, str(PLAIN_SCRIPT), json.dumps(cfg)], capture_output=True, text=True,
                              timeout=TIMEOUT, env=_env("plain", variant))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {TIMEOUT} s"}
     if out.returncode != 0:
         return {"error": out.stderr[-1500:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(row: dict, folder: Path, model_dir: Path, data: Path, sections: dict, planned: dict | None,
+            variant: str) -> None:
+    """The plain script's run of `variant` into `row`, and `ftune_over_plain` with the measure it uses: steps/s when
+    both sides' steps hold the same tokens (the same rows, batch and seed), tokens/s when they don't (packing,
+    below)."""
+    if planned is None:
+        row["plain"] = {"not_run": "`ftune plan` failed, so the settings to copy are unknown"}
+        return
+    levers = plain_config(sections, planned)
+    row["plain"] = base = plain(folder, model_dir, data, levers, variant)
+    # Packing: ftune truncates rows to max_seq_length, packs them first-fit-decreasing into rows of max_seq_length
+    # (each sample's first label -100), then per micro-batch flattens those packed rows into one [1, tokens] row
+    # (`padding_free`, flash_attention_2) or stacks them padded to the widest with restarting position_ids (sdpa).
+    # The plain script flattens the batch's rows as they are (DataCollatorWithFlattening, no packing), so its step
+    # holds batch x the mean row (~220 tokens at seq 2048 on this corpus), ftune's about batch x max_seq_length:
+    # the steps differ, and tokens/s compares what each way of dropping the padding delivers (ftune's from its
+    # packed rows' mean, summary.json; the plain script's counted in its collator).
+    ours, theirs, measure = ((row["tokens_per_s"], base.get("tokens_per_s"), "tokens/s") if levers["packing"]
+                             else (row["steps_per_s"], base.get("steps_per_s"), "steps/s"))
+    if ours and theirs:
+        row["ftune_over_plain"] = round(ours / theirs, 3)
+        row["ftune_over_plain_measure"] = measure
 
 
 def main() -> dict:
@@ -284,10 +285,17 @@ def main() -> dict:
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         sys.exit(f"bench-gpu: unknown variant(s) {unknown}; known: {list(VARIANTS)}")
-    for variant in chosen:
-        sections = VARIANTS[variant]
+    if PLAIN not in ("each", "after", "0"):
+        sys.exit(f"bench-gpu: FTUNE_BENCH_PLAIN={PLAIN!r}; one of each, after, 0")
+
+    def save() -> None:  # after each run: a run cut short keeps what it measured
         if OUT:
             Path(OUT).write_text(json.dumps(results, indent=2))
+
+    later = []  # FTUNE_BENCH_PLAIN=after: (row, sections, plan, variant) compared once every ftune run is done
+    for variant in chosen:
+        sections = VARIANTS[variant]
+        save()
         if not cuda and any(k in variant for k in CUDA_ONLY) or (not cuda and "quantization" in sections):
             results["variants"][variant] = {"skipped": "needs a CUDA device"}
             continue
@@ -326,7 +334,9 @@ def main() -> dict:
         summary = json.loads((folder / variant / "summary.json").read_text())
         tokens_per_s = summary["tokens_per_second"]
         full = sections["peft"]["method"] == "full"
-        estimate = json.loads(plan.stdout)["estimate"] if plan.returncode == 0 else {}
+        planned = json.loads(plan.stdout) if plan.returncode == 0 else None
+        estimate = planned["estimate"] if planned else {}
+        records = [json.loads(x) for x in (folder / variant / "metrics.jsonl").read_text().splitlines() if x]
         measured = summary.get("peak_memory_bytes")
         threads = json.loads((folder / variant / "plan.json").read_text()).get("cpu_threads") or {}
         row = {
@@ -341,19 +351,26 @@ def main() -> dict:
             "plan_peak_bytes": estimate.get("total_bytes"),
             "plan_over_measured": round(estimate["total_bytes"] / measured, 3) if measured and estimate else None,
             "wall_s": round(time.perf_counter() - t0, 1),
+            "steps_per_s": next((r["train_steps_per_second"] for r in reversed(records)
+                                 if "train_steps_per_second" in r), None),
         }
-        if variant in ("lora", "full"):  # the defaults against the hand-written script (the same settings)
-            base = plain(folder, model_dir, data, sections, variant)
-            row["plain"] = base
-            records = [json.loads(x) for x in (folder / variant / "metrics.jsonl").read_text().splitlines() if x]
-            steps = next((r["train_steps_per_second"] for r in reversed(records) if "train_steps_per_second" in r),
-                         None)
-            row["steps_per_s"] = steps
-            if "steps_per_s" in base and steps:  # the same rows, batch and seed: steps/s compares like with like
-                row["ftune_over_plain"] = round(steps / base["steps_per_s"], 3)
         if variant == "lora+packing+liger":
             row["attn_implementation"] = sections["model"]["attn_implementation"]
+        if planned and variant == "lora+auto":  # what the plan picked, and its note saying why
+            t = planned["trainer"]
+            row["plan_batch"] = {"per_device": t["per_device_train_batch_size"],
+                                 "accumulation": t["gradient_accumulation_steps"],
+                                 "checkpointing": bool(t.get("activation_checkpointing")),
+                                 "note": next((n for n in planned["notes"] if n.startswith("batch: ")), None)}
         results["variants"][variant] = row
+        save()
+        if PLAIN == "each":
+            compare(row, folder, model_dir, data, sections, planned, variant)
+        elif PLAIN == "after":
+            later.append((row, sections, planned, variant))
+    for row, sections, planned, variant in later:
+        save()
+        compare(row, folder, model_dir, data, sections, planned, variant)
     padded = results["variants"].get("lora", {}).get("plain", {}).get("tokens_per_s")
     packed = results["variants"].get("lora+packing+liger", {}).get("tokens_per_s")
     if padded and packed:  # the goal: >= 1.3x the plain padded Trainer on this skewed length distribution

@@ -8,20 +8,24 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
   env        15   device, driver, torch/CUDA and package versions, cores
   assets-8b 100   a Llama-3.1-8B shape from its config (random init, bf16) and a skewed-length corpus, kept in
                   FTUNE_BENCH_ASSETS for the 8B parts (nothing is downloaded)
-  lora-8b   130   LoRA r16 all-linear at seq 4096, batch 2: plain padded Trainer+peft script vs ftune, and ftune with
-                  Liger + packing (bench/gpu.py: tokens/s, MFU by the LoRA formula and by 6N, peak vs plan, threads)
+  lora-8b   170   LoRA r16 all-linear at seq 4096, batch 2, and LoRA with Liger + packing, each beside its plain
+                  Trainer+peft script (padded; Liger and DataCollatorWithFlattening) (bench/gpu.py: tokens/s, MFU by
+                  the LoRA formula and by 6N, peak vs plan, threads, ftune / plain); then `lora+auto`: the same 2
+                  rows a step with the micro-batch and checkpointing the plan picks (no recompute if 2 rows fit)
   long-8b   150   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
-                  then 2 steps at 4096 packed and 1 at that length: peak vs plan at both; the plan's longest with
-                  offloaded checkpoints and the tiled MLP too (plan only)
-  qlora-8b   60   QLoRA nf4 at seq 4096
-  grpo-1.5b  60   GRPO on a Qwen2.5-1.5B shape (LoRA, 8 generations, 256-token completions): ftune vs plain TRL,
-                  generated tokens/s and the generation/training split, then ftune with
-                  `train.rl.generation.backend: paged` beside TRL's continuous batching (bench/bench_grpo.py)
-  full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW
+                  then 2 steps at 4096 packed and 1 at that length (ftune only): peak vs plan at both; the plan's
+                  longest with offloaded checkpoints and the tiled MLP too, and for full fine-tuning with FSDP2 CPU
+                  offload and every lever, with the host memory it offloads (plan only)
+  qlora-8b   60   QLoRA nf4 at seq 4096, beside the plain BitsAndBytesConfig + peft script
+  grpo-1.5b 120   GRPO on a Qwen2.5-1.5B shape (8 generations, 256-token completions), LoRA and then full
+                  fine-tuning: ftune vs plain TRL, generated tokens/s and the generation/training split, then ftune
+                  with `train.rl.generation.backend: paged` beside TRL's continuous batching (bench/bench_grpo.py)
+  full-3b    80   full fine-tuning of a Llama-3.2-3B shape, fused AdamW, beside the plain Trainer script
   gpu-tests  40   pytest -m gpu tests/gpu
   fp8-8b    150   `train.precision: fp8` (torchao float8, compiled) vs bf16 compiled, LoRA all-linear at seq 4096, batch
-                  2: tokens/s of each and their ratio beside `ftune plan`'s fp8 estimate; off an FP8 GPU (compute
-                  capability < 8.9, or the CPU smoke) the plan's estimate and this device's refusal only
+                  2: tokens/s of each and their ratio beside `ftune plan`'s fp8 estimate, then each one's plain
+                  script (torch_compile; torchao's float8) with what is left; off an FP8 GPU (compute capability
+                  < 8.9, or the CPU smoke) the plan's estimate and this device's refusal only
   vlm-qwen2 180   Qwen2-VL, which needs torchvision: installs a carried torchvision wheel that matches this torch
                   (FTUNE_BENCH_WHEELS, default wheels/), then a tiny Qwen2-VL learns the colour task, merges and
                   generates with images; a Qwen2.5-VL-3B shape's tokens/s and peak vs plan (bench/bench_vlm_qwen2.py).
@@ -37,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,8 +62,8 @@ class Part:
 
 # #36's parts first (they fill a 9-minute window); fp8 and the Qwen2-VL part after them: in a first window they
 # run only when the others finish early, in a second one by name (`--parts fp8-8b,vlm-qwen2`)
-PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 130), Part("long-8b", 150),
-         Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 60, cuda_only=True),
+PARTS = [Part("env", 15), Part("assets-8b", 100, cuda_only=True), Part("lora-8b", 170), Part("long-8b", 150),
+         Part("qlora-8b", 60, cuda_only=True), Part("grpo-1.5b", 120, cuda_only=True),
          Part("full-3b", 80, cuda_only=True), Part("gpu-tests", 40, cuda_only=True), Part("fp8-8b", 150),
          Part("vlm-qwen2", 180)]
 WHEELS = Path(os.environ.get("FTUNE_BENCH_WHEELS") or REPO / "wheels")
@@ -66,14 +71,24 @@ WHEELS = Path(os.environ.get("FTUNE_BENCH_WHEELS") or REPO / "wheels")
 
 
 def _run(argv: list[str], env: dict, timeout: float) -> tuple[str, str, str]:
-    """(status: ok, error or timeout; stdout; the output's tail for the record)."""
+    """(status: ok, error or timeout; stdout; the output's tail for the record). The command runs in its own
+    session, and a timeout kills the whole group: an `ftune run` or plain script it started doesn't keep the GPU
+    into the next part (`ftune run`'s launcher and workers die with it)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env}, cwd=REPO, start_new_session=True)
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env},
-                             cwd=REPO)
-    except subprocess.TimeoutExpired as err:
-        text = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
-        return "timeout", text, f"timed out after {timeout:.0f} s\n{text[-2000:]}"
-    return ("ok" if out.returncode == 0 else "error"), out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended as the time ran out
+            pass
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process outside the group still holds the pipe: keep nothing
+            out = ""
+        return "timeout", out, f"timed out after {timeout:.0f} s\n{out[-2000:]}"
+    return ("ok" if proc.returncode == 0 else "error"), out, out[-2000:] + err[-2000:]
 
 
 def _gpu_bench(env: dict, timeout: float, assets: Path) -> tuple[str, dict, str]:
@@ -112,12 +127,16 @@ def part_env() -> dict:
 
 ALST_LEVERS = {"activation_offloading": True, "tiled_mlp": True}
 """What ftune has of ALST's levers beside Liger and checkpointing: offloaded checkpoints and the tiled MLP."""
+FULL_ON_ONE_GPU = {"peft": {"method": "full"},
+                   "distributed": {"strategy": "fsdp", "num_processes": 1, "fsdp": {"cpu_offload": True}}}
+"""Full fine-tuning as ftune does ALST's on one GPU: FSDP2 with the parameters, gradients and AdamW's moments in
+host memory, each decoder layer gathered onto the device in turn (docs/performance.md, "as ALST does it")."""
 
 
 def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout: float,
-            levers: dict | None = None) -> tuple[int | None, dict]:
-    """`ftune plan`'s longest sequence for the long-context recipe (with `levers` added to its train section) on a
-    device of `memory` bytes (None: this one)."""
+            levers: dict | None = None, sections: dict | None = None) -> tuple[int | None, dict]:
+    """`ftune plan`'s longest sequence for the long-context recipe (with `levers` added to its train section and
+    `sections` replacing its own) on a device of `memory` bytes (None: this one), and the plan's estimate."""
     sys.path.insert(0, str(REPO / "bench"))
     import gpu  # noqa: E402 - the bench's recipe and assets
 
@@ -125,7 +144,7 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
 
     hf_logging.disable_progress_bar()
     model_dir, data = gpu._assets(assets)
-    recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")), levers)
+    recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")), levers, sections)
     argv = [sys.executable, "-m", "ftune.cli.main", "plan", str(recipe), "--format", "json"]
     if memory:
         argv += ["--gpu-memory", f"{memory // 2**20}MiB"]
@@ -136,7 +155,8 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
     return plan["estimate"].get("longest_seq"), plan["estimate"]
 
 
-def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dict | None = None) -> Path:
+def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dict | None = None,
+                sections: dict | None = None) -> Path:
     import yaml
 
     recipe = {"name": f"long-{seq}", "model": {"path": str(model_dir), "dtype": "bfloat16"},
@@ -145,7 +165,8 @@ def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dic
               "train": {"max_steps": 2, "per_device_batch_size": 1, "gradient_checkpointing": True,
                         "mixed_precision": "bf16", "kernels": "liger", **(levers or {})},
               "checkpoint": {"strategy": "no", "resume": False},
-              "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False}}
+              "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False},
+              **(sections or {})}
     path = folder / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -162,9 +183,9 @@ def run_part(part: Part, left: float, assets: Path, cuda: bool, facts: dict) -> 
         return {"status": status, "tail": tail if status != "ok" else None}
     if part.name == "lora-8b":
         env = {"FTUNE_BENCH_SHAPE": "8b", "FTUNE_BENCH_SEQ": "4096", "FTUNE_BENCH_BATCH": "2",
-               "FTUNE_BENCH_STEPS": "12", "FTUNE_BENCH_VARIANTS": "lora,lora+packing+liger"}
+               "FTUNE_BENCH_STEPS": "12", "FTUNE_BENCH_VARIANTS": "lora,lora+packing+liger,lora+auto"}
         if SMOKE:
-            env = {"FTUNE_BENCH_VARIANTS": "lora", "FTUNE_BENCH_STEPS": "2"}
+            env = {"FTUNE_BENCH_VARIANTS": "lora,lora+auto", "FTUNE_BENCH_STEPS": "2"}
         status, result, tail = _gpu_bench(env, budget, assets)
         return {"status": status, "result": result, "tail": tail if status != "ok" else None}
     if part.name == "long-8b":
@@ -186,7 +207,7 @@ def run_part(part: Part, left: float, assets: Path, cuda: bool, facts: dict) -> 
                             {"FTUNE_BENCH_GRPO_SHAPE": "qwen2.5-1.5b", "FTUNE_BENCH_GRPO_ROUNDS": "1",
                              "FTUNE_BENCH_GRPO_STEPS": "3", "FTUNE_BENCH_GRPO_COMPLETION": "256",
                              "FTUNE_BENCH_GRPO_GENERATIONS": "8", "FTUNE_BENCH_GRPO_BATCH": "32",
-                             "FTUNE_BENCH_GRPO_OUT": str(out)}, budget)
+                             "FTUNE_BENCH_GRPO_METHODS": "lora,full", "FTUNE_BENCH_GRPO_OUT": str(out)}, budget)
         result = json.loads(out.read_text() or "{}") if out.exists() and out.stat().st_size else {}
         out.unlink(missing_ok=True)
         return {"status": status, "result": result, "tail": tail if status != "ok" else None}
@@ -270,6 +291,7 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
                                   ALST_LEVERS)
     rows["plan_longest_seq_alst_levers"] = alst
     rows["plan_notes_alst_levers"] = [n for n in alst_estimate.get("notes", []) if n.startswith("longest row")]
+    rows |= full_alst(shape, seq_plan, assets, memory, budget - (time.perf_counter() - started))
     lengths = [] if SMOKE else sorted({4096, length // 1024 * 1024})  # the smoke checks the plan's figure only
     for seq in lengths:
         left = budget - (time.perf_counter() - started)
@@ -279,11 +301,29 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
         # one step at the longest row: its peak is the figure (an 8B step at 128K tokens takes about a minute)
         env = {**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "1",
                "FTUNE_BENCH_STEPS": "2" if seq <= 4096 else "1",
-               "FTUNE_BENCH_VARIANTS": "lora+packing+liger" if cuda else "lora"}
+               "FTUNE_BENCH_VARIANTS": "lora+packing+liger" if cuda else "lora", "FTUNE_BENCH_PLAIN": "0"}
         status, result, tail = _gpu_bench(env, left, assets)
         rows[str(seq)] = {"status": status, **next(iter(result.get("variants", {}).values()), {}),
                           **({"tail": tail} if status != "ok" else {})}
     return {"status": "ok", "result": rows}
+
+
+def full_alst(shape: dict, seq: int, assets: Path, memory: int | None, left: float) -> dict:
+    """The plan's longest row for full fine-tuning with every lever ftune has of ALST's, on one GPU (plan only), and
+    the host memory it offloads: planned at `seq`, then again at that longest row (the offloaded checkpoints grow
+    with the row; FSDP's offloaded states don't)."""
+    started = time.perf_counter()
+    length, estimate = longest(shape, seq, assets, memory, max(10.0, left), ALST_LEVERS, FULL_ON_ONE_GPU)
+    rows = {"plan_longest_seq_full_alst_levers": length,
+            "plan_notes_full_alst_levers": [n for n in estimate.get("notes", []) if n.startswith("longest row")],
+            "plan_offloaded_bytes_full_alst_levers": {"seq": seq, "bytes": estimate.get("offloaded_bytes")}}
+    if length is None:
+        return rows | {"plan_full_alst_levers_failed": estimate}
+    _, at_longest = longest(shape, length, assets, memory, max(10.0, left - (time.perf_counter() - started)),
+                            ALST_LEVERS, FULL_ON_ONE_GPU)
+    rows["plan_offloaded_bytes_full_alst_levers_at_longest"] = {"seq": length,
+                                                                 "bytes": at_longest.get("offloaded_bytes")}
+    return rows
 
 
 def fp8_part(budget: float, assets: Path, cuda: bool) -> dict:
@@ -319,7 +359,8 @@ def fp8_part(budget: float, assets: Path, cuda: bool) -> dict:
         return {"status": "ok", "result": row}
     left = budget - (time.perf_counter() - started)
     status, result, tail = _gpu_bench({**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "2",
-                                       "FTUNE_BENCH_STEPS": "10", "FTUNE_BENCH_VARIANTS": "lora+compile,lora+fp8"},
+                                       "FTUNE_BENCH_STEPS": "10", "FTUNE_BENCH_VARIANTS": "lora+compile,lora+fp8",
+                                       "FTUNE_BENCH_PLAIN": "after"},
                                       left, assets)
     variants = result.get("variants", {})
     bf16, fp8 = (variants.get(v, {}).get("tokens_per_s") for v in ("lora+compile", "lora+fp8"))

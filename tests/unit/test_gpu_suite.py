@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,13 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
     assert parts["long-8b"]["status"] == "ok" and long["plan_longest_seq"] == 256
     assert long["plan_longest_seq_alst_levers"] == 256  # offloaded checkpoints + tiled MLP planned too
     assert any(n.startswith("longest row:") for n in long["plan_notes_alst_levers"]), long
+    # full fine-tuning as ftune sets up ALST's on one GPU (FSDP2 CPU offload, Liger, every lever): planned too, with
+    # the host memory it offloads at the planned row and at the longest; the states stay, the checkpoints grow
+    assert long["plan_longest_seq_full_alst_levers"] == 256
+    assert any(n.startswith("longest row:") for n in long["plan_notes_full_alst_levers"]), long
+    planned = long["plan_offloaded_bytes_full_alst_levers"]
+    at_longest = long["plan_offloaded_bytes_full_alst_levers_at_longest"]
+    assert (planned["seq"], at_longest["seq"]) == (64, 256) and 0 < planned["bytes"] < at_longest["bytes"], long
     assert all(parts[p]["status"] == "skipped" for p in ("qlora-8b", "grpo-1.5b", "gpu-tests"))
     # fp8 on a CPU: the plan's estimate (as on an 80 GiB GPU) and this device's refusal at train.precision
     fp8 = parts["fp8-8b"]
@@ -97,6 +105,34 @@ def test_the_vlm_part_installs_the_matching_carried_wheel_or_says_why_not(tmp_pa
                                                    "does not exist")
 
 
+def test_a_part_that_times_out_takes_the_processes_it_started_with_it(tmp_path):
+    """A timed-out part's process group is killed, so a plain script or `ftune run` it started doesn't keep the GPU
+    into the next part. The part's command starts a grandchild and then waits; the 10 s limit is only the time to
+    reach that wait."""
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+            "print('waiting', flush=True)\n"
+            "time.sleep(300)\n")
+    status, out, tail = _suite_module()._run([sys.executable, "-c", code], {}, 10)
+    assert status == "timeout" and "waiting" in out and tail.startswith("timed out after 10 s"), tail
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is sent at once; its delivery is not
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that won't reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_a_spent_budget_still_writes_every_part(tmp_path):
     parts = suite(tmp_path, "--budget", "5")["parts"]
     assert [p for p, row in parts.items() if row["status"] != "not run"] == []
@@ -105,6 +141,12 @@ def test_a_spent_budget_still_writes_every_part(tmp_path):
 
 @pytest.mark.extended
 def test_the_lora_part_compares_ftune_with_the_plain_script(tmp_path):
-    row = suite(tmp_path, "--parts", "lora-8b")["parts"]["lora-8b"]["result"]["variants"]["lora"]
+    variants = suite(tmp_path, "--parts", "lora-8b")["parts"]["lora-8b"]["result"]["variants"]
+    row = variants["lora"]
     assert row["tokens_per_s"] > 0 and row["plain"]["tokens_per_s"] > 0 and row["ftune_over_plain"] > 0
+    assert row["ftune_over_plain_measure"] == "steps/s"  # the same rows, batch and seed on both sides
     assert row["threads"] >= 1 and row["plan_peak_bytes"] > 0
+    auto = variants["lora+auto"]  # the plan's micro-batch for the same rows a step, run by both sides
+    picked = auto["plan_batch"]
+    assert picked["per_device"] * picked["accumulation"] == 4 and picked["note"].startswith("batch: ")
+    assert auto["plain"]["tokens_per_s"] > 0 and auto["ftune_over_plain_measure"] == "steps/s"
