@@ -107,7 +107,8 @@ class DataReport:
             out.append(f"one optimizer step takes {self.step_samples} samples (per_device_batch_size x "
                        f"gradient_accumulation_steps x world size) but the training set has {samples}"
                        + (" packed rows" if self.packing else "") + ": a single step is more than an epoch. "
-                       "Lower train.per_device_batch_size or train.gradient_accumulation_steps, or add data")
+                       "Lower the batch (train.global_batch_size, or per_device_batch_size and "
+                       "gradient_accumulation_steps), or add data")
         return out
 
     def lines(self) -> list[str]:

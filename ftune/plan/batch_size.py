@@ -36,6 +36,32 @@ def auto(recipe: Recipe) -> bool:
     return t.per_device_batch_size == "auto" or t.gradient_checkpointing == "auto"
 
 
+def split_problems(recipe: Recipe, data_parallel: int) -> list[Problem]:
+    """`global_batch_size` against the job: whole rows per data-parallel rank, and a micro-batch that divides
+    them (kto: 2 rows or more). A row of the table of checks (`ftune.plan.checks`), so `launch-script` says it too."""
+    t = recipe.train
+    if t.global_batch_size is None:
+        return []
+    per_rank, rest = divmod(t.global_batch_size, data_parallel)
+    if rest or not per_rank:
+        near = max(per_rank, 1) * data_parallel
+        return [Problem.at("train.global_batch_size", f"{t.global_batch_size} rows per step don't split evenly over "
+                           f"the job's {data_parallel} data-parallel ranks", f"use a multiple of {data_parallel}, "
+                           f"e.g. {near}")]
+    if t.per_device_batch_size == "auto":
+        if t.objective == "kto" and per_rank < 2:
+            return [Problem.at("train.global_batch_size", f"kto needs 2 or more rows per device; "
+                               f"{t.global_batch_size} rows over {data_parallel} rank(s) give {per_rank}",
+                               f"use global_batch_size {2 * data_parallel} or more")]
+    elif per_rank % t.per_device_batch_size:
+        divisors = ", ".join(str(m) for m in range(1, per_rank + 1) if per_rank % m == 0)
+        near = t.per_device_batch_size * data_parallel * max(per_rank // t.per_device_batch_size, 1)
+        return [Problem.at("train.global_batch_size", f"each of the {data_parallel} data-parallel rank(s) takes "
+                           f"{per_rank} rows per step, which per_device_batch_size {t.per_device_batch_size} doesn't "
+                           f"divide", f"per_device_batch_size {divisors} or `auto`; or global_batch_size {near}")]
+    return []
+
+
 def resolve(recipe: Recipe, data_parallel: int, choose: Chooser | None
             ) -> tuple[Recipe, list[Problem], str | None]:
     """The recipe with the batch keys as numbers (auto decided, the accumulation derived from global_batch_size),
@@ -43,31 +69,15 @@ def resolve(recipe: Recipe, data_parallel: int, choose: Chooser | None
     t = recipe.train
     if t.global_batch_size is None and not auto(recipe):
         return recipe, [], None
-    per_rank, problems = None, []
-    if t.global_batch_size is not None:
-        per_rank, rest = divmod(t.global_batch_size, data_parallel)
-        if rest or not per_rank:
-            near = max(per_rank, 1) * data_parallel
-            return recipe, [Problem.at("train.global_batch_size", f"{t.global_batch_size} rows per step don't split "
-                                       f"evenly over the job's {data_parallel} data-parallel ranks",
-                                       f"use a multiple of {data_parallel}, e.g. {near}")], None
+    if found := split_problems(recipe, data_parallel):
+        return recipe, found, None
+    per_rank = t.global_batch_size // data_parallel if t.global_batch_size is not None else None
+    problems: list[Problem] = []
     if t.per_device_batch_size == "auto":
         least = 2 if t.objective == "kto" else 1  # kto's KL term pairs rows within a batch
         candidates = [m for m in range(least, per_rank + 1) if per_rank % m == 0]
-        if not candidates:
-            return recipe, [Problem.at("train.global_batch_size", f"kto needs 2 or more rows per device; "
-                                       f"{t.global_batch_size} rows over {data_parallel} rank(s) give {per_rank}",
-                                       f"use global_batch_size {2 * data_parallel} or more")], None
     else:
         candidates = [t.per_device_batch_size]
-        if per_rank is not None and per_rank % t.per_device_batch_size:
-            divisors = ", ".join(str(m) for m in range(1, per_rank + 1) if per_rank % m == 0)
-            near = t.per_device_batch_size * data_parallel * max(per_rank // t.per_device_batch_size, 1)
-            return recipe, [Problem.at("train.global_batch_size", f"each of the {data_parallel} data-parallel "
-                                       f"rank(s) takes {per_rank} rows per step, which per_device_batch_size "
-                                       f"{t.per_device_batch_size} doesn't divide",
-                                       f"per_device_batch_size {divisors} or `auto`; or global_batch_size "
-                                       f"{near}")], None
     checkpointing = (False, True) if t.gradient_checkpointing == "auto" else (t.gradient_checkpointing,)
     note = None
     if auto(recipe):

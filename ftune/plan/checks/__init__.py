@@ -97,6 +97,14 @@ def _layout(job: Job) -> list[Problem]:
     return parallelism.problems(job.recipe, job.device, job.world_size)
 
 
+def _batch_split(job: Job) -> list[Problem]:
+    from ftune.plan import batch_size, parallelism
+
+    if job.world_size is None or parallelism.problems(job.recipe, job.device, job.world_size):
+        return []  # the world unknown, or a layout the parallelism row refuses: no ranks to divide by
+    return batch_size.split_problems(job.recipe, parallelism.data_parallel(job.recipe, job.world_size))
+
+
 # ------------------------------------------------------------------------------------------- files
 def _paths(job: Job) -> list[Problem]:
     from ftune.plan.checks.paths import missing_inputs
@@ -163,6 +171,8 @@ CHECKS: tuple[Check, ...] = (
           "0's address (`ftune.recipe.rules.distributed.JOB_RULES`)"),
     Check("parallelism", "recipe", _layout, "the N-D sizes against the world, strategy, tp with LoRA, "
           "quantization or checkpoints, cp's sequence length (`ftune.plan.parallelism.problems`)"),
+    Check("batch split", "recipe", _batch_split, "train.global_batch_size in whole rows per data-parallel rank, "
+          "and a micro-batch that divides them (`ftune.plan.batch_size.split_problems`)"),
     Check("paths", "files", _paths, "the local model, tokenizer and data paths exist (`ftune.plan.checks.paths`)"),
     Check("model folder", "files", _model_folder, "the model folder holds config.json, whole safetensors, and a "
           "VLM's image processor and chat template (`ftune.plan.checks.model_files.model_folder`)"),
