@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory of one GPU to plan for, e.g. 80GiB or 24GB (default: the visible GPU's, else plan for CPU)",
     )
     parser.add_argument(
+        "--host-memory",
+        metavar="SIZE",
+        help="RAM of one machine to plan for, which offloaded activations and states must fit, e.g. 512GiB "
+             "(default: this machine's when planning for its own GPU)",
+    )
+    parser.add_argument(
         "--gpus",
         type=int,
         metavar="N",
@@ -114,6 +120,7 @@ def _plan(args: argparse.Namespace) -> int:
     from ftune.recipe import load_recipe
 
     gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory") if args.gpu_memory is not None else None
+    host_ram = parse_bytes(args.host_memory, "--host-memory") if args.host_memory is not None else None
     loaded = load_recipe(args.recipe, args.overrides)
     recipe = loaded.recipe
     block_bitsandbytes(recipe)  # planning never quantizes; before the preflight imports peft
@@ -136,7 +143,7 @@ def _plan(args: argparse.Namespace) -> int:
         seq, unsized = None, err.problems
     try:
         est = estimate(recipe, world_size=plan.world_size, num_processes=plan.num_processes,
-                       gpu_memory=gpu_memory, device=device, seq_length=seq, meta=compiled.meta)
+                       gpu_memory=gpu_memory, device=device, seq_length=seq, meta=compiled.meta, host_ram=host_ram)
     except RecipeError as err:  # problems at recipe keys: located where the recipe sets them
         raise loaded.error(err.problems + unsized) from None
     if unsized:

@@ -24,7 +24,7 @@ from ftune.estimate.facts import MemoryItem, ParamFact
 from ftune.estimate.optimizer import optimizer_spec
 from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
                                    make_layout)
-from ftune.estimate.long_rows import finisher, hidden_size, host_note, longer_rows, tiled
+from ftune.estimate.long_rows import finisher, hidden_size, host_cap, host_note, longer_rows, tiled
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.step_probe import in_flight
 from ftune.plan.tiling import shards
@@ -157,6 +157,7 @@ def estimate(
     device: str | None = None,
     seq_length: int | None = None,
     meta: MetaModel | None = None,
+    host_ram: int | None = None,
 ) -> Estimate:
     """Parameters, layout and per-device memory of `recipe`, from its model config alone.
 
@@ -165,17 +166,19 @@ def estimate(
     `meta`: the recipe's model on the meta device as the compiler built it (`ftune.plan.compile.Compiled.meta`),
     else built here from the config the one resolver finds; either way the estimate changes it (tokens added, the
     method injected), so a caller hands it on once.
+    `host_ram`: the RAM of one machine (`plan --host-memory`), which offloaded bytes must fit; default this
+    machine's when planning for its own GPU, unknown for another's.
     """
     if (dist := recipe.distributed).strategy == "fsdp" and dist.fsdp is None:  # no section: its defaults run
         recipe = recipe.model_copy(update={"distributed": dist.model_copy(update={"fsdp": FsdpSection()})})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _estimate(recipe, meta or meta_model(recipe), world_size, num_processes, gpu_memory, device,
-                         seq_length)
+                         seq_length, host_ram)
 
 
 def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: int,
-              gpu_memory: int | None, device: str | None, seq_length: int | None) -> Estimate:
+              gpu_memory: int | None, device: str | None, seq_length: int | None, host_ram: int | None) -> Estimate:
     from ftune.estimate.probe import formula_profile, probe_activations
 
     from ftune.estimate.qat import cost_lines as qat_cost_lines
@@ -281,11 +284,13 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
             and rl.generation.vllm_mode == "colocate":  # vLLM's share of each GPU is not the trainer's
         usable = int(device_memory * (1 - rl.generation.vllm_gpu_memory_utilization))
     fits = None if usable is None else memory.total <= usable
-    if memory.offloaded and gpu_memory is None and device == "cuda" and (line := host_note(memory.offloaded,
-                                                                                          num_processes)):
-        notes.append(line)  # planned on the GPU machine itself: its RAM is known
+    # the machine's RAM: --host-memory, else this machine's when planning for its own GPU (not for another's)
+    host = host_ram if host_ram is not None else host_memory() if gpu_memory is None and device == "cuda" else None
+    if memory.offloaded and device == "cuda" and (line := host_note(memory.offloaded, num_processes, host)):
+        notes.append(line)
     longest = None if usable is None or attn == "eager" else longest_row(
-        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes, constant)
+        memory, seq, usable, dist.parallelism, getattr(config, "max_position_embeddings", None), notes, constant,
+        cap=lambda rows: host_cap(memory, seq, rows, host, num_processes, notes) if device == "cuda" else rows)
     if longest is not None and rl is None and device == "cuda" and (line := longer_rows(
             recipe, facts, untiled, layout, seq, hidden, usable, longest, finisher(recipe, teacher),
             measure)) is not None:

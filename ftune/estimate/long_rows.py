@@ -83,14 +83,32 @@ def finisher(recipe: Recipe, teacher):
     return lambda memory: with_teacher(split_layout(memory, recipe.distributed.parallelism), teacher)
 
 
-def host_note(offloaded: int, processes: int) -> str | None:
-    """What offloading (activations, FSDP's or DeepSpeed's states) puts in this machine's RAM, said when the
-    processes on it would need more than it has."""
-    from ftune.estimate.layout import host_memory
-
-    host = host_memory()
+def host_note(offloaded: int, processes: int, host: int | None) -> str | None:
+    """What offloading (activations, FSDP's or DeepSpeed's states) puts in the machine's RAM (`host` bytes), said
+    when the processes on it would need more than it has."""
     if host is None or offloaded * processes <= host:
         return None
     each = f"{fmt_bytes(offloaded)} per process x {processes}" if processes > 1 else fmt_bytes(offloaded)
-    return (f"offloaded to host memory: {each}, more than this machine's {fmt_bytes(host)} of RAM: the run would "
+    return (f"offloaded to host memory: {each}, more than the machine's {fmt_bytes(host)} of RAM: the run would "
             "run out of host memory (shorten data.max_seq_length, or offload less)")
+
+
+def host_rows(memory, seq: int, host: int, processes: int) -> int | None:
+    """The longest row whose offloaded bytes, for every process on the machine, fit its `host` bytes of RAM (None:
+    nothing offloaded grows with the row); `memory` planned at `seq` tokens."""
+    if not memory.offloaded_activations:
+        return None
+    room = host // max(processes, 1) - (memory.offloaded - memory.offloaded_activations)
+    return max(room, 0) * seq // memory.offloaded_activations
+
+
+def host_cap(memory, seq: int, longest: int, host: int | None, processes: int, notes: list[str]) -> int:
+    """`longest` (the device's) capped by the machine's RAM when offloaded activations would outgrow it, with a
+    note naming both."""
+    rows = None if host is None else host_rows(memory, seq, host, processes)
+    if rows is None or rows >= longest:
+        return longest
+    notes.append(f"longest row: the device holds {longest:,} tokens, but their offloaded activations would outgrow "
+                 f"the machine's {fmt_bytes(host)} of RAM" + (f" ({processes} processes)" if processes > 1 else "")
+                 + f": {rows:,} tokens fit both")
+    return rows

@@ -70,11 +70,13 @@ def split_layout(memory: DeviceMemory, layout) -> DeviceMemory:
 
 
 def longest_row(memory: DeviceMemory, seq: int, device_memory: int, layout, positions: int | None,
-                notes: list[str], constant: str | None = None) -> int:
-    """`longest_sequence` for the recipe's layout (a multiple of 2 x cp under cp), capped at the model's positions
-    with a note saying what memory alone would allow."""
+                notes: list[str], constant: str | None = None, cap=None) -> int:
+    """`longest_sequence` for the recipe's layout (a multiple of 2 x cp under cp), then `cap(rows)` (the host's RAM),
+    then capped at the model's positions with a note saying what memory alone would allow."""
     cp = layout.cp if layout is not None else 1
     longest = longest_sequence(memory, seq, device_memory, 2 * cp if cp > 1 else 1, constant)
+    if cap is not None:
+        longest = cap(longest)
     if positions and longest > positions:
         notes.append(f"longest row: {longest:,} tokens fit in memory, capped at the model's {positions:,} positions")
         return positions

@@ -245,7 +245,6 @@ def test_planning_on_a_gpu_machine_says_when_offloaded_rows_outgrow_its_ram(monk
     """Offloaded checkpoints of a long row live in host memory: planned on the GPU machine itself (its RAM known),
     the plan says when they need more than it has; with --gpu-memory (another machine) it can't know."""
     from ftune.estimate import estimate as est_module
-    from ftune.estimate import layout
 
     r = Recipe.model_validate({
         "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
@@ -254,13 +253,13 @@ def test_planning_on_a_gpu_machine_says_when_offloaded_rows_outgrow_its_ram(monk
         "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "activation_offloading": True}})
     monkeypatch.setattr(est_module, "detect_device_memory", lambda: ("cuda", 141 * 2**30))
     for ram, said in ((16 * 2**30, True), (2**40, False)):
-        monkeypatch.setattr(layout, "host_memory", lambda ram=ram: ram)
+        monkeypatch.setattr(est_module, "host_memory", lambda ram=ram: ram)
         est = est_module.estimate(r, world_size=1, num_processes=1, gpu_memory=None)
         lines = [n for n in est.notes if n.startswith("offloaded to host memory")]
         assert bool(lines) == said, est.notes
         if said:  # 32 layers x 4,096 x bf16 = 256 KiB a token: 32 GiB at 131,072 tokens
-            assert "more than this machine's 16.00 GiB of RAM" in lines[0] and est.offloaded_bytes > 32 * 2**30
-    monkeypatch.setattr(layout, "host_memory", lambda: 16 * 2**30)
+            assert "more than the machine's 16.00 GiB of RAM" in lines[0] and est.offloaded_bytes > 32 * 2**30
+    monkeypatch.setattr(est_module, "host_memory", lambda: 16 * 2**30)
     est = est_module.estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
     assert not [n for n in est.notes if n.startswith("offloaded to host memory")]
 
@@ -293,3 +292,54 @@ def test_longer_rows_host_memory_scales_the_activations_not_the_offloaded_states
     from ftune.estimate.memory import DeviceMemory
     m = DeviceMemory((), "backward", 0, offloaded=100 + 40, offloaded_activations=40)
     assert host_at(m, 4096 * 3, 4096) == 100 + 120
+
+
+def test_the_longest_row_is_capped_by_the_machines_ram_when_offloaded_rows_outgrow_it():
+    """8B LoRA with every lever on a 141 GiB GPU holds ~664K tokens; their offloaded layer inputs (256 KiB a token)
+    would not fit 128 GiB of RAM (the lent machine's, `--host-memory`): the plan's row is the one both hold, and a
+    note says so. Without a known RAM (--gpu-memory alone: another machine), the device's row stands."""
+    from ftune.estimate.estimate import estimate
+    from ftune.estimate.long_rows import host_rows
+
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
+        "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 4096, "packing": True},
+        "peft": {"method": "lora", "r": 16, "target_modules": "all-linear"},
+        "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "mixed_precision": "bf16",
+                  "kernels": "liger", "activation_offloading": True, "tiled_mlp": True}})
+    free = estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
+    assert free.longest_seq == 131_072 and not [n for n in free.notes if "outgrow the machine" in n]
+    small = estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30, host_ram=16 * 2**30)
+    [note] = [n for n in small.notes if "outgrow the machine" in n]
+    assert "16.00 GiB of RAM" in note and f"{small.longest_seq:,} tokens fit both" in note
+    # 16 GiB over 256 KiB a token (+ the head's share): under 64K tokens, and what the host holds at that row fits
+    assert 40_000 < small.longest_seq < 65_536
+    per_token = small.offloaded_bytes / 4096
+    assert small.longest_seq * per_token <= 16 * 2**30 < (small.longest_seq + 64) * per_token
+
+    from ftune.estimate.memory import DeviceMemory
+    m = DeviceMemory((), "backward", 0, offloaded=100 + 40, offloaded_activations=40)
+    assert host_rows(m, 4096, 100 + 40 * 3, 1) == 4096 * 3  # the states first, then rows
+    assert host_rows(m, 4096, 2 * (100 + 40 * 3), 2) == 4096 * 3  # each process's share
+    assert host_rows(DeviceMemory((), "backward", 0, 100), 4096, 10**12, 1) is None  # nothing grows: no cap
+
+
+def test_plan_takes_the_target_machines_ram(tiny_model_dir, tmp_path, capsys):
+    """`ftune plan --gpu-memory --host-memory`: another machine's RAM caps the offloaded rows, said in a note."""
+    import json
+
+    import yaml
+
+    from ftune.cli.main import main
+
+    path = tmp_path / "r.yaml"
+    (tmp_path / "d.jsonl").write_text('{"text": "hello there"}\n')
+    path.write_text(yaml.safe_dump({"name": "t", "model": {"path": str(tiny_model_dir)},
+                                    "data": {"train": [{"path": str(tmp_path / "d.jsonl")}], "max_seq_length": 128},
+                                    "train": {"max_steps": 1, "gradient_checkpointing": True,
+                                              "activation_offloading": True}}))
+    notes = {}
+    for ram in ("64GiB", "1MiB"):
+        assert main(["plan", str(path), "--gpu-memory", "8GiB", "--host-memory", ram, "--format", "json"]) == 0
+        notes[ram] = [n for n in json.loads(capsys.readouterr().out)["notes"] if "outgrow the machine" in n]
+    assert notes["64GiB"] == [] and "the machine's 1.00 MiB of RAM" in notes["1MiB"][0]
