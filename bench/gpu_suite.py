@@ -146,8 +146,9 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
     model_dir, data = gpu._assets(assets)
     recipe = long_recipe(model_dir, data, seq, Path(tempfile.mkdtemp(prefix="ftune-long-")), levers, sections)
     argv = [sys.executable, "-m", "ftune.cli.main", "plan", str(recipe), "--format", "json"]
-    if memory:
-        argv += ["--gpu-memory", f"{memory // 2**20}MiB"]
+    if memory:  # this machine's RAM too: offloaded rows must fit it (the plan reads it itself without --gpu-memory)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        argv += ["--gpu-memory", f"{memory // 2**20}MiB", "--host-memory", f"{ram // 2**20}MiB"]
     status, out, tail = _run(argv, shape_env, timeout)
     if status != "ok":
         return None, {"status": status, "tail": tail}
