@@ -202,8 +202,9 @@ _HOSTS: list[str] = []
 """Each rank's host name, gathered once the process group exists (for the message when a peer stops)."""
 
 
-def record_hosts() -> None:
-    """Every rank's host, gathered once at start (one tiny collective), so a failure can name where a peer ran."""
+def record_hosts(plan=None) -> None:
+    """Every rank's host, gathered once at start (one tiny collective), so a failure can name where a peer ran; with
+    it each rank's batch split (`split`), which every rank's plan must agree on."""
     import socket
 
     import torch.distributed as dist
@@ -211,8 +212,37 @@ def record_hosts() -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
-    _HOSTS[:] = [str(h) for h in hosts]
+    dist.all_gather_object(hosts, (socket.gethostname(), split(plan) if plan is not None else None))
+    _HOSTS[:] = [str(h) for h, _ in hosts]
+    check_splits([(h, s) for h, s in hosts if s is not None])
+
+
+def split(plan) -> tuple[int, int, bool]:
+    """Rows per device, accumulation and checkpointing as this machine's plan decided them."""
+    t = plan.trainer
+    return (t["per_device_train_batch_size"], t["gradient_accumulation_steps"],
+            bool(t.get("activation_checkpointing")) or plan.activation_checkpointing == "fsdp")
+
+
+def check_splits(splits: list[tuple[str, tuple[int, int, bool]]]) -> None:
+    """Each machine compiles its own plan; `auto` sizes the micro-batch from that machine's memory, so machines with
+    unlike memory could split the batch differently and then wait on each other's gradient syncs forever."""
+    if len({s for _, s in splits}) <= 1:
+        return
+    seen: dict[tuple, list[str]] = {}
+    for host, s in splits:
+        seen.setdefault(s, [])
+        if host not in seen[s]:
+            seen[s].append(host)
+    said = "; ".join(f"{', '.join(hosts)}: {b} row(s) x {a} accumulation, checkpointing {'on' if c else 'off'}"
+                     for (b, a, c), hosts in seen.items())
+    from ftune.errors import FtuneError
+
+    raise FtuneError(f"the machines' plans split the batch differently ({said}): the ranks would wait on each "
+                     "other's gradient syncs",
+                     hint="train.per_device_batch_size / gradient_checkpointing `auto` decide on each machine's "
+                          "memory: set them to numbers for machines with unlike memory (`ftune plan --gpu-memory` "
+                          "says what fits)")
 
 
 def peer_stopped(err: BaseException, plan) -> Exception | None:

@@ -46,7 +46,7 @@ def run_stages(plan: Plan) -> dict:
     distributed.prepare(plan)
     args = train.training_arguments(plan)  # sets up the process group
     distributed.check_world(plan, args.world_size)
-    distributed.record_hosts()
+    distributed.record_hosts(plan)
     main = args.process_index == 0
     console = Console(stderr=False, highlight=False) if main else None
 

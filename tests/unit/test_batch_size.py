@@ -174,3 +174,24 @@ def test_plan_sizes_auto_on_the_cli(tiny_model_dir, tmp_path, capsys):
     assert out["effective_batch_size"] == 16
     [line] = [n for n in out["notes"] if n.startswith("batch: ")]
     assert "16 row(s) per device x 1 accumulation" in line and "gradient_checkpointing off" in line
+
+
+# ------------------------------------------------------------------------------ machines deciding alone
+def test_machines_whose_plans_split_the_batch_differently_are_stopped_with_both_named():
+    """Each machine compiles its plan; auto decides on its memory. The worker gathers every rank's split at start
+    and refuses a mismatch (the ranks would wait on each other's gradient syncs), naming the hosts."""
+    from ftune.errors import FtuneError
+    from ftune.worker.distributed import check_splits, split
+
+    same = [("node-a", (4, 4, False)), ("node-a", (4, 4, False)), ("node-b", (4, 4, False))]
+    check_splits(same)
+    with pytest.raises(FtuneError) as err:
+        check_splits([*same, ("node-c", (2, 8, True))])
+    assert "node-a, node-b: 4 row(s) x 4 accumulation, checkpointing off" in err.value.message
+    assert "node-c: 2 row(s) x 8 accumulation, checkpointing on" in err.value.message
+    assert "set them to numbers" in err.value.hint
+
+    from types import SimpleNamespace
+    plan = SimpleNamespace(trainer={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3,
+                                    "activation_checkpointing": False}, activation_checkpointing="fsdp")
+    assert split(plan) == (2, 3, True)  # FSDP's own checkpointing counts as on
