@@ -36,10 +36,10 @@ def chooser(gpu_memory: int | None = None, seq_length: int | None = None):
     """The `Chooser` a command hands the compiler: estimates on the compiler's world and device, against
     `gpu_memory` (`plan --gpu-memory`), else the device this machine has (its RAM on a CPU)."""
 
-    def choose(recipe: Recipe, *, candidates: list[int], checkpointing: tuple[bool, ...], world_size: int,
-               num_processes: int, device: str) -> Choice | Problem:
+    def choose(recipe: Recipe, *, candidates: list[int], checkpointing: tuple[bool, ...], key: str,
+               world_size: int, num_processes: int, device: str) -> Choice | Problem:
         return choose_batch(recipe, candidates, checkpointing, world_size=world_size, num_processes=num_processes,
-                            device=device, gpu_memory=gpu_memory, seq_length=seq_length)
+                            device=device, gpu_memory=gpu_memory, seq_length=seq_length, key=key)
 
     return choose
 
@@ -50,11 +50,12 @@ def rows_that_fit(memory: DeviceMemory, budget: int) -> int:
 
 
 def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[bool, ...], *, world_size: int,
-                 num_processes: int, device: str, gpu_memory: int | None, seq_length: int | None
-                 ) -> Choice | Problem:
+                 num_processes: int, device: str, gpu_memory: int | None, seq_length: int | None,
+                 key: str = "per_device_batch_size") -> Choice | Problem:
+    """The fastest of `candidates` x `checkpointing` that fits (`recipe` at one row per device), or a Problem at
+    `train.<key>`."""
     from ftune.estimate.estimate import estimate
 
-    key = "per_device_batch_size" if len(candidates) > 1 else "gradient_checkpointing"
     seq = seq_length or recipe.data.max_seq_length
     fits: dict[bool, int] = {}
     budget = total = None

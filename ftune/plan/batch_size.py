@@ -27,8 +27,9 @@ class Choice:
 
 
 Chooser = Callable[..., "Choice | Problem"]
-"""`choose(recipe, candidates=[rows...], checkpointing=(False, True)) -> Choice | Problem`: `recipe` with one row per
-device and the rest as it runs; the fastest candidate that fits, or a Problem located at the auto key."""
+"""`choose(recipe, candidates=[rows...], checkpointing=(False, True), key=...) -> Choice | Problem`: `recipe` with one
+row per device and the rest as it runs; the fastest candidate that fits, or a Problem located at `key` (the auto
+key the recipe wrote: `per_device_batch_size`, else `gradient_checkpointing`)."""
 
 
 def auto(recipe: Recipe) -> bool:
@@ -88,7 +89,8 @@ def resolve(recipe: Recipe, data_parallel: int, choose: Chooser | None
             one = recipe.model_copy(update={"train": t.model_copy(update={
                 "per_device_batch_size": 1, "gradient_accumulation_steps": 1, "global_batch_size": None,
                 "gradient_checkpointing": checkpointing[0]})})
-            choice = choose(one, candidates=candidates, checkpointing=checkpointing)
+            key = "per_device_batch_size" if t.per_device_batch_size == "auto" else "gradient_checkpointing"
+            choice = choose(one, candidates=candidates, checkpointing=checkpointing, key=key)
             if isinstance(choice, Problem):
                 return recipe, [choice], None
         per_device, ckpt = choice.per_device, choice.checkpointing

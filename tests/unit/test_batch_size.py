@@ -61,12 +61,13 @@ def test_auto_validates():
 def test_the_chooser_decides_and_the_accumulation_follows():
     seen = {}
 
-    def choose(one, *, candidates, checkpointing):
-        seen.update(candidates=candidates, checkpointing=checkpointing, one=one.train)
+    def choose(one, *, candidates, checkpointing, key):
+        seen.update(candidates=candidates, checkpointing=checkpointing, one=one.train, key=key)
         return Choice(4, False, "because")
 
     out, found, note = batch_size.resolve(recipe(AUTO), 2, choose)
     assert found == [] and seen["candidates"] == [1, 2, 4, 8] and seen["checkpointing"] == (False, True)
+    assert seen["key"] == "per_device_batch_size"  # where a refusal is located
     assert (seen["one"].per_device_batch_size, seen["one"].gradient_accumulation_steps) == (1, 1)
     t = out.train
     assert (t.per_device_batch_size, t.gradient_accumulation_steps, t.gradient_checkpointing) == (4, 2, False)
@@ -153,6 +154,9 @@ def test_the_choice_is_the_fastest_micro_batch_the_estimate_says_fits(tiny_model
     tight = choose(int(ckpt.total_bytes * 0.8))
     assert isinstance(tight, Problem) and tight.path == "train.per_device_batch_size"
     assert "no micro-batch fits" in tight.message
+    fixed_batch = choose_batch(base, [1], (False, True), world_size=1, num_processes=1, device="cuda",
+                               gpu_memory=int(ckpt.total_bytes * 0.8), seq_length=None, key="gradient_checkpointing")
+    assert fixed_batch.path == "train.gradient_checkpointing"  # where the recipe wrote auto
 
 
 def test_plan_sizes_auto_on_the_cli(tiny_model_dir, tmp_path, capsys):
