@@ -199,3 +199,21 @@ def test_machines_whose_plans_split_the_batch_differently_are_stopped_with_both_
     plan = SimpleNamespace(trainer={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3,
                                     "activation_checkpointing": False}, activation_checkpointing="fsdp")
     assert split(plan) == (2, 3, True)  # FSDP's own checkpointing counts as on
+
+
+def test_grpo_groups_are_counted_in_the_global_batch(tmp_path):
+    """With global_batch_size, TRL's generation batch is the global batch (per-device x the derived accumulation x
+    ranks): 8 generations fit 16 rows of 4 per device, not 12."""
+    from ftune.recipe.rules.rl import whole_groups
+
+    def grpo(**train):
+        return Recipe.model_validate({**BASE, "data": {"train": [{"path": "p.jsonl", "format": "prompt"}]},
+                                      "train": {"max_steps": 2, "objective": "grpo", "per_device_batch_size": 4,
+                                                "rl": {"num_generations": 8, "rewards": [{"name": "length"}]},
+                                                **train}})
+
+    assert list(whole_groups(grpo(global_batch_size=16))) == []  # per-device 4 x accumulation 4 on one process
+    [p] = list(whole_groups(grpo(global_batch_size=12)))
+    assert "batch of 12 completions (train.global_batch_size)" in p.message
+    [p] = list(whole_groups(grpo()))  # 4 x 1 x 1
+    assert "batch of 4 completions (per_device_batch_size 4" in p.message

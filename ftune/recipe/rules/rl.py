@@ -97,14 +97,16 @@ def whole_groups(recipe: Recipe) -> Iterator[Problem]:
         return  # auto is refused for these objectives (rules.train.batch_sizes_fit)
     n = recipe.distributed.num_processes
     world = (n if isinstance(n, int) else 1) * recipe.distributed.num_machines
-    batch = t.per_device_batch_size * t.gradient_accumulation_steps * world
+    batch = t.global_batch_size or t.per_device_batch_size * t.gradient_accumulation_steps * world
     groups = rl_setting(recipe, "num_generations")
     if batch % groups:
         fits = [g for g in range(2, batch + 1) if batch % g == 0]
         yield Problem.at("train.rl.num_generations",
                          f"{groups} generations per prompt don't divide the generation batch of {batch} "
-                         f"completions (per_device_batch_size {t.per_device_batch_size} x gradient_accumulation_steps "
-                         f"{t.gradient_accumulation_steps} x {world} process{'es' if world > 1 else ''})",
+                         + ("completions (train.global_batch_size)" if t.global_batch_size else
+                            f"completions (per_device_batch_size {t.per_device_batch_size} x "
+                            f"gradient_accumulation_steps {t.gradient_accumulation_steps} x {world} "
+                            f"process{'es' if world > 1 else ''})"),
                          f"use num_generations {', '.join(map(str, fits)) or '(none fits: raise the batch)'}, or make "
                          f"the batch a multiple of {groups}")
     d = recipe.data
