@@ -356,11 +356,10 @@ def main() -> dict:
         }
         if variant == "lora+packing+liger":
             row["attn_implementation"] = sections["model"]["attn_implementation"]
-        if planned and variant == "lora+auto":  # what the plan picked, and its note saying why
-            t = planned["trainer"]
-            row["plan_batch"] = {"per_device": t["per_device_train_batch_size"],
-                                 "accumulation": t["gradient_accumulation_steps"],
-                                 "checkpointing": bool(t.get("activation_checkpointing")),
+        if planned and variant == "lora+auto":  # what the plan picked (as the plain side reads it), and why
+            picked = plain_config(sections, planned)
+            row["plan_batch"] = {"per_device": picked["batch"], "accumulation": picked["accumulation"],
+                                 "checkpointing": picked["checkpointing"],
                                  "note": next((n for n in planned["notes"] if n.startswith("batch: ")), None)}
         results["variants"][variant] = row
         save()

@@ -57,6 +57,7 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
     from ftune.estimate.estimate import estimate
 
     seq = seq_length or recipe.data.max_seq_length
+    share = HEADROOM.get(device, 0.9)
     fits: dict[bool, int] = {}
     budget = total = None
     for ckpt in checkpointing:
@@ -71,7 +72,7 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
                               "this plan doesn't know (it plans for GPUs this machine doesn't have)",
                               "pass --gpu-memory SIZE (e.g. 80GiB), or set a value")
         total = est.device_memory
-        budget = int(total * HEADROOM.get(est.device, 0.9))
+        budget = int(total * share)
         memory = DeviceMemory(tuple(est.memory), est.peak_phase, est.total_bytes, est.offloaded_bytes)
         fits[ckpt] = rows_that_fit(memory, budget)
         one_row = est.total_bytes
@@ -79,11 +80,11 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
     if not options:
         return Problem.at(f"train.{key}", f"no micro-batch fits: {candidates[0]} row(s) of {seq:,} tokens"
                           + (" with checkpointing" if checkpointing[-1] else "") + f" need more than "
-                          f"{fmt_bytes(budget)} ({HEADROOM.get(device, 0.9):.0%} of {fmt_bytes(total)}); one row "
+                          f"{fmt_bytes(budget)} ({share:.0%} of {fmt_bytes(total)}); one row "
                           f"plans {fmt_bytes(one_row)}",
                           "run `ftune plan` for its suggestions (QLoRA, an 8-bit optimizer, offloading, sharding), "
                           "shorten data.max_seq_length, or set the values by hand (auto keeps "
-                          f"{1 - HEADROOM.get(device, 0.9):.0%} free; `ftune plan` says whether they fit)")
+                          f"{1 - share:.0%} free; `ftune plan` says whether they fit)")
     speed_at = FULL_SPEED_TOKENS.get(device, 8192)
     recompute = RECOMPUTE["full" if recipe.peft.trains_whole_model else "frozen base"]
 
@@ -93,7 +94,7 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
 
     m, ckpt = max(options, key=speed)
     most = ", ".join(f"{fits[c]:,} {'with' if c else 'without'} checkpointing" for c in checkpointing)
-    why = (f"rows that fit in {fmt_bytes(budget)}, {HEADROOM.get(device, 0.9):.0%} of {fmt_bytes(total)}: {most}; "
+    why = (f"rows that fit in {fmt_bytes(budget)}, {share:.0%} of {fmt_bytes(total)}: {most}; "
            f"the fastest by the plan's step model: full speed from {speed_at:,} tokens a micro-batch, checkpointing "
            f"x{recompute:.2f} a step")
     return Choice(m, ckpt, why)

@@ -202,7 +202,7 @@ _HOSTS: list[str] = []
 """Each rank's host name, gathered once the process group exists (for the message when a peer stops)."""
 
 
-def record_hosts(plan=None) -> None:
+def record_hosts(plan) -> None:
     """Every rank's host, gathered once at start (one tiny collective), so a failure can name where a peer ran; with
     it each rank's batch split (`split`), which every rank's plan must agree on."""
     import socket
@@ -212,9 +212,9 @@ def record_hosts(plan=None) -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, (socket.gethostname(), split(plan) if plan is not None else None))
+    dist.all_gather_object(hosts, (socket.gethostname(), split(plan)))
     _HOSTS[:] = [str(h) for h, _ in hosts]
-    check_splits([(h, s) for h, s in hosts if s is not None])
+    check_splits(hosts)
 
 
 def split(plan) -> tuple[int, int, bool]:
@@ -231,9 +231,8 @@ def check_splits(splits: list[tuple[str, tuple[int, int, bool]]]) -> None:
         return
     seen: dict[tuple, list[str]] = {}
     for host, s in splits:
-        seen.setdefault(s, [])
-        if host not in seen[s]:
-            seen[s].append(host)
+        if host not in (hosts := seen.setdefault(s, [])):
+            hosts.append(host)
     said = "; ".join(f"{', '.join(hosts)}: {b} row(s) x {a} accumulation, checkpointing {'on' if c else 'off'}"
                      for (b, a, c), hosts in seen.items())
     from ftune.errors import FtuneError
