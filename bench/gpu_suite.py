@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -382,7 +383,23 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"unknown part(s) {unknown}; the parts: {', '.join(p.name for p in PARTS)}")
     cuda = torch.cuda.is_available()
-    assets = Path(os.environ.get("FTUNE_BENCH_ASSETS") or tempfile.mkdtemp(prefix="ftune-gpu-assets-"))
+    # one scratch folder for everything the parts write (the 8B's weights, runs, recipes, result files), this
+    # process's and its children's (TMPDIR), removed at the end: a second suite on the machine's disk finds it empty
+    scratch = Path(tempfile.mkdtemp(prefix="ftune-gpu-suite-"))
+    before = os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(scratch), str(scratch)
+    try:
+        return _suite(args, chosen, cuda, Path(os.environ.get("FTUNE_BENCH_ASSETS") or scratch / "assets"))
+    finally:
+        tempfile.tempdir = None
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _suite(args: argparse.Namespace, chosen: list[str], cuda: bool, assets: Path) -> dict:
     facts = part_env()
     results = {"date": time.strftime("%Y-%m-%d"), "smoke": SMOKE, "budget_s": args.budget, "parts": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 def suite(tmp_path, *args: str) -> dict:
     out = tmp_path / "gpu.json"
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "FTUNE_BENCH_SMOKE": "1", "FTUNE_BENCH_ASSETS": str(tmp_path / "assets"),
-           "FTUNE_BENCH_WHEELS": str(tmp_path / "wheels")}
+           "FTUNE_BENCH_WHEELS": str(tmp_path / "wheels"), "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run([sys.executable, str(REPO / "bench/gpu_suite.py"), "--out", str(out), *args],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,6 +55,8 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
     fp8 = parts["fp8-8b"]
     assert fp8["status"] == "ok" and fp8["result"]["plan_fp8"]["converted_layers"] > 0, fp8
     assert "train.precision" in fp8["result"]["refused_here"] and "8.9" in fp8["result"]["refused_here"]
+    # what the parts wrote (recipes, runs, result files) went to the suite's scratch folder, removed at its end
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def _suite_module():
