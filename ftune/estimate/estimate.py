@@ -27,7 +27,8 @@ from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout
 from ftune.estimate.long_rows import finisher, hidden_size, host_cap, host_note, longer_rows, tiled
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.step_probe import in_flight
-from ftune.plan.tiling import shards
+from ftune.plan.tiling import loss_shards, shards
+from ftune.tiled_loss import shard_count, text_config
 from ftune.estimate.suggest import suggest
 from ftune.estimate.vision_cost import VisionFacts, base_parts, with_images
 from ftune.models.config import linear_layer_names
@@ -264,6 +265,8 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         units = fsdp_layout(model, recipe, facts, world_size, num_processes, wrapped)
     layout = make_layout(recipe, world_size, device, units, facts)
+    if (rule := loss_shards(recipe)) is not None:  # train.tiled_loss: its slices at this row
+        layout = replace(layout, loss_slices=shard_count(rule, seq, hidden, text_config(config).vocab_size))
 
     def measure(prof, checkpointing: bool, rule) -> int:  # backward's gradients in flight, from a meta step
         return in_flight(model, prof, checkpointing, tile_rule=rule, batch=batch, seq=seq, attn_implementation=attn,

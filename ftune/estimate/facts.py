@@ -46,6 +46,8 @@ class ActivationProfile:
     sum (`ftune.estimate.step_probe`)."""
     tile_bytes: int = 0
     """With a tiled MLP: one slice's intermediates, recomputed in backward on top of `transient`'s (`tiled`)."""
+    loss_tiled_in: int = 0
+    """With a tiled loss: the slices its head and loss run in (`loss_tiled`); 0: the model's own loss."""
 
     def tiled(self, slices: int) -> ActivationProfile:
         """Each MLP tiled in `slices` (`train.tiled_mlp`): forward keeps its input only; backward recomputes one
@@ -58,6 +60,15 @@ class ActivationProfile:
         return replace(self, layer_bytes=layers, mlp_bytes=(), mlp_kept=(),
                        tile_bytes=max(math.ceil(m / max(slices, 1)) for m in mlp))
 
+    def loss_tiled(self, slices: int) -> ActivationProfile:
+        """The head and loss in `slices` slices (`train.tiled_loss`): forward keeps none of the head's fp32
+        log-probs; backward recomputes one slice's (its logits, then the log-probs) and starts with its two
+        gradients: `head_bytes` becomes one slice's log-probs and half again, so the two gradients `transient` counts
+        are the slice's three."""
+        chunk = math.ceil(self.head_bytes / max(slices, 1))
+        return replace(self, outside_bytes=max(self.outside_bytes - self.head_bytes, 0), head_bytes=chunk * 3 // 2,
+                       loss_tiled_in=slices)
+
     def saved(self, checkpointing: bool) -> int:
         """Bytes kept from forward to backward; with checkpointing only each layer's input and the head's."""
         if not checkpointing:
@@ -69,10 +80,13 @@ class ActivationProfile:
         log-probs are freed, the decoder layers' backward (one layer recomputed with checkpointing, and the
         gradients in flight a meta step measured), whichever is larger."""
         head = 2 * self.head_bytes
+        freed = 0 if self.loss_tiled_in else self.head_bytes  # the head's saved log-probs (a tiled loss saves none)
         layer = (max(self.layer_bytes, default=0) if checkpointing else 0) + self.inflight_bytes
-        if layer - self.head_bytes > head:  # the layers' backward: the head's log-probs are freed by then
+        if layer - freed > head:  # the layers' backward: the head's log-probs are freed by then
             what = "one layer recomputed in backward" if checkpointing else "backward through a layer"
-            return layer - self.head_bytes, what + (", its gradients in flight" if self.inflight_bytes else "")
+            return layer - freed, what + (", its gradients in flight" if self.inflight_bytes else "")
+        if self.loss_tiled_in:
+            return head, "one slice of the tiled loss recomputed in backward (train.tiled_loss)"
         return head, "head gradients (logits-sized)"
 
 

@@ -41,7 +41,7 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
     profile, checkpointing, rule)` the gradients in flight of a meta step with the MLP tiled), with the host memory
     offloaded rows take; None when every lever is on or none raises the limit."""
     steps: list[tuple[str, Layout, object]] = []
-    if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
+    if layout.device == "cuda" and not (layout.fused_loss or layout.loss_slices) and recipe.model.task == "causal-lm":
         layout = replace(layout, fused_loss=True)
         steps.append(("train.kernels: liger", layout, None))
     if not layout.checkpointing:

@@ -84,6 +84,7 @@ class Layout:
     master_weights: bool = False  # DeepSpeed mixed precision keeps fp32 copies of trainable weights
     double_quant: bool = False
     fused_loss: bool = False  # Liger's fused linear cross-entropy: logits and their gradients never materialised
+    loss_slices: int = 0  # train.tiled_loss: the head and loss in this many slices, recomputed in backward (0: not)
     offload_activations: bool = False  # saved activations live in host memory between forward and backward
     reference_copy: str | None = None  # dpo/kto with full fine-tuning: a frozen copy of the weights (the objective)
     low_rank: tuple[int, tuple[str, ...] | str] | None = None  # GaLore: (rank, optimizer_args.target_modules)
@@ -112,6 +113,8 @@ def per_device(params: list[ParamFact], profile: ActivationProfile, layout: Layo
     spec, _ = optimizer_spec(layout.optimizer)
     if layout.fused_loss:  # the head's saved fp32 log-probs and backward's two logits-sized gradients go away
         profile = replace(profile, outside_bytes=max(profile.outside_bytes - profile.head_bytes, 0), head_bytes=0)
+    elif layout.loss_slices:  # nothing of the head kept from forward; one slice's log-probs recomputed in backward
+        profile = profile.loss_tiled(layout.loss_slices)
     n = max(layout.shard_ranks, 1)
     by_dtype = weights_by_dtype(params, layout.double_quant)
     w_total = sum(by_dtype.values())

@@ -221,9 +221,11 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
     # included, ran single-threaded under accelerate's default of 1); a plan for other machines (`gpus`) leaves it
     # to the run there
     threads = cpu_threads(train.threads, num_processes) if gpus is None else None
-    if inspected.meta is not None and (line := tiling.note(recipe, inspected.meta.config,
-                                                           recipe.data.max_seq_length)) is not None:
-        notes.append(line)
+    if inspected.meta is not None:
+        for line in (tiling.note(recipe, inspected.meta.config, recipe.data.max_seq_length),
+                     tiling.loss_note(recipe, inspected.meta.config, recipe.data.max_seq_length)):
+            if line is not None:
+                notes.append(line)
     prompt = prompts.decide(recipe)
     if (line := prompts.note(recipe, prompt)) is not None:
         notes.append(line)
@@ -244,6 +246,7 @@ def compile_with_model(loaded, *, check_inputs: bool = True, gpus: int | None = 
         data=batching.data_plan(recipe, step_samples=effective_batch),
         activation_checkpointing=checkpointing_owner(trainer),
         tiled_mlp_shards=tiling.shards(recipe),
+        tiled_loss_shards=tiling.loss_shards(recipe),
         upcast_non_quantized=recipe.kbit is not None and quantization.upcasts(recipe),
         trainer=trainer,
         uses_bitsandbytes="quantization_config" in load.kwargs or trainer.get("optim") in BNB_OPTIMIZERS,

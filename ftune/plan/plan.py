@@ -100,6 +100,9 @@ class Plan(BaseModel):
     tiled_mlp_shards: int | Literal["auto"] | None = None
     """`train.tiled_mlp` (`ftune.plan.tiling`): the slices of each decoder layer's MLP call, a count or `auto` (the
     call's tokens / hidden size, rounded up); None: not tiled."""
+    tiled_loss_shards: int | Literal["auto"] | None = None
+    """`train.tiled_loss` (`ftune.plan.tiling`): the slices of each row's output head and loss, a count or `auto`
+    (the vocabulary / hidden size, rounded up); None: the model's own loss."""
     upcast_non_quantized: bool = False
     """With a quantized model: k-bit preparation upcasts the unquantized weights to fp32 (peft's default; not
     under FSDP, one dtype per shard). `ftune.plan.quantization.upcasts` decides it."""

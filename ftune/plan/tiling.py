@@ -1,11 +1,13 @@
-"""The tiled MLP (`train.tiled_mlp`, carried out by `ftune.tiled_mlp`): which modules are tiled, into how
-many slices, and the models it can't be right on. Light: no torch at import (the meta model is handed in)."""
+"""ALST's tiling levers: the tiled MLP (`train.tiled_mlp`, carried out by `ftune.tiled_mlp`) and the tiled loss
+(`train.tiled_loss`, `ftune.tiled_loss`): which modules are tiled, into how many slices, and the models each can't be
+right on. Light: no torch at import (the meta model is handed in)."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Literal
 
+from ftune import tiled_loss
 from ftune.errors import Problem
 from ftune.tiled_mlp import slices
 
@@ -48,20 +50,21 @@ def mlps(model) -> list:
 def model_problems(recipe: Recipe, model) -> list[Problem]:
     """A mixture-of-experts block (its router's load-balancing loss is computed per call: slices would change it)
     or a model without one `mlp` module per decoder layer: refused at train.tiled_mlp."""
+    found = loss_problems(recipe, model)
     if not recipe.train.tiled_mlp:
-        return []
+        return found
     from ftune.models.moe import moe_layout
 
     kind = type(model).__name__
     if moe_layout(model) is not None:
-        return [Problem.at("train.tiled_mlp", f"{kind} is a mixture-of-experts model: its router balances the "
+        return found + [Problem.at("train.tiled_mlp", f"{kind} is a mixture-of-experts model: its router balances the "
                            "experts' load over each call's tokens, so slicing the call would change the loss",
                            "set `train.tiled_mlp: false` (tiling is for dense MLPs)")]
     if not mlps(model):
-        return [Problem.at("train.tiled_mlp", f"found no `mlp` module in each decoder layer of {kind}, which the "
+        return found + [Problem.at("train.tiled_mlp", f"found no `mlp` module in each decoder layer of {kind}, which the "
                            "tiled MLP slices", "set `train.tiled_mlp: false` (it supports decoders such as Llama, "
                            "Qwen, Mistral, Gemma)")]
-    return []
+    return found
 
 
 def note(recipe: Recipe, config, seq: int | None) -> str | None:
@@ -78,3 +81,40 @@ def note(recipe: Recipe, config, seq: int | None) -> str | None:
     n = slices(rule, seq, hidden)
     return (f"train.tiled_mlp: each decoder layer's MLP in {n} slice{'s' if n > 1 else ''} of <= {math.ceil(seq / n):,} "
             f"tokens at {seq:,} tokens a row ({how}; forward without autograd, backward one slice at a time)")
+
+
+def loss_shards(recipe: Recipe) -> Shards | None:
+    """What the Plan carries for `train.tiled_loss`: None when the loss is not tiled."""
+    t = recipe.train
+    return None if not t.tiled_loss else t.tiled_loss_shards or "auto"
+
+
+def loss_problems(recipe: Recipe, model) -> list[Problem]:
+    """A model whose causal-LM forward the tiled loss is not verified to reproduce (`ftune.tiled_loss.VERIFIED`:
+    another family may add a router's loss, extra heads or its own logit transform): refused at train.tiled_loss."""
+    if not recipe.train.tiled_loss:
+        return []
+    kind = getattr(model.config, "model_type", None)
+    if kind in tiled_loss.VERIFIED and tiled_loss.head(model) is not None:
+        return []
+    return [Problem.at("train.tiled_loss", f"the tiled loss replaces the model's own forward after its decoder, and "
+                       f"is verified to give the same loss and gradients on {', '.join(tiled_loss.VERIFIED)}; this "
+                       f"model is {kind or type(model).__name__}",
+                       "set `train.tiled_loss: false` (on CUDA, `train.kernels: liger` chunks the loss for the "
+                       "families Liger patches)")]
+
+
+def loss_note(recipe: Recipe, config, seq: int | None) -> str | None:
+    """What the plan says it tiles of the loss, at the plan's row length."""
+    rule = loss_shards(recipe)
+    if rule is None:
+        return None
+    text = tiled_loss.text_config(config)
+    hidden, vocab = getattr(text, "hidden_size", None), getattr(text, "vocab_size", None)
+    how = f"{rule} slices" if rule != "auto" else "vocabulary / hidden size slices"
+    if not seq or not hidden or not vocab:
+        return f"train.tiled_loss: the output head and loss in {how} of each row (logits recomputed per slice)"
+    n = tiled_loss.shard_count(rule, seq, hidden, vocab)
+    return (f"train.tiled_loss: the output head and loss in {n} slice{'s' if n > 1 else ''} of <= "
+            f"{math.ceil(seq / n):,} tokens at {seq:,} tokens a row ({how}; each slice's logits recomputed in its "
+            "backward)")

@@ -105,6 +105,12 @@ def run_stages(plan: Plan) -> dict:
         tiled = tiled_mlp.apply(mlps(trainer.model), plan.tiled_mlp_shards)
         if console:
             console.print(f"tiled MLP: {tiled} decoder MLPs, slices: {plan.tiled_mlp_shards}")
+    if plan.tiled_loss_shards is not None:
+        from ftune import tiled_loss
+
+        tiled_loss.apply(trainer.model, plan.tiled_loss_shards)
+        if console:
+            console.print(f"tiled loss: the output head and loss in slices: {plan.tiled_loss_shards}")
     if facts.enabled():
         facts.record(trainer, run, args.process_index)
     if profile.enabled():

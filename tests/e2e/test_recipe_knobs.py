@@ -22,7 +22,9 @@ def test_recipe_with_the_new_keys_validates_plans_and_trains(tmp_path, tiny_mode
               "chat_template": "chatml", "eval": {"split": 0.1}},
         peft={"method": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
               "init": "pissa"},
-        train={"max_steps": None, "epochs": 2, "per_device_batch_size": 9, "early_stopping": {"patience": 5}},
+        # tiled_loss: the head (its trained token rows wrapped by peft) and loss in slices, recomputed in backward
+        train={"max_steps": None, "epochs": 2, "per_device_batch_size": 9, "early_stopping": {"patience": 5},
+               "tiled_loss": True},
         distributed={"timeout": 900},
     )
     recipe["eval"] = {"per_epoch": 2}  # replacing base_recipe's steps schedules
@@ -41,6 +43,7 @@ def test_recipe_with_the_new_keys_validates_plans_and_trains(tmp_path, tiny_mode
 
     res = ftune("run", str(path), cwd=tmp_path)
     assert res.code == 0, res.text
+    assert "tiled loss: the output head and loss in slices: auto" in res.text
     run_dir = tmp_path / "runs" / "e2e"
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["trainer"]["ddp_timeout"] == 900 and plan["trainer"]["eval_steps"] == pytest.approx(0.25)

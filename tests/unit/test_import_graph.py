@@ -10,7 +10,7 @@ Layers, lowest first; a module imports only from its own package or a lower laye
                                                                model.config, the catalog), the meta-device model,
                                                                positions, MoE and vision-language structure
   3 rundir, lifecycle, methods, tiny, chat, adapter,           shared by both sides
-    rewards, tools, gguf, fp8, tiled_mlp
+    rewards, tools, gguf, fp8, tiled_mlp, tiled_loss
   4 recipe, report, tiny_vision                                the recipe language; a run dir's report page; tiny
                                                                VLMs of more families (over tiny's template)
   5 datafiles, benchmarks                                      data files read lightly: both sides (checks, formats);
@@ -42,7 +42,7 @@ LAYERS = {
     "plugins": 1, "outputs": 1, "typed": 1, "clock": 1, "quiet": 1, "hub": 1, "patterns": 1,
     "models": 2,
     "rundir": 3, "lifecycle": 3, "methods": 3, "tiny": 3, "chat": 3, "adapter": 3, "rewards": 3, "gguf": 3,
-    "tools": 3, "fp8": 3, "tiled_mlp": 3,
+    "tools": 3, "fp8": 3, "tiled_mlp": 3, "tiled_loss": 3,
     "recipe": 4, "report": 4, "tiny_vision": 4,
     "datafiles": 5, "benchmarks": 5,
     "plan": 6, "importers": 6, "generation": 6,

@@ -19,7 +19,7 @@ def recipe(model_dir, method: str, **train) -> Recipe:
                                   "train": {"per_device_batch_size": 1, **train}})
 
 
-def real_step_peak(model_dir, r: Recipe, checkpointing: bool, tiled: bool) -> int:
+def real_step_peak(model_dir, r: Recipe, checkpointing: bool, tiled: bool, tiled_loss=None) -> int:
     """The same counter over a real CPU step of the model the worker builds (sdpa), gradients of the trainable
     parameters left out as the meta step leaves them out."""
     import torch
@@ -39,6 +39,10 @@ def real_step_peak(model_dir, r: Recipe, checkpointing: bool, tiled: bool) -> in
         base.enable_input_require_grads()
     if tiled:
         tiled_mlp.apply(mlps(model), "auto")
+    if tiled_loss is not None:
+        from ftune import tiled_loss as loss
+
+        loss.apply(model, tiled_loss)
     model.config.use_cache = False
     model.train()
     live = _counter()({t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())})

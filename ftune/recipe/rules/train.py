@@ -129,6 +129,33 @@ def speed_levers_fit(recipe: Recipe) -> Iterator[Problem]:
     if t.kernels == "liger" and recipe.model.task != "causal-lm":
         yield Problem.at("train.kernels", "Liger's fused linear cross-entropy is a causal-LM loss; "
                          f"model.task is '{recipe.model.task}'", "set `train.kernels: none`")
+    yield from tiled_loss_fits(recipe)
+
+
+def tiled_loss_fits(recipe: Recipe) -> Iterator[Problem]:
+    """`train.tiled_loss` replaces the model's own loss, the mean next-token NLL of the sft family's Trainer: not
+    a trainer's loss over the logits (preference, RL, distillation), not a classifier's, not twice (Liger)."""
+    t = recipe.train
+    if t.tiled_loss_shards is not None and not t.tiled_loss:
+        yield Problem.at("train.tiled_loss_shards", "tiled_loss_shards is set but train.tiled_loss is false",
+                         "set `train.tiled_loss: true`, or remove tiled_loss_shards")
+    if not t.tiled_loss:
+        return
+    if recipe.model.task != "causal-lm":
+        yield Problem.at("train.tiled_loss", f"the tiled loss is a causal LM's next-token loss; model.task is "
+                         f"'{recipe.model.task}'", "set `train.tiled_loss: false`")
+    elif not family_of(recipe).next_token_loss:
+        yield Problem.at("train.tiled_loss", f"train.objective '{t.objective}' computes its loss from the model's "
+                         "logits in its trainer (TRL's), which the tiled loss would not reach: it tiles the model's "
+                         "own next-token loss (train.objective: sft)", "set `train.tiled_loss: false`")
+    if t.kernels == "liger":
+        yield Problem.at("train.tiled_loss", "train.kernels: liger already computes the loss in chunks (its fused "
+                         "linear cross-entropy never holds the logits)", "use one of them: `train.kernels: none` "
+                         "(the tiled loss, any device) or `train.tiled_loss: false` (Liger, CUDA)")
+    if recipe.distributed.strategy == "deepspeed":
+        yield Problem.at("train.tiled_loss", "the tiled loss is not supported under DeepSpeed: its backward runs the "
+                         "output head once per slice, and ZeRO-3 gathers and releases the head's weight around each "
+                         "call", "use `distributed.strategy: fsdp` (or ddp, none), or `train.tiled_loss: false`")
 
 
 def batch_sizes_fit(recipe: Recipe) -> Iterator[Problem]:
