@@ -146,9 +146,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
     },
     'torchtune': {
         'loss._component_': (
-            'not imported: ftune trains the model\'s own cross-entropy; `CEWithChunkedOutputLoss` and '
-            '`LinearCrossEntropyLoss` (the same loss in less memory) point at `train.kernels: liger`'
+            '`CEWithChunkedOutputLoss` and `LinearCrossEntropyLoss` (the same loss in less memory) → '
+            '`train.tiled_loss: true`; other losses not imported: ftune trains the model\'s own cross-entropy'
         ),
+        'loss.num_output_chunks': '`train.tiled_loss_shards`',
         'model._component_': (
             "`qlora_*` → `peft.method: lora` + 4-bit NF4 with double quantization (torchao's NF4); "
             '`lora_*` → `lora`; other builders → `full`'

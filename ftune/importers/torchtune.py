@@ -303,18 +303,17 @@ def max_steps_per_epoch(value: Any, ctx: Context, path: PeerPath) -> Any:
 
 
 
-# torchtune's cross-entropy variants that only save memory (the logits chunked, or the output projection fused
-# into the loss): the same loss, which ftune gets from Liger's fused linear cross-entropy
+# torchtune's cross-entropy variants that only save memory (the logits in chunks of tokens, or the output projection
+# fused into the loss): the same loss, which ftune computes in slices with `train.tiled_loss`
 MEMORY_SAVING_LOSSES = ("CEWithChunkedOutputLoss", "LinearCrossEntropyLoss")
 
 
 def loss(value: Any, ctx: Context, path: PeerPath) -> Any:
-    """`loss._component_`: ftune trains the model's own cross-entropy; a chunked or fused one points at Liger."""
+    """`loss._component_`: ftune trains the model's own cross-entropy; a chunked or fused one is the tiled loss."""
     name = str(value).rsplit(".", 1)[-1]
     if name in MEMORY_SAVING_LOSSES:
-        raise Unmappable(f"{name} is cross-entropy computed without materializing the whole logits (less memory, the "
-                         "same loss); ftune's equivalent is `train.kernels: liger` (fused linear cross-entropy; needs "
-                         "the liger-kernel package): set it to keep the memory saving (`ftune plan` shows the gap)")
+        ctx.set("train.tiled_loss", True)
+        return NOTHING
     raise Unmappable("ftune uses the model's own cross-entropy loss")
 
 
@@ -365,6 +364,7 @@ TABLE: dict[str, Key | Skip] = {
     "lr_scheduler.num_cycles": Skip("ftune's cosine is the half-cycle schedule; it has no num_cycles key",
                                      changes=True),
     "loss._component_": Key(None, loss),
+    "loss.num_output_chunks": Key("train.tiled_loss_shards", lambda v, c, p: as_int(v)),
     "compile": Key("train.compile", lambda v, c, p: as_bool(v)),
     "device": Skip("ftune picks the device (GPUs when visible, else CPU)"),
     "dtype": Key(None, dtype),
