@@ -59,6 +59,7 @@ def test_liger_and_flash_attention_are_refused_on_cpu_located(tmp_path):
     found = _problems(tmp_path, compile_too=True, model={"path": "m", "attn_implementation": "flash_attention_2"},
                       train={"max_steps": 5, "kernels": "liger"})
     assert "Triton GPU kernels; this run is on CPU" in found["train.kernels"].message
+    assert "`train.tiled_loss: true`" in found["train.kernels"].hint  # the same memory saving, on any device
     assert found["train.kernels"].location.line == 10  # name, model(2), data(3), train: max_steps, kernels
     assert "CUDA GPUs only" in found["model.attn_implementation"].message
 

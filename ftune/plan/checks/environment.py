@@ -175,9 +175,11 @@ def kernels(recipe: Recipe, device: str) -> list[Problem]:
     if t.kernels == "liger":
         found += _cuda_lever(device, "liger_kernel", "train.kernels",
                              ("Liger kernels are Triton GPU kernels; this run is on CPU",
-                              "set `train.kernels: none` on CPU"),
+                              "set `train.kernels: none` on CPU (`train.tiled_loss: true` keeps Liger's saving of "
+                              "the logits' memory on any device)"),
                              ("train.kernels: liger needs the liger-kernel package, which is not installed",
-                              "pip install 'ftune[kernels]'   (liger-kernel)"))
+                              "pip install 'ftune[kernels]'   (liger-kernel), or `train.kernels: none` with "
+                              "`train.tiled_loss: true` for the loss's memory saving"))
     if m.attn_implementation == "flash_attention_2":
         found += _cuda_lever(device, "flash_attn", "model.attn_implementation",
                              ("flash_attention_2 runs on CUDA GPUs only; this run is on CPU",
