@@ -89,6 +89,10 @@ VARIANTS = {
     "lora+packing+liger": {"peft": LORA, "train": {"kernels": "liger"}, "data": {"packing": True},
                            "model": {"attn_implementation": "flash_attention_2"
                                      if importlib.util.find_spec("flash_attn") else "sdpa"}},
+    # the tiled loss in Liger's place (a machine without liger-kernel; its cost beside the plain script's loss)
+    "lora+packing+tiled_loss": {"peft": LORA, "train": {"tiled_loss": True}, "data": {"packing": True},
+                                "model": {"attn_implementation": "flash_attention_2"
+                                          if importlib.util.find_spec("flash_attn") else "sdpa"}},
     "qlora": {"peft": LORA, "quantization": {"bits": 4, "compute_dtype": "bfloat16"}},
     "full": {"peft": {"method": "full"}},
     "full+compile": {"peft": {"method": "full"}, "train": {"compile": True}},

@@ -12,8 +12,9 @@ Parts, in order (seconds each may take; a part gets at most what is left of --bu
                   Trainer+peft script (padded; Liger and DataCollatorWithFlattening) (bench/gpu.py: tokens/s, MFU by
                   the LoRA formula and by 6N, peak vs plan, threads, ftune / plain); then `lora+auto`: the same 2
                   rows a step with the micro-batch and checkpointing the plan picks (no recompute if 2 rows fit)
-  long-8b   150   `ftune plan`'s longest sequence for the 8B LoRA (Liger, checkpointing, batch 1) on this device,
-                  then 2 steps at 4096 packed and 1 at that length (ftune only): peak vs plan at both; the plan's
+  long-8b   150   `ftune plan`'s longest sequence for the 8B LoRA (Liger, or the tiled loss without liger-kernel;
+                  checkpointing, batch 1) on this device, then 2 steps at 4096 packed and 1 at that length (ftune
+                  only): peak vs plan at both; the plan's
                   longest with offloaded checkpoints and the tiled MLP too, and for full fine-tuning with FSDP2 CPU
                   offload and every lever, with the host memory it offloads (plan only)
   qlora-8b   60   QLoRA nf4 at seq 4096, beside the plain BitsAndBytesConfig + peft script
@@ -157,6 +158,14 @@ def longest(shape_env: dict, seq: int, assets: Path, memory: int | None, timeout
     return plan["estimate"].get("longest_seq"), plan["estimate"]
 
 
+def loss_lever() -> dict:
+    """How the long-context recipes keep the logits small: Liger's fused cross-entropy where liger-kernel is
+    installed, else ftune's tiled loss (the same saving; a plan naming Liger would be refused without the package)."""
+    import importlib.util
+
+    return {"kernels": "liger"} if importlib.util.find_spec("liger_kernel") else {"tiled_loss": True}
+
+
 def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dict | None = None,
                 sections: dict | None = None) -> Path:
     import yaml
@@ -165,7 +174,7 @@ def long_recipe(model_dir: Path, data: Path, seq: int, folder: Path, levers: dic
               "data": {"train": [{"path": str(data)}], "max_seq_length": seq, "train_on": "all", "packing": True},
               "peft": {"method": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
               "train": {"max_steps": 2, "per_device_batch_size": 1, "gradient_checkpointing": True,
-                        "mixed_precision": "bf16", "kernels": "liger", **(levers or {})},
+                        "mixed_precision": "bf16", **loss_lever(), **(levers or {})},
               "checkpoint": {"strategy": "no", "resume": False},
               "output": {"dir": str(folder / "run"), "report_to": ["none"], "loss_curve": False},
               **(sections or {})}
@@ -283,7 +292,7 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
     os.environ.update(shape)
     seq_plan = 4096 if not SMOKE else 64
     length, estimate = longest(shape, seq_plan, assets, memory, budget)
-    rows: dict = {"device_memory_bytes": memory, "plan_longest_seq": length}
+    rows: dict = {"device_memory_bytes": memory, "plan_longest_seq": length, "loss_lever": loss_lever()}
     if length is None:
         return {"status": "error", "result": rows, "plan": estimate}
     rows["plan_notes"] = [n for n in estimate.get("notes", []) if n.startswith(("longest row", "longer rows"))]
@@ -303,7 +312,8 @@ def long_context(budget: float, assets: Path, cuda: bool, facts: dict) -> dict:
         # one step at the longest row: its peak is the figure (an 8B step at 128K tokens takes about a minute)
         env = {**shape, "FTUNE_BENCH_SEQ": str(seq), "FTUNE_BENCH_BATCH": "1",
                "FTUNE_BENCH_STEPS": "2" if seq <= 4096 else "1",
-               "FTUNE_BENCH_VARIANTS": "lora+packing+liger" if cuda else "lora", "FTUNE_BENCH_PLAIN": "0"}
+               "FTUNE_BENCH_VARIANTS": ("lora+packing+liger" if "kernels" in loss_lever() else
+                                        "lora+packing+tiled_loss") if cuda else "lora", "FTUNE_BENCH_PLAIN": "0"}
         status, result, tail = _gpu_bench(env, left, assets)
         rows[str(seq)] = {"status": status, **next(iter(result.get("variants", {}).values()), {}),
                           **({"tail": tail} if status != "ok" else {})}

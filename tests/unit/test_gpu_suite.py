@@ -41,6 +41,7 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
     # the plan's longest row on an 80 GiB device: the tiny model's 256 positions bound it, not the memory
     long = parts["long-8b"]["result"]
     assert parts["long-8b"]["status"] == "ok" and long["plan_longest_seq"] == 256
+    assert long["loss_lever"] == ({"kernels": "liger"} if _has("liger_kernel") else {"tiled_loss": True})
     assert long["plan_longest_seq_alst_levers"] == 256  # offloaded checkpoints + tiled MLP planned too
     assert any(n.startswith("longest row:") for n in long["plan_notes_alst_levers"]), long
     # full fine-tuning as ftune sets up ALST's on one GPU (FSDP2 CPU offload, Liger, every lever): planned too, with
@@ -57,6 +58,12 @@ def test_the_cpu_parts_run_and_the_cuda_parts_are_recorded_as_skipped(tmp_path):
     assert "train.precision" in fp8["result"]["refused_here"] and "8.9" in fp8["result"]["refused_here"]
     # what the parts wrote (recipes, runs, result files) went to the suite's scratch folder, removed at its end
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def _has(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
 
 
 def _suite_module():
