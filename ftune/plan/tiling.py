@@ -57,13 +57,13 @@ def model_problems(recipe: Recipe, model) -> list[Problem]:
 
     kind = type(model).__name__
     if moe_layout(model) is not None:
-        return found + [Problem.at("train.tiled_mlp", f"{kind} is a mixture-of-experts model: its router balances the "
-                           "experts' load over each call's tokens, so slicing the call would change the loss",
-                           "set `train.tiled_mlp: false` (tiling is for dense MLPs)")]
-    if not mlps(model):
-        return found + [Problem.at("train.tiled_mlp", f"found no `mlp` module in each decoder layer of {kind}, which the "
-                           "tiled MLP slices", "set `train.tiled_mlp: false` (it supports decoders such as Llama, "
-                           "Qwen, Mistral, Gemma)")]
+        found.append(Problem.at("train.tiled_mlp", f"{kind} is a mixture-of-experts model: its router balances the "
+                                "experts' load over each call's tokens, so slicing the call would change the loss",
+                                "set `train.tiled_mlp: false` (tiling is for dense MLPs)"))
+    elif not mlps(model):
+        found.append(Problem.at("train.tiled_mlp", f"found no `mlp` module in each decoder layer of {kind}, which the "
+                                "tiled MLP slices", "set `train.tiled_mlp: false` (it supports decoders such as "
+                                "Llama, Qwen, Mistral, Gemma)"))
     return found
 
 

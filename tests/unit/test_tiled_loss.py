@@ -21,7 +21,8 @@ def tiny(model_type: str, method: str = "full"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SMALL, **TRANSFORMS.get(model_type, {})))
+    config = AutoConfig.for_model(model_type, **SMALL, **TRANSFORMS.get(model_type, {}))
+    model = AutoModelForCausalLM.from_config(config)
     if method == "lora":
         from peft import LoraConfig, get_peft_model
 
