@@ -3,7 +3,8 @@ head and cross-entropy run over the row's tokens in slices, each slice's logits 
 (`torch.utils.checkpoint`), so the logits, tokens x vocabulary in float32 for the loss (2 GiB for 4,096 tokens of
 Llama-3's 128,256 words; the largest tensors of a long row's step), and their gradients never exist for more than
 one slice. Liger's fused linear cross-entropy does the same on CUDA for the families it patches; this runs the
-model's own head on any device, for the families listed in `VERIFIED`.
+model's own head on any device, for the families listed in `VERIFIED`. With labels the forward returns the loss and no logits
+(training and evaluation); without, the model's own forward runs.
 
 The loss is transformers' (`ForCausalLMLoss`): the labels shifted by one (or the collator's `shift_labels`), -100
 ignored, the sum over the batch's label tokens divided by the Trainer's `num_items_in_batch` (else their mean). The
@@ -64,12 +65,15 @@ def remove(model) -> None:
 
 
 def _tiled_forward(lm, untiled, rule):
-    import torch
+    """The causal LM's forward with the loss in slices wherever labels are given: training, and evaluation's loss
+    too (the Trainer's evaluation keeps only the loss of a model without `compute_metrics`), so an eval batch of
+    long rows holds no more than a training one. Without labels (generation, benchmarks' log-likelihoods) the
+    model's own forward runs and returns its logits."""
 
     def forward(*args, **kwargs):
         labels, shift = kwargs.get("labels"), kwargs.get("shift_labels")
-        if args or (labels is None and shift is None) or not torch.is_grad_enabled():
-            return untiled(*args, **kwargs)  # eval, generation: the model's own forward, with its logits
+        if args or (labels is None and shift is None):
+            return untiled(*args, **kwargs)  # generation, scoring: the model's own forward, with its logits
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         for key in ("labels", "shift_labels", "logits_to_keep", "return_dict"):

@@ -88,15 +88,32 @@ def test_the_trainers_item_count_and_a_trainable_head(method):
     assert_same(reference, tiled, len(reference[1]))
 
 
-def test_no_grad_calls_run_the_models_own_forward():
+def test_compiled_the_tiled_loss_gives_the_same_loss_and_gradients():
+    """`train.compile` with the tiled loss: torch.compile traces the checkpointed slices (aot_eager here; inductor
+    needs a C compiler) and gives the model's own loss and gradients."""
+    import torch
+
+    reference = step(tiny("llama"))
+    model = tiny("llama")
+    tiled_loss.apply(model, 4)
+    loss, grads = step(torch.compile(model, backend="aot_eager"))
+    assert_same(reference, (loss, {k.removeprefix("_orig_mod."): g for k, g in grads.items()}), len(reference[1]))
+
+
+def test_labels_get_the_tiled_loss_and_calls_without_them_the_models_logits():
+    """Training and evaluation (labels, with or without grad) get the loss and no logits: an eval batch of long rows
+    holds no logits either; generation and scoring (no labels) get the model's own forward and its logits."""
     import torch
 
     model = tiny("llama")
-    tiled_loss.apply(model, 4)
     ids = torch.randint(3, 300, (1, 9))
     with torch.no_grad():
-        out = model(input_ids=ids, labels=ids)
-    assert out.logits.shape == (1, 9, 300) and out.loss is not None
+        own = model(input_ids=ids, labels=ids).loss
+    tiled_loss.apply(model, 4)
+    with torch.no_grad():
+        evaluated = model(input_ids=ids, labels=ids)
+        assert evaluated.logits is None and evaluated.loss == pytest.approx(own.item(), rel=1e-6)
+        assert model(input_ids=ids).logits.shape == (1, 9, 300)
     out = model(input_ids=ids, labels=ids)  # training: the loss, no logits
     assert out.logits is None and out.loss.requires_grad
     tiled_loss.remove(model)
