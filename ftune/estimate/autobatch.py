@@ -76,6 +76,7 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
         memory = DeviceMemory(tuple(est.memory), est.peak_phase, est.total_bytes, est.offloaded_bytes)
         fits[ckpt] = rows_that_fit(memory, budget)
         one_row = est.total_bytes
+        levers = next((n for n in est.notes if n.startswith("longer rows")), None)  # what the last one leaves off
     options = [(m, c) for c in checkpointing for m in candidates if m <= fits[c]]
     if not options:
         return Problem.at(f"train.{key}", f"no micro-batch fits: {candidates[0]} row(s) of {seq:,} tokens"
@@ -84,7 +85,8 @@ def choose_batch(recipe: Recipe, candidates: list[int], checkpointing: tuple[boo
                           f"plans {fmt_bytes(one_row)}",
                           "run `ftune plan` for its suggestions (QLoRA, an 8-bit optimizer, offloading, sharding), "
                           "shorten data.max_seq_length, or set the values by hand (auto keeps "
-                          f"{1 - share:.0%} free; `ftune plan` says whether they fit)")
+                          f"{1 - share:.0%} free; `ftune plan` says whether they fit)"
+                          + (f"; the one-row plan's {levers}" if levers else ""))
     speed_at = FULL_SPEED_TOKENS.get(device, 8192)
     recompute = RECOMPUTE["full" if recipe.peft.trains_whole_model else "frozen base"]
 

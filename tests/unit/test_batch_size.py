@@ -154,6 +154,13 @@ def test_the_choice_is_the_fastest_micro_batch_the_estimate_says_fits(tiny_model
     tight = choose(int(ckpt.total_bytes * 0.8))
     assert isinstance(tight, Problem) and tight.path == "train.per_device_batch_size"
     assert "no micro-batch fits" in tight.message
+    # room for the weights and half a row's activations: the refusal names the levers the recipe leaves off, with
+    # the longest row each allows (the one-row plan's "longer rows" note)
+    resident = sum(i.bytes for i in ckpt.memory if i.phase == "always")
+    half = choose(int((resident + (ckpt.total_bytes - resident) / 2) / HEADROOM["cuda"]))
+    assert "no micro-batch fits" in half.message
+    assert "the one-row plan's longer rows (memory alone; levers added in turn): + train.kernels: liger: " in \
+        half.hint, half.hint
     fixed_batch = choose_batch(base, [1], (False, True), world_size=1, num_processes=1, device="cuda",
                                gpu_memory=int(ckpt.total_bytes * 0.8), seq_length=None, key="gradient_checkpointing")
     assert fixed_batch.path == "train.gradient_checkpointing"  # where the recipe wrote auto
