@@ -222,17 +222,7 @@ def test_the_8b_plan_gains_what_liger_gains_and_stops_naming_liger():
     """Llama-3.1-8B (the catalog's config) LoRA at 4096 on a 141 GiB GPU: the tiled loss raises the longest row as
     Liger's fused cross-entropy does (32 slices: a slice's logits are small), and the "longer rows" note then starts
     at the next lever."""
-    from ftune.estimate.estimate import estimate
-    from ftune.recipe.schema import Recipe
-
-    def est(**train):
-        r = Recipe.model_validate({
-            "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
-            "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 4096, "packing": True},
-            "peft": {"method": "lora", "r": 16, "target_modules": "all-linear"},
-            "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "mixed_precision": "bf16",
-                      **train}})
-        return estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
+    from tests.unit.test_tiled_mlp import estimate_8b as est
 
     plain, liger, tiled = est(), est(kernels="liger"), est(tiled_loss=True)
     assert tiled.total_bytes == pytest.approx(liger.total_bytes, rel=0.01) and tiled.total_bytes < plain.total_bytes

@@ -212,20 +212,23 @@ def test_a_model_without_decoder_mlps_is_refused():
         update={"tiled_mlp": False})}), Model()) == []
 
 
+def estimate_8b(**train):
+    """The plan's estimate for Llama-3.1-8B (the catalog's config), LoRA r16 all-linear, bf16, packed rows of 4096,
+    batch 1 with checkpointing, on a 141 GiB GPU, with `train` keys added."""
+    from ftune.estimate.estimate import estimate
+
+    r = Recipe.model_validate({
+        "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
+        "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 4096, "packing": True},
+        "peft": {"method": "lora", "r": 16, "target_modules": "all-linear"},
+        "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "mixed_precision": "bf16", **train}})
+    return estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
+
+
 def test_the_8b_plan_names_the_lever_that_raises_the_longest_row(tmp_path):
     """Llama-3.1-8B (the catalog's config) LoRA at 4096 on a 141 GiB GPU: each lever left off raises the longest
     row; the tiled MLP's slice stays hidden-size tokens long as rows grow, so it is not scaled with them."""
-    from ftune.estimate.estimate import estimate
-
-    def est(**train):
-        r = Recipe.model_validate({
-            "name": "t", "model": {"path": "meta-llama/Llama-3.1-8B", "dtype": "bfloat16"},
-            "data": {"train": [{"path": "d.jsonl"}], "max_seq_length": 4096, "packing": True},
-            "peft": {"method": "lora", "r": 16, "target_modules": "all-linear"},
-            "train": {"per_device_batch_size": 1, "gradient_checkpointing": True, "mixed_precision": "bf16",
-                      **train}})
-        return estimate(r, world_size=1, num_processes=1, gpu_memory=141 * 2**30)
-
+    est = estimate_8b
     plain, levers = est(), est(kernels="liger", activation_offloading=True, tiled_mlp=True)
     [line] = [n for n in plain.notes if n.startswith("longer rows")]
     steps = line.split("in turn): ", 1)[1].split("; ")
