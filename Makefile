@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup demo test test-all test-fast test-matrix test-torchvision fuzz schemas bench bench-gpu clean
+.PHONY: setup demo test test-all test-fast test-matrix test-torchvision fuzz schemas bench bench-gpu gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,11 @@ bench: setup
 # QLoRA, long context, GRPO, 3B full, then pytest -m gpu; each part time-limited, results in bench/results/)
 bench-gpu: setup
 	$(PY) bench/gpu_suite.py
+
+# the wheels a lent GPU machine lacks (it reaches no package index), into .whl/ to carry there; in the window:
+# `bash bench/gpu_window.sh` (docs/performance.md)
+gpu-wheels:
+	$(PYTHON) bench/gpu_wheels.py
 
 clean:
 	rm -rf runs .cache $(VENV) $(TV_VENV)
