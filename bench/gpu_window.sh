@@ -16,8 +16,9 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASE
 export HF_HOME=/tmp/ftune-hf FTUNE_BENCH_WHEELS="$PWD/.whl"
 OUT="${OUT:-$PWD/bench/results}"
 mkdir -p "$OUT"
-python3 -c "import torch, transformers, peft, trl, datasets, ftune; print('torch', torch.__version__, 'cuda', \
-torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', '| transformers', \
-transformers.__version__, '| peft', peft.__version__, '| trl', trl.__version__)" || exit 4
+python3 -c "import torch, transformers, peft, trl, datasets, pyarrow, ftune; print('torch', torch.__version__, \
+'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', \
+'| transformers', transformers.__version__, '| peft', peft.__version__, '| trl', trl.__version__, '| datasets', \
+datasets.__version__, '| pyarrow', pyarrow.__version__)" || exit 4
 exec python3 bench/gpu_suite.py --budget "${BUDGET:-500}" --out "$OUT/gpu-$(date +%Y-%m-%d).json" \
     ${PARTS:+--parts "$PARTS"}
