@@ -24,7 +24,8 @@ from ftune.estimate.facts import MemoryItem, ParamFact
 from ftune.estimate.optimizer import optimizer_spec
 from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
                                    make_layout)
-from ftune.estimate.long_rows import finisher, hidden_size, host_cap, host_note, longer_rows, tiled
+from ftune.estimate.long_rows import (finisher, hidden_size, host_cap, host_note, longer_rows, loss_tiling,
+                                     tiled)
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.step_probe import in_flight
 from ftune.plan.tiling import loss_shards, shards
@@ -308,7 +309,8 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     fp8 = fp8_cost(fp8_chosen, config, recipe, seq, memory.total) if fp8_chosen is not None else None
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
-    suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq)
+    suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq,
+                          loss_slices=loss_tiling(recipe, model, seq, hidden, config))
     notes += qat_cost_lines(recipe, model, DTYPES[dtype], batch, seq)  # quantization.qat beside the baseline
     facts_moe = None
     if moe_counts is not None:

@@ -11,7 +11,7 @@ from ftune.estimate.facts import ActivationProfile, ParamFact
 from ftune.estimate.memory import TILE_SLICE, Layout, fmt_bytes, per_device
 from ftune.estimate.parallel import longest_sequence, split_layout
 from ftune.estimate.probe import HIDDEN_KEYS, _config_int
-from ftune.plan.tiling import shards, slices
+from ftune.plan.tiling import loss_problems, shards, slices
 
 if TYPE_CHECKING:
     from ftune.recipe.schema import Recipe
@@ -67,6 +67,20 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
     if not said:
         return None
     return "longer rows (memory alone; levers added in turn): " + "; ".join(said)
+
+
+def loss_tiling(recipe: Recipe, model, seq: int, hidden: int, config) -> int | None:
+    """The tiled loss's `auto` slices at `seq` where the recipe could take `train.tiled_loss` (its objective, task,
+    kernels, strategy and model family allow it) and doesn't; else None."""
+    from ftune.recipe.rules.train import tiled_loss_fits
+    from ftune.tiled_loss import shard_count, text_config
+
+    if recipe.train.tiled_loss:
+        return None
+    trial = recipe.model_copy(update={"train": recipe.train.model_copy(update={"tiled_loss": True})})
+    if any(True for _ in tiled_loss_fits(trial)) or loss_problems(trial, model):
+        return None
+    return shard_count("auto", seq, hidden, text_config(config).vocab_size)
 
 
 def host_at(memory, rows: int, seq: int) -> int:

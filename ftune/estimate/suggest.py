@@ -15,8 +15,10 @@ if TYPE_CHECKING:
 
 
 def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, layout: Layout,
-            memory: DeviceMemory, device_memory: int | None, world_size: int, seq: int) -> list[str]:
-    """Concrete changes, each with the peak it would give, largest saving first."""
+            memory: DeviceMemory, device_memory: int | None, world_size: int, seq: int,
+            loss_slices: int | None = None) -> list[str]:
+    """Concrete changes, each with the peak it would give, largest saving first. `loss_slices`: the tiled loss's
+    slices where the recipe could take `train.tiled_loss` (None: it can't, or has it)."""
     options: list[tuple[int, str]] = []
 
     def consider(text: str, new: DeviceMemory | int) -> None:
@@ -45,6 +47,9 @@ def suggest(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfile, 
     if layout.device == "cuda" and not layout.fused_loss and recipe.model.task == "causal-lm":
         consider("use train.kernels: liger (fused linear cross-entropy: no logits-sized tensors)",
                  per_device(facts, profile, replace(layout, fused_loss=True)))
+    if layout.device == "cpu" and loss_slices and not (layout.fused_loss or layout.loss_slices):
+        consider("use train.tiled_loss (the head and loss in slices: no logits-sized tensors, on any device)",
+                 per_device(facts, profile, replace(layout, loss_slices=loss_slices)))
     if not layout.offload_activations:
         consider("enable train.activation_offloading (activations in host memory)",
                  per_device(facts, profile, replace(layout, offload_activations=True)))

@@ -231,3 +231,23 @@ def test_the_8b_plan_gains_what_liger_gains_and_stops_naming_liger():
     [cap] = [n for n in tiled.notes if n.startswith("longest row:")]
     [liger_cap] = [n for n in liger.notes if n.startswith("longest row:")]
     assert cap == liger_cap  # 202,781 tokens fit, capped at the model's 131,072 positions
+
+
+def test_a_tight_cpu_plan_suggests_the_tiled_loss_where_the_recipe_could_take_it(wide_vocab_dir):
+    """On a CPU the plan can't suggest Liger (CUDA only): where the head's logits are the step's peak it suggests
+    the tiled loss, with the peak it would give, unless the recipe can't take it (a preference objective)."""
+    from ftune.estimate.estimate import estimate
+    from tests.unit.test_step_probe import recipe
+
+    r = recipe(wide_vocab_dir, "lora", gradient_checkpointing=True)
+    roomy = estimate(r, world_size=1, num_processes=1, gpu_memory=2**40, device="cpu")
+    tight = estimate(r, world_size=1, num_processes=1, gpu_memory=int(roomy.total_bytes * 0.95), device="cpu")
+    [line] = [s for s in tight.suggestions if s.startswith("use train.tiled_loss")]
+    tiled = estimate(r.model_copy(update={"train": r.train.model_copy(update={"tiled_loss": True})}), world_size=1,
+                     num_processes=1, gpu_memory=2**40, device="cpu")
+    from ftune.estimate.memory import fmt_bytes
+
+    assert line.endswith(f"-> {fmt_bytes(tiled.total_bytes)}"), (line, tiled.total_bytes)
+    dpo = r.model_copy(update={"train": r.train.model_copy(update={"objective": "dpo"})})
+    assert not [s for s in estimate(dpo, world_size=1, num_processes=1, gpu_memory=int(roomy.total_bytes * 0.95),
+                                    device="cpu").suggestions if "tiled_loss" in s]
