@@ -21,10 +21,11 @@ import math
 MARK = "_ftune_tiled_loss"
 
 VERIFIED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
-            "cohere", "smollm3")
-"""The model types whose `*ForCausalLM.forward` is the decoder, then `lm_head`, then `LOGIT_TRANSFORMS`, then
-transformers' causal-LM loss, and nothing else (no router loss, no extra heads): the forward this replaces.
-tests/unit/test_tiled_loss.py checks each one's loss and gradients against its own forward."""
+            "cohere", "smollm3", "llava", "idefics3")
+"""The model types whose `*ForCausalLM.forward` (a VLM's `*ForConditionalGeneration.forward`: images go to its
+`.model` with the text) is the decoder, then `lm_head`, then `logit_transform`'s, then transformers' causal-LM loss,
+and nothing else (no router loss, no extra heads): the forward this replaces. tests/unit/test_tiled_loss.py checks
+each one's loss and gradients against its own forward (the VLMs with an image in the row)."""
 
 
 def shard_count(rule, tokens: int, hidden: int, vocab: int) -> int:
@@ -68,8 +69,11 @@ def _tiled_forward(lm, untiled, rule):
     """The causal LM's forward with the loss in slices wherever labels are given: training, and evaluation's loss
     too (the Trainer's evaluation keeps only the loss of a model without `compute_metrics`), so an eval batch of
     long rows holds no more than a training one. Without labels (generation, benchmarks' log-likelihoods) the
-    model's own forward runs and returns its logits."""
+    model's own forward runs and returns its logits. It carries the forward's signature (`functools.wraps`):
+    generation and the Trainer read which inputs the model takes from it (a VLM's `pixel_values`)."""
+    import functools
 
+    @functools.wraps(untiled)
     def forward(*args, **kwargs):
         labels, shift = kwargs.get("labels"), kwargs.get("shift_labels")
         if args or (labels is None and shift is None):

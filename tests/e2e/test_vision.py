@@ -37,9 +37,13 @@ def _recipe(vlm_dir: Path, data: Path) -> dict:
 
 def _run(tmp_path_factory, vlm_dir: Path, blank: bool) -> Path:
     folder = tmp_path_factory.mktemp("blank" if blank else "colour")
-    recipe = write_recipe(folder, _recipe(vlm_dir, _data(folder, blank)))
+    raw = _recipe(vlm_dir, _data(folder, blank))
+    if not blank:  # the colour run trains with the tiled loss (the same loss; the image rows' logits in slices)
+        raw["train"]["tiled_loss"] = True
+    recipe = write_recipe(folder, raw)
     res = ftune("run", str(recipe), cwd=folder, env={"FTUNE_CACHE": str(folder / "cache")})
     assert res.code == 0, res.text
+    assert ("tiled loss: the output head and loss in slices: auto" in res.text) == (not blank)
     return folder
 
 

@@ -54,7 +54,16 @@ def assert_same(reference, tiled, trainable: int):
         assert (tiled_grads[name] - g).abs().max().item() <= 1e-6 * max(1.0, g.abs().max().item()), name
 
 
-@pytest.mark.parametrize("model_type", tiled_loss.VERIFIED)
+VISION = ("llava", "idefics3")
+"""The verified vision-language families: tested with an image in the row (ftune.tiny builds them)."""
+TEXT = tuple(t for t in tiled_loss.VERIFIED if t not in VISION)
+
+
+def test_every_verified_family_is_tested():
+    assert set(VISION) <= set(tiled_loss.VERIFIED) and len(TEXT) + len(VISION) == len(tiled_loss.VERIFIED)
+
+
+@pytest.mark.parametrize("model_type", TEXT)
 def test_each_verified_family_gives_its_own_loss_and_gradients(model_type):
     reference = step(tiny(model_type))
     model = tiny(model_type)
@@ -118,6 +127,17 @@ def test_labels_get_the_tiled_loss_and_calls_without_them_the_models_logits():
     assert out.logits is None and out.loss.requires_grad
     tiled_loss.remove(model)
     assert model(input_ids=ids, labels=ids).logits is not None
+
+
+def test_the_tiled_forward_keeps_the_models_signature():
+    """Generation validates its inputs against the forward's parameters (a VLM's `pixel_values`), and the Trainer
+    picks the dataset columns it keeps from them: the tiled forward shows the model's own."""
+    import inspect
+
+    model = tiny("llama")
+    own = inspect.signature(model.forward)
+    tiled_loss.apply(model, 4)
+    assert inspect.signature(model.forward) == own and "labels" in own.parameters
 
 
 @pytest.mark.parametrize(("rule", "tokens", "hidden", "vocab", "want"),
@@ -196,7 +216,7 @@ def test_rules_refuse_what_the_tiled_loss_cannot_reach(tmp_path, tiny_model_dir)
     assert "computes its loss from the model's logits in its trainer" in found["train.tiled_loss"].message
     found = recipe_problems(tmp_path, tiny_model_dir, train={"tiled_loss": True},
                             model={"task": "sequence-classification"})
-    assert "causal LM's next-token loss" in found["train.tiled_loss"].message
+    assert "language model's next-token loss" in found["train.tiled_loss"].message
     assert recipe_problems(tmp_path, tiny_model_dir, train={"tiled_loss": True, "tiled_loss_shards": 4}) == {}
 
 
@@ -251,3 +271,40 @@ def test_a_tight_cpu_plan_suggests_the_tiled_loss_where_the_recipe_could_take_it
     dpo = r.model_copy(update={"train": r.train.model_copy(update={"objective": "dpo"})})
     assert not [s for s in estimate(dpo, world_size=1, num_processes=1, gpu_memory=int(roomy.total_bytes * 0.95),
                                     device="cpu").suggestions if "tiled_loss" in s]
+
+
+@pytest.mark.parametrize("family", VISION)
+def test_a_vlms_loss_and_gradients_with_an_image_in_the_row(tmp_path, tiny_tokenizer_dir, family):
+    """LLaVA and Idefics3 (SmolVLM's family): the image goes through the vision tower into the decoder as the model's
+    own forward sends it; the tiled loss gives the same loss and gradients, the tower's and projector's included."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from ftune import tiny as builders
+
+    folder = tmp_path / family
+    getattr(builders, f"build_tiny_{family}")(folder, AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+    processor = AutoProcessor.from_pretrained(folder)
+    image = Image.fromarray((np.random.RandomState(0).rand(28, 28, 3) * 255).astype("uint8"))
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "red"}]}]
+    batch = processor(text=[processor.apply_chat_template(chat, tokenize=False)], images=[[image]], return_tensors="pt")
+    labels = batch["input_ids"].clone()
+    labels[:, :5] = -100
+
+    def step(model):
+        model.train()
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    torch.manual_seed(0)
+    reference = step(AutoModelForImageTextToText.from_pretrained(folder))
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    assert model.config.model_type == family and tiled_loss.apply(model, 3)
+    tiled = step(model)
+    assert any("vision" in name for name in tiled[1])  # the tower trained through the same graph
+    assert_same(reference, tiled, len(reference[1]))

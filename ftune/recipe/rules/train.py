@@ -141,9 +141,10 @@ def tiled_loss_fits(recipe: Recipe) -> Iterator[Problem]:
                          "set `train.tiled_loss: true`, or remove tiled_loss_shards")
     if not t.tiled_loss:
         return
-    if recipe.model.task != "causal-lm":
-        yield Problem.at("train.tiled_loss", f"the tiled loss is a causal LM's next-token loss; model.task is "
-                         f"'{recipe.model.task}'", "set `train.tiled_loss: false`")
+    if recipe.model.task == "sequence-classification":
+        yield Problem.at("train.tiled_loss", "the tiled loss is a language model's next-token loss; model.task is "
+                         "'sequence-classification' (one label a row: no logits-sized tensors to tile)",
+                         "set `train.tiled_loss: false`")
     elif not family_of(recipe).next_token_loss:
         yield Problem.at("train.tiled_loss", f"train.objective '{t.objective}' computes its loss from the model's "
                          "logits in its trainer (TRL's), which the tiled loss would not reach: it tiles the model's "
