@@ -3,15 +3,16 @@ head and cross-entropy run over the row's tokens in slices, each slice's logits 
 (`torch.utils.checkpoint`), so the logits, tokens x vocabulary in float32 for the loss (2 GiB for 4,096 tokens of
 Llama-3's 128,256 words; the largest tensors of a long row's step), and their gradients never exist for more than
 one slice. Liger's fused linear cross-entropy does the same on CUDA for the families it patches; this runs the
-model's own head on any device, for the families listed in `VERIFIED`. With labels the forward returns the loss and no logits
-(training and evaluation); without, the model's own forward runs.
+model's own head on any device, for the families listed in `VERIFIED`. With labels the forward returns the loss and
+no logits (training and evaluation); without, the model's own forward runs.
 
 The loss is transformers' (`ForCausalLMLoss`): the labels shifted by one (or the collator's `shift_labels`), -100
 ignored, the sum over the batch's label tokens divided by the Trainer's `num_items_in_batch` (else their mean). The
 head's trainable parameters (full fine-tuning, a LoRA on `lm_head`) get their gradients through autograd, summed
 over the slices; dropout in the head draws the same mask in its recompute (checkpoint's RNG state). What the plan
-decided (`Plan.tiled_loss_shards`) is carried out here, in the worker and in `ftune plan`'s meta step; the plan
-refused what this can't do. No torch at import.
+decided (`Plan.tiled_loss_shards`) is carried out here, in the worker; the plan counts its memory without running it
+(`ActivationProfile.loss_tiled`: one slice's log-probs and gradients) and refused what this can't do. No torch at
+import.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def apply(model, rule) -> bool:
 
 
 def remove(model) -> None:
-    """Undo `apply` (the plan's meta step puts the model back as it found it)."""
+    """Undo `apply`: the model's own forward again."""
     lm = head(model)
     if lm is not None and lm.__dict__.pop(MARK, None):
         lm.__dict__.pop("forward", None)
