@@ -24,7 +24,7 @@ from ftune.estimate.facts import MemoryItem, ParamFact
 from ftune.estimate.optimizer import optimizer_spec
 from ftune.estimate.layout import (FsdpLayout, detect_device_memory, fsdp_layout, host_memory, layer_classes,
                                    make_layout)
-from ftune.estimate.long_rows import (finisher, hidden_size, host_cap, host_note, longer_rows, loss_tiling,
+from ftune.estimate.long_rows import (could_tile_loss, finisher, hidden_size, host_cap, host_note, longer_rows,
                                      tiled)
 from ftune.estimate.parallel import longest_row, split_layout
 from ftune.estimate.step_probe import in_flight
@@ -266,8 +266,13 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     if dist.strategy == "fsdp" and dist.fsdp is not None:
         units = fsdp_layout(model, recipe, facts, world_size, num_processes, wrapped)
     layout = make_layout(recipe, world_size, device, units, facts)
-    if (rule := loss_shards(recipe)) is not None:  # train.tiled_loss: its slices at this row
-        layout = replace(layout, loss_slices=shard_count(rule, seq, hidden, text_config(config).vocab_size))
+    vocab = text_config(config).vocab_size
+
+    def loss_slices(rule) -> int:  # train.tiled_loss's slices of a row of this length
+        return shard_count(rule, seq, hidden, vocab)
+
+    if (rule := loss_shards(recipe)) is not None:
+        layout = replace(layout, loss_slices=loss_slices(rule))
 
     def measure(prof, checkpointing: bool, rule) -> int:  # backward's gradients in flight, from a meta step
         return in_flight(model, prof, checkpointing, tile_rule=rule, batch=batch, seq=seq, attn_implementation=attn,
@@ -310,7 +315,7 @@ def _estimate(recipe: Recipe, meta: MetaModel, world_size: int, num_processes: i
     at_peak = sorted((i for i in memory.items if memory.at_peak(i)), key=lambda i: -i.bytes)
     largest = [f"{i.kind} ({i.detail}): {fmt_bytes(i.bytes)}" for i in at_peak[:3]]
     suggestions = suggest(recipe, facts, profile, layout, memory, device_memory, world_size, seq,
-                          loss_slices=loss_tiling(recipe, model, seq, hidden, config))
+                          loss_slices=loss_slices("auto") if could_tile_loss(recipe, model) else None)
     notes += qat_cost_lines(recipe, model, DTYPES[dtype], batch, seq)  # quantization.qat beside the baseline
     facts_moe = None
     if moe_counts is not None:

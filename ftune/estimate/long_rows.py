@@ -69,18 +69,15 @@ def longer_rows(recipe: Recipe, facts: list[ParamFact], profile: ActivationProfi
     return "longer rows (memory alone; levers added in turn): " + "; ".join(said)
 
 
-def loss_tiling(recipe: Recipe, model, seq: int, hidden: int, config) -> int | None:
-    """The tiled loss's `auto` slices at `seq` where the recipe could take `train.tiled_loss` (its objective, task,
-    kernels, strategy and model family allow it) and doesn't; else None."""
+def could_tile_loss(recipe: Recipe, model) -> bool:
+    """Whether the recipe, which doesn't set `train.tiled_loss`, could: its objective, task, kernels, strategy and
+    model family allow it (the recipe rules' and the plan's checks on a copy that sets it)."""
     from ftune.recipe.rules.train import tiled_loss_fits
-    from ftune.tiled_loss import shard_count, text_config
 
     if recipe.train.tiled_loss:
-        return None
+        return False
     trial = recipe.model_copy(update={"train": recipe.train.model_copy(update={"tiled_loss": True})})
-    if any(True for _ in tiled_loss_fits(trial)) or loss_problems(trial, model):
-        return None
-    return shard_count("auto", seq, hidden, text_config(config).vocab_size)
+    return not any(True for _ in tiled_loss_fits(trial)) and not loss_problems(trial, model)
 
 
 def host_at(memory, rows: int, seq: int) -> int:

@@ -325,8 +325,8 @@ class TrainSection(Section):
     tiled_loss: bool = False
     """Compute a causal LM's output head and cross-entropy over the row's tokens in slices, each slice's logits
     recomputed in its backward (ALST's sequence tiling of the loss): logits and their gradients exist for one slice
-    only (evaluation's loss is sliced too). Long context, on any device; what `kernels: liger` does on CUDA. The `sft` family; the model families
-    ftune verified it on (`ftune.tiled_loss.VERIFIED`); not with DeepSpeed."""
+    only (evaluation's loss is sliced too). Long context, on any device; what `kernels: liger` does on CUDA. The
+    `sft` family; the model families ftune verified it on (`ftune.tiled_loss.VERIFIED`); not with DeepSpeed."""
     tiled_loss_shards: int | None = Field(default=None, ge=1)
     """Slices per row; default the vocabulary / hidden size, rounded up (a slice's logits about the size of the
     row's hidden states, as Liger chunks)."""
