@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", type=Path, default=REPO / ".whl")
     args = parser.parse_args(argv)
     args.dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *PLATFORM,
-                    "-d", str(args.dest), *PINS], check=True)
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                          *PLATFORM, "-d", str(args.dest), *PINS])
+    if got.returncode != 0:  # pip said which one above
+        print(f"gpu-wheels: pip could not download the wheels (exit {got.returncode}): this needs a package index; "
+              "run it where pip reaches one", file=sys.stderr)
+        return 1
     for wheel in args.dest.glob("bitsandbytes-*.whl"):
         slim(wheel)
     total = sum(w.stat().st_size for w in args.dest.glob("*.whl"))

@@ -80,3 +80,13 @@ def test_the_window_script_installs_the_carried_wheels_and_runs_the_suite_into_o
 @pytest.mark.parametrize("path", [".whl/x.whl"])
 def test_the_carried_folder_is_ignored_so_the_device_tool_can_carry_it(path):
     assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+
+
+def test_without_a_package_index_it_says_so_instead_of_a_traceback(tmp_path):
+    import os
+
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    got = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_wheels.py"), "--dest", str(tmp_path / "w")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert got.returncode == 1 and "Traceback" not in got.stderr
+    assert "gpu-wheels: pip could not download the wheels" in got.stderr and "package index" in got.stderr
